@@ -1,0 +1,144 @@
+"""The one exception hierarchy of eosflow.
+
+Every error eosflow raises on purpose is an :class:`EosflowError`. Configuration and definition
+errors are also :class:`ValueError` so that code written against plain Python keeps working::
+
+    EosflowError
+    ├── ConfigError (ValueError)            bad settings; raised at start-up, says how to fix it
+    │   └── UnsafeKafkaConfigError          a librdkafka override that would break exactly-once
+    ├── DefinitionError (ValueError)        a dataflow that cannot be built (names, missing sinks)
+    ├── SerializationError                  a value could not be encoded
+    ├── DeserializationError                bytes read from Kafka could not be decoded
+    │                                       (carries topic, partition, offset; goes to dead letters)
+    ├── KafkaClientError                    a broker/client error, classified once (see
+    │                                       connectors.errors.classify): retriable, abort, fatal
+    ├── InfrastructureError                 an embedded server failed to start, stop or answer
+    │   └── ServerNotFoundError             its binary is not installed; says what to install
+    └── BrokerCapabilityError               the broker lacks a feature the job was told to rely on
+
+Invariants:
+    Messages say what was expected, what came, where (step, topic, partition, offset) and how to
+    fix it. Nothing here imports a third-party package: the engine, connectors, sinks and dedup
+    all raise these types.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BrokerCapabilityError",
+    "ConfigError",
+    "DefinitionError",
+    "DeserializationError",
+    "EosflowError",
+    "InfrastructureError",
+    "KafkaClientError",
+    "SerializationError",
+    "ServerNotFoundError",
+    "UnsafeKafkaConfigError",
+]
+
+
+class EosflowError(Exception):
+    """Base of every error eosflow raises on purpose."""
+
+
+class ConfigError(EosflowError, ValueError):
+    """Bad configuration, detected before anything runs."""
+
+
+class UnsafeKafkaConfigError(ConfigError):
+    """A librdkafka setting that would silently break the exactly-once guarantee.
+
+    Attributes:
+        key: the librdkafka property, e.g. ``enable.idempotence``.
+        value: the value that was asked for.
+    """
+
+    def __init__(self, key: str, value: object, why: str, fix: str) -> None:
+        self.key = key
+        self.value = value
+        super().__init__(f"unsafe Kafka setting {key}={value!r}: {why}. Fix: {fix}")
+
+
+class DefinitionError(EosflowError, ValueError):
+    """A dataflow definition that cannot be compiled."""
+
+
+class SerializationError(EosflowError):
+    """A value could not be encoded by a serializer."""
+
+
+class DeserializationError(EosflowError):
+    """Bytes read from a topic could not be decoded.
+
+    This is data, not a crash: the engine routes the record to the dead-letter destination with
+    this error as the cause.
+
+    Attributes:
+        topic, partition, offset: where the bad record sits (``None`` when decoded outside Kafka).
+        cause: the decoder's own message.
+    """
+
+    def __init__(
+        self,
+        cause: str,
+        *,
+        topic: str | None = None,
+        partition: int | None = None,
+        offset: int | None = None,
+        serde: str | None = None,
+        data: bytes | None = None,
+    ) -> None:
+        self.cause = cause
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.serde = serde
+        self.data = data
+        where = (
+            f" at topic={topic!r} partition={partition} offset={offset}" if topic is not None else ""
+        )
+        preview = ""
+        if data is not None:
+            shown = data[:32]
+            preview = f" (first {len(shown)} of {len(data)} bytes: {shown!r})"
+        by = f"{serde} " if serde else ""
+        super().__init__(f"{by}could not decode record{where}: {cause}{preview}")
+
+
+class KafkaClientError(EosflowError):
+    """A Kafka client or broker error, with librdkafka's own classification.
+
+    Attributes:
+        code: librdkafka error code name (e.g. ``_TIMED_OUT``).
+        retriable: the operation may be retried as is.
+        txn_requires_abort: the current transaction must be aborted and the epoch re-run.
+        fatal: the client instance is unusable; the task must restart.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str = "",
+        retriable: bool = False,
+        txn_requires_abort: bool = False,
+        fatal: bool = False,
+    ) -> None:
+        self.code = code
+        self.retriable = retriable
+        self.txn_requires_abort = txn_requires_abort
+        self.fatal = fatal
+        super().__init__(message)
+
+
+class InfrastructureError(EosflowError):
+    """An embedded server failed to start, to answer or to stop."""
+
+
+class ServerNotFoundError(InfrastructureError):
+    """The binary of an embedded server is not installed."""
+
+
+class BrokerCapabilityError(EosflowError):
+    """The broker in use lacks a feature the job relies on."""
