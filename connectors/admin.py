@@ -1,0 +1,197 @@
+"""Topic administration: idempotent creation, description, beginning and end offsets."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import ConfigResource, NewTopic
+
+from connectors.config import KafkaSettings, admin_config, create_admin, create_consumer
+from connectors.errors import classify
+from processor.errors import ConfigError
+
+__all__ = ["TopicAdmin", "TopicInfo", "TopicSpec"]
+
+log = logging.getLogger(__name__)
+
+TP = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """A topic eosflow needs: name, partition count, and topic-level configs."""
+
+    name: str
+    partitions: int
+    config: Mapping[str, str] = field(default_factory=dict)
+    replication_factor: int | None = None  # None: min(3, brokers in the cluster)
+
+    def __post_init__(self) -> None:
+        if self.partitions < 1:
+            raise ConfigError(f"topic {self.name!r}: partitions must be >= 1, got {self.partitions}")
+
+
+@dataclass(frozen=True)
+class TopicInfo:
+    name: str
+    partitions: int
+    replication_factor: int
+    config: Mapping[str, str]
+
+
+class TopicAdmin:
+    """Create, describe and measure topics.
+
+    Args:
+        settings: the cluster.
+        timeout: seconds for each admin request.
+    """
+
+    def __init__(self, settings: KafkaSettings, *, timeout: float = 30.0) -> None:
+        self._settings = settings
+        self._timeout = timeout
+        self._admin = create_admin(admin_config(settings))
+
+    def broker_count(self) -> int:
+        return len(self._admin.list_topics(timeout=self._timeout).brokers)
+
+    def ensure_topics(self, specs: Iterable[TopicSpec]) -> list[str]:
+        """Create the topics that do not exist; verify the partition count of those that do.
+
+        Returns:
+            The names of the topics this call created.
+
+        Raises:
+            ConfigError: a topic exists with another partition count (channel and source
+                partitioning are fixed by the job's parallelism; changing it is a migration).
+        """
+        specs = list(specs)
+        if not specs:
+            return []
+        brokers = max(1, self.broker_count())
+        new = [
+            NewTopic(
+                s.name,
+                num_partitions=s.partitions,
+                replication_factor=s.replication_factor or min(3, brokers),
+                config=dict(s.config),
+            )
+            for s in specs
+        ]
+        created: list[str] = []
+        for name, future in self._admin.create_topics(new, request_timeout=self._timeout).items():
+            try:
+                future.result()
+                created.append(name)
+                log.info("created topic=%s", name)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise classify(exc, context=f"creating topic {name!r}") from exc
+        self._wait_visible({s.name: s.partitions for s in specs})
+        for spec in specs:
+            actual = self.describe(spec.name).partitions
+            if actual != spec.partitions:
+                raise ConfigError(
+                    f"topic {spec.name!r} exists with {actual} partitions, expected "
+                    f"{spec.partitions}. Its partitioning is fixed by the job's parallelism: "
+                    "delete the topic (losing its data) or keep the old parallelism"
+                )
+        return created
+
+    def ensure_topic(
+        self, name: str, partitions: int, config: Mapping[str, str] | None = None
+    ) -> bool:
+        """Create ``name`` if missing; True when this call created it."""
+        return bool(self.ensure_topics([TopicSpec(name, partitions, config or {})]))
+
+    def _wait_visible(self, expected: Mapping[str, int]) -> None:
+        """Wait until metadata shows every partition with a leader (creation propagates)."""
+        deadline = time.monotonic() + self._timeout
+        pending = dict(expected)
+        while pending:
+            metadata = self._admin.list_topics(timeout=self._timeout)
+            for name in list(pending):
+                topic = metadata.topics.get(name)
+                if topic is not None and topic.error is None and topic.partitions and all(
+                    p.leader >= 0 for p in topic.partitions.values()
+                ):
+                    del pending[name]
+            if pending and time.monotonic() > deadline:
+                raise ConfigError(f"topics {sorted(pending)} not visible after {self._timeout}s")
+            if pending:
+                time.sleep(0.05)
+
+    def describe(self, name: str) -> TopicInfo:
+        """Partition count, replication factor and (where the broker reports them) configs."""
+        metadata = self._admin.list_topics(topic=name, timeout=self._timeout)
+        topic = metadata.topics.get(name)
+        if topic is None or topic.error is not None:
+            raise ConfigError(f"topic {name!r} does not exist ({topic.error if topic else 'absent'})")
+        replication = max((len(p.replicas) for p in topic.partitions.values()), default=0)
+        config: dict[str, str] = {}
+        try:
+            futures = self._admin.describe_configs(
+                [ConfigResource("topic", name)], request_timeout=min(self._timeout, 10.0)
+            )
+            for future in futures.values():
+                config = {k: v.value for k, v in future.result().items() if v.value is not None}
+        except KafkaException as exc:
+            log.debug("describe_configs topic=%s failed: %s", name, exc)
+        return TopicInfo(name, len(topic.partitions), replication, config)
+
+    def exists(self, name: str) -> bool:
+        topic = self._admin.list_topics(topic=name, timeout=self._timeout).topics.get(name)
+        return topic is not None and topic.error is None and bool(topic.partitions)
+
+    def delete_topics(self, names: Iterable[str]) -> None:
+        names = list(names)
+        if not names:
+            return
+        for name, future in self._admin.delete_topics(names, request_timeout=self._timeout).items():
+            try:
+                future.result()
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                    raise classify(exc, context=f"deleting topic {name!r}") from exc
+
+    def partitions(self, topic: str) -> list[TP]:
+        return [(topic, p) for p in range(self.describe(topic).partitions)]
+
+    def watermarks(self, partitions: Iterable[TP], *, committed: bool = True) -> dict[TP, tuple[int, int]]:
+        """``(beginning, end)`` offsets per partition.
+
+        With ``committed=True`` the end is the last stable offset (what a ``read_committed``
+        reader can reach); otherwise the high watermark.
+        """
+        isolation = "read_committed" if committed else "read_uncommitted"
+        consumer = create_consumer(
+            {
+                **admin_config(self._settings),
+                "group.id": "eosflow-offsets",
+                "isolation.level": isolation,
+                "enable.auto.commit": False,
+            }
+        )
+        try:
+            result: dict[TP, tuple[int, int]] = {}
+            for topic, partition in partitions:
+                try:
+                    low, high = consumer.get_watermark_offsets(
+                        TopicPartition(topic, partition), timeout=self._timeout, cached=False
+                    )
+                except KafkaException as exc:
+                    raise classify(exc, context=f"offsets of {topic}[{partition}]") from exc
+                result[(topic, partition)] = (low, high)
+            return result
+        finally:
+            consumer.close()
+
+    def end_offsets(self, partitions: Iterable[TP], *, committed: bool = True) -> dict[TP, int]:
+        return {tp: high for tp, (_, high) in self.watermarks(partitions, committed=committed).items()}
+
+    def beginning_offsets(self, partitions: Iterable[TP]) -> dict[TP, int]:
+        return {tp: low for tp, (low, _) in self.watermarks(partitions).items()}

@@ -1,0 +1,219 @@
+"""Probe what the broker in use can do, instead of assuming it.
+
+Exactly-once through Kafka rests on broker features that Kafka-protocol brokers do not all have
+(Tansu's ``read_committed`` consumers still see aborted records, for one). :func:`probe_broker`
+tries each feature for real on a scratch topic and returns :class:`BrokerCapabilities`; the CLI and
+the runners log it at start-up, and tests use it to decide what they can check.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+
+from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka.admin import ConfigResource
+
+from connectors.admin import TopicAdmin
+from connectors.config import (
+    KafkaSettings,
+    admin_config,
+    consumer_config,
+    create_admin,
+    create_consumer,
+    create_producer,
+    producer_config,
+)
+
+__all__ = ["BrokerCapabilities", "probe_broker"]
+
+log = logging.getLogger(__name__)
+
+_ABORTED = b"eosflow-probe-aborted"
+_COMMITTED = b"eosflow-probe-committed"
+
+
+@dataclass(frozen=True)
+class BrokerCapabilities:
+    """What the broker did when tried.
+
+    Attributes:
+        brokers: the bootstrap servers probed.
+        cluster_id: as reported in metadata.
+        broker_count: brokers in the cluster.
+        idempotent_producer: an idempotent producer initialized and delivered.
+        transactions: init, commit and abort of a transaction worked.
+        read_committed_hides_aborted: a ``read_committed`` consumer did not see aborted records.
+            False on Tansu; True on Apache Kafka.
+        group_join_seconds: time for a new consumer group member to get its assignment
+            (``None`` if it did not within the probe's limit).
+        transaction_max_timeout_ms: the broker's ``transaction.max.timeout.ms`` if it reports it.
+        notes: what went wrong where a feature is missing.
+    """
+
+    brokers: str
+    cluster_id: str | None
+    broker_count: int
+    idempotent_producer: bool
+    transactions: bool
+    read_committed_hides_aborted: bool
+    group_join_seconds: float | None
+    transaction_max_timeout_ms: int | None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def exactly_once_transactions(self) -> bool:
+        """Transactional output is hidden from readers until commit: the full Kafka guarantee."""
+        return self.idempotent_producer and self.transactions and self.read_committed_hides_aborted
+
+    def as_dict(self) -> dict[str, object]:
+        return {**asdict(self), "exactly_once_transactions": self.exactly_once_transactions}
+
+    def summary(self) -> str:
+        """A few lines for a person: what is and is not guaranteed on this broker."""
+        yes = {True: "yes", False: "NO"}
+        join = f"{self.group_join_seconds:.1f}s" if self.group_join_seconds is not None else "n/a"
+        lines = [
+            f"broker {self.brokers} (cluster {self.cluster_id}, {self.broker_count} broker(s))",
+            f"  idempotent producer: {yes[self.idempotent_producer]}",
+            f"  transactions: {yes[self.transactions]}",
+            f"  read_committed hides aborted records: {yes[self.read_committed_hides_aborted]}",
+            f"  consumer group join: {join}",
+            f"  transaction.max.timeout.ms: {self.transaction_max_timeout_ms or 'not reported'}",
+        ]
+        if self.exactly_once_transactions:
+            lines.append("  => transactional Kafka output is exactly-once for read_committed readers")
+        else:
+            lines.append(
+                "  => readers of this broker may see records of aborted transactions: use the "
+                "staged (ID-deduplicated) Kafka output or dedup on read for exactly-once"
+            )
+        lines.extend(f"  note: {n}" for n in self.notes)
+        return "\n".join(lines)
+
+
+def probe_broker(settings: KafkaSettings, *, timeout: float = 20.0) -> BrokerCapabilities:
+    """Try idempotence, transactions, ``read_committed`` and a group join on a scratch topic.
+
+    The scratch topic ``eosflow-probe-<random>`` is deleted afterwards. Takes about as long as a
+    group join on the broker (~3 s on Tansu and on Kafka with default settings).
+    """
+    notes: list[str] = []
+    admin = TopicAdmin(settings, timeout=timeout)
+    raw_admin = create_admin(admin_config(settings))
+    metadata = raw_admin.list_topics(timeout=timeout)
+    topic = f"eosflow-probe-{uuid.uuid4().hex[:12]}"
+    admin.ensure_topic(topic, 1)
+    join: list[float | None] = [None]
+    joiner = threading.Thread(target=_time_group_join, args=(settings, topic, join, timeout), daemon=True)
+    joiner.start()
+    try:
+        idempotent = _try_idempotent(settings, topic, notes, timeout)
+        transactions = _try_transactions(settings, topic, notes, timeout)
+        hides = transactions and _read_committed_hides_aborted(settings, topic, timeout)
+        if transactions and not hides:
+            notes.append("read_committed consumers receive records of aborted transactions")
+        joiner.join(timeout + 5)
+        caps = BrokerCapabilities(
+            brokers=settings.brokers,
+            cluster_id=metadata.cluster_id,
+            broker_count=len(metadata.brokers),
+            idempotent_producer=idempotent,
+            transactions=transactions,
+            read_committed_hides_aborted=hides,
+            group_join_seconds=join[0],
+            transaction_max_timeout_ms=_transaction_max_timeout(raw_admin, metadata, notes),
+            notes=notes,
+        )
+    finally:
+        try:
+            admin.delete_topics([topic])
+        except Exception as exc:  # deleting scratch data must not hide the probe's result
+            log.warning("could not delete probe topic=%s: %s", topic, exc)
+    log.info("broker capabilities: %s", caps.as_dict())
+    return caps
+
+
+def _try_idempotent(settings: KafkaSettings, topic: str, notes: list[str], timeout: float) -> bool:
+    producer = create_producer(producer_config(settings))
+    failures: list[str] = []
+    producer.produce(topic, b"idempotent", on_delivery=lambda err, _msg: err and failures.append(str(err)))
+    left = producer.flush(timeout)
+    if left or failures:
+        notes.append(f"idempotent produce failed: {failures or f'{left} undelivered'}")
+        return False
+    return True
+
+
+def _try_transactions(settings: KafkaSettings, topic: str, notes: list[str], timeout: float) -> bool:
+    producer = create_producer(
+        producer_config(settings, transactional_id=f"{topic}-txn", overrides={"transaction.timeout.ms": 60000})
+    )
+    try:
+        producer.init_transactions(timeout)
+        producer.begin_transaction()
+        producer.produce(topic, _ABORTED, partition=0)
+        producer.flush(timeout)
+        producer.abort_transaction(timeout)
+        producer.begin_transaction()
+        producer.produce(topic, _COMMITTED, partition=0)
+        producer.commit_transaction(timeout)
+    except KafkaException as exc:
+        notes.append(f"transactions failed: {exc}")
+        return False
+    return True
+
+
+def _read_committed_hides_aborted(settings: KafkaSettings, topic: str, timeout: float) -> bool:
+    consumer = create_consumer(consumer_config(settings, group_id=f"{topic}-rc"))
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        seen: set[bytes] = set()
+        deadline = time.monotonic() + timeout
+        while _COMMITTED not in seen and time.monotonic() < deadline:
+            for msg in consumer.consume(100, 0.2):
+                if msg.error() is None and msg.value() is not None:
+                    seen.add(msg.value())
+        return _COMMITTED in seen and _ABORTED not in seen
+    finally:
+        consumer.close()
+
+
+def _time_group_join(settings: KafkaSettings, topic: str, out: list[float | None], timeout: float) -> None:
+    joined = threading.Event()
+    consumer = create_consumer(
+        consumer_config(
+            settings,
+            group_id=f"{topic}-join",
+            overrides={"session.timeout.ms": 6000, "enable.partition.eof": False},
+        )
+    )
+    try:
+        start = time.monotonic()
+        consumer.subscribe([topic], on_assign=lambda _c, _p: joined.set())
+        while not joined.is_set() and time.monotonic() - start < timeout:
+            consumer.poll(0.1)
+        out[0] = time.monotonic() - start if joined.is_set() else None
+    finally:
+        consumer.close()
+
+
+def _transaction_max_timeout(raw_admin: object, metadata: object, notes: list[str]) -> int | None:
+    brokers = getattr(metadata, "brokers", {})
+    if not brokers:
+        return None
+    broker_id = str(next(iter(brokers)))
+    try:
+        futures = raw_admin.describe_configs(  # type: ignore[attr-defined]
+            [ConfigResource("broker", broker_id)], request_timeout=5.0
+        )
+        for future in futures.values():
+            entry = future.result().get("transaction.max.timeout.ms")
+            if entry is not None and entry.value is not None:
+                return int(entry.value)
+    except KafkaException as exc:
+        notes.append(f"broker configs not readable ({exc.args[0].str() if exc.args else exc})")
+    return None

@@ -1,0 +1,177 @@
+"""The ``eosflow`` command.
+
+::
+
+    eosflow dev up [--services kafka,redis,postgres]   start embedded servers, print settings
+    eosflow dev status                                 are they alive and answering?
+    eosflow dev env                                    print export lines (eval "$(eosflow dev env)")
+    eosflow dev down                                   stop them by PID, remove their directories
+    eosflow probe [--json]                             what the broker in use can do
+    eosflow version
+
+The CLI is the one place in ``processor`` allowed to import the other packages (DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+
+from processor import __version__
+from processor.embedded import ENV_VARS, SERVICES, DevCluster, servers, state_file
+from processor.embedded._process import is_running
+from processor.errors import EosflowError
+
+__all__ = ["main"]
+
+log = logging.getLogger("eosflow")
+
+
+def _configure_logging(verbose: int) -> None:
+    level = logging.WARNING - 10 * verbose
+    logging.basicConfig(
+        level=max(level, logging.DEBUG),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _exports(cluster: DevCluster) -> list[str]:
+    return [f"export {k}={v}" for k, v in cluster.endpoints("dev").as_env().items()]
+
+
+def _dev_up(args: argparse.Namespace) -> int:
+    wanted = [s.strip() for s in args.services.split(",") if s.strip()]
+    path = state_file()
+    existing = DevCluster.load(path)
+    if existing is not None and existing.servers:
+        alive = existing.alive()
+        if all(alive.values()) and set(wanted) <= set(existing.servers):
+            print(f"eosflow dev servers already running (state: {path})")
+            print("\n".join(_exports(existing)))
+            return 0
+        # Some died or more are wanted: stop what is left so ports and PIDs stay consistent.
+        existing.stop()
+    configured = [s for s in wanted if os.environ.get(ENV_VARS[s])]
+    for service in configured:
+        print(f"{service}: using {ENV_VARS[service]}={os.environ[ENV_VARS[service]]} (not started)")
+    start = time.monotonic()
+    cluster = DevCluster.start([s for s in wanted if s not in configured], owned=False)
+    took = time.monotonic() - start
+    cluster.save(path)
+    for kind, server in cluster.servers.items():
+        print(f"{kind:<9} {server.url:<50} pid={server.process.pid}")
+    print(f"up in {took:.2f}s; state written to {path}")
+    print("To point other shells at these servers:")
+    print("\n".join(_exports(cluster)))
+    return 0
+
+
+def _dev_down(_args: argparse.Namespace) -> int:
+    path = state_file()
+    cluster = DevCluster.load(path)
+    if cluster is None or not cluster.servers:
+        print(f"no eosflow dev servers recorded in {path}")
+        path.unlink(missing_ok=True)
+        return 0
+    for kind, server in cluster.servers.items():
+        print(f"stopping {kind} pid={server.process.pid}")
+    cluster.stop()
+    path.unlink(missing_ok=True)
+    print("all stopped")
+    return 0
+
+
+def _dev_status(_args: argparse.Namespace) -> int:
+    path = state_file()
+    cluster = DevCluster.load(path)
+    if cluster is None or not cluster.servers:
+        print(f"no eosflow dev servers recorded in {path}; start them with 'eosflow dev up'")
+        return 1
+    ok = True
+    for kind, server in cluster.servers.items():
+        alive = is_running(server.process)
+        ok &= alive
+        state = "running" if alive else "DEAD"
+        print(f"{kind:<9} {state:<8} pid={server.process.pid:<8} {server.url}")
+    for service in SERVICES:
+        if os.environ.get(ENV_VARS[service]):
+            print(f"note: {ENV_VARS[service]} is set and takes precedence for {service}")
+    return 0 if ok else 1
+
+
+def _dev_env(_args: argparse.Namespace) -> int:
+    cluster = DevCluster.load(state_file())
+    if cluster is None or not cluster.servers:
+        print("# no eosflow dev servers running; start them with 'eosflow dev up'", file=sys.stderr)
+        return 1
+    print("\n".join(_exports(cluster)))
+    return 0
+
+
+def _probe(args: argparse.Namespace) -> int:
+    from connectors import KafkaSettings, probe_broker  # CLI wiring: the allowed exception
+
+    with servers(["kafka"]) as endpoints:
+        assert endpoints.kafka_brokers is not None
+        settings = KafkaSettings.from_env(brokers=endpoints.kafka_brokers)
+        caps = probe_broker(settings)
+        if args.json:
+            print(json.dumps({**caps.as_dict(), "origin": endpoints.origin["kafka"]}, indent=2))
+        else:
+            if endpoints.origin["kafka"] == "embedded":
+                print("(no broker configured: probed an embedded Tansu broker started for this call)")
+            print(caps.summary())
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="eosflow", description=__doc__.split("::")[0].strip())
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    dev = sub.add_parser("dev", help="embedded servers for development")
+    dev_sub = dev.add_subparsers(dest="dev_command", required=True)
+    up = dev_sub.add_parser("up", help="start embedded servers on 127.0.0.1")
+    up.add_argument(
+        "--services",
+        default=",".join(SERVICES),
+        help=f"comma-separated subset of {','.join(SERVICES)} (default: all)",
+    )
+    up.set_defaults(func=_dev_up)
+    dev_sub.add_parser("down", help="stop the embedded servers").set_defaults(func=_dev_down)
+    dev_sub.add_parser("status", help="show the embedded servers").set_defaults(func=_dev_status)
+    dev_sub.add_parser("env", help="print export lines for them").set_defaults(func=_dev_env)
+
+    probe = sub.add_parser("probe", help="probe the broker's exactly-once capabilities")
+    probe.add_argument("--json", action="store_true", help="machine-readable output")
+    probe.set_defaults(func=_probe)
+
+    sub.add_parser("version", help="print the version").set_defaults(
+        func=lambda _a: print(f"eosflow {__version__}") or 0
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    _configure_logging(args.verbose)
+    # SIGTERM becomes SystemExit so that `with` blocks and atexit stop owned servers.
+    signal.signal(signal.SIGTERM, lambda _sig, _frame: sys.exit(143))
+    try:
+        return int(args.func(args))
+    except EosflowError as exc:
+        print(f"eosflow: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
