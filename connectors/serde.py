@@ -210,7 +210,7 @@ def _avro_write(buf: BytesIO, schema: Any, schema_name: str, value: Any, validat
         # as null; both are a record that does not match the schema.
         schemaless_writer(buf, schema, value, strict_allow_default=True)
     except Exception as exc:  # fastavro's Cython writer raises a different type per field type
-        detail = "; ".join(exc.errors) if isinstance(exc, ValidationError) else str(exc)
+        detail = "; ".join(map(str, exc.errors)) if isinstance(exc, ValidationError) else str(exc)
         raise SerializationError(
             f"avro: expected a value matching schema {schema_name}, "
             f"got {type(value).__name__} that does not: {detail}"
