@@ -7,11 +7,12 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import ConfigResource, NewTopic
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import ConfigResource, NewTopic  # type: ignore[attr-defined]
 
-from connectors.config import KafkaSettings, admin_config, create_admin, create_consumer
+from connectors.config import KafkaSettings, admin_config, consumer_config, create_admin
 from connectors.errors import classify
+from connectors.offsets import watermarks
 from processor.errors import ConfigError
 
 __all__ = ["TopicAdmin", "TopicInfo", "TopicSpec"]
@@ -32,7 +33,9 @@ class TopicSpec:
 
     def __post_init__(self) -> None:
         if self.partitions < 1:
-            raise ConfigError(f"topic {self.name!r}: partitions must be >= 1, got {self.partitions}")
+            raise ConfigError(
+                f"topic {self.name!r}: partitions must be >= 1, got {self.partitions}"
+            )
 
 
 @dataclass(frozen=True)
@@ -116,8 +119,11 @@ class TopicAdmin:
             metadata = self._admin.list_topics(timeout=self._timeout)
             for name in list(pending):
                 topic = metadata.topics.get(name)
-                if topic is not None and topic.error is None and topic.partitions and all(
-                    p.leader >= 0 for p in topic.partitions.values()
+                if (
+                    topic is not None
+                    and topic.error is None
+                    and topic.partitions
+                    and all(p.leader >= 0 for p in topic.partitions.values())
                 ):
                     del pending[name]
             if pending and time.monotonic() > deadline:
@@ -130,7 +136,9 @@ class TopicAdmin:
         metadata = self._admin.list_topics(topic=name, timeout=self._timeout)
         topic = metadata.topics.get(name)
         if topic is None or topic.error is not None:
-            raise ConfigError(f"topic {name!r} does not exist ({topic.error if topic else 'absent'})")
+            raise ConfigError(
+                f"topic {name!r} does not exist ({topic.error if topic else 'absent'})"
+            )
         replication = max((len(p.replicas) for p in topic.partitions.values()), default=0)
         config: dict[str, str] = {}
         try:
@@ -161,37 +169,26 @@ class TopicAdmin:
     def partitions(self, topic: str) -> list[TP]:
         return [(topic, p) for p in range(self.describe(topic).partitions)]
 
-    def watermarks(self, partitions: Iterable[TP], *, committed: bool = True) -> dict[TP, tuple[int, int]]:
-        """``(beginning, end)`` offsets per partition.
+    def watermarks(
+        self, partitions: Iterable[TP], *, committed: bool = True
+    ) -> dict[TP, tuple[int, int]]:
+        """``(beginning, end)`` offsets per partition (see :mod:`connectors.offsets`).
 
         With ``committed=True`` the end is the last stable offset (what a ``read_committed``
         reader can reach); otherwise the high watermark.
         """
-        isolation = "read_committed" if committed else "read_uncommitted"
-        consumer = create_consumer(
-            {
-                **admin_config(self._settings),
-                "group.id": "eosflow-offsets",
-                "isolation.level": isolation,
-                "enable.auto.commit": False,
-            }
+        conf = consumer_config(
+            self._settings,
+            group_id="eosflow-offsets",
+            overrides={"isolation.level": "read_committed" if committed else "read_uncommitted"},
+            allow_read_uncommitted=True,
         )
-        try:
-            result: dict[TP, tuple[int, int]] = {}
-            for topic, partition in partitions:
-                try:
-                    low, high = consumer.get_watermark_offsets(
-                        TopicPartition(topic, partition), timeout=self._timeout, cached=False
-                    )
-                except KafkaException as exc:
-                    raise classify(exc, context=f"offsets of {topic}[{partition}]") from exc
-                result[(topic, partition)] = (low, high)
-            return result
-        finally:
-            consumer.close()
+        return watermarks(conf, partitions, timeout=self._timeout)
 
     def end_offsets(self, partitions: Iterable[TP], *, committed: bool = True) -> dict[TP, int]:
-        return {tp: high for tp, (_, high) in self.watermarks(partitions, committed=committed).items()}
+        return {
+            tp: high for tp, (_, high) in self.watermarks(partitions, committed=committed).items()
+        }
 
     def beginning_offsets(self, partitions: Iterable[TP]) -> dict[TP, int]:
         return {tp: low for tp, (low, _) in self.watermarks(partitions).items()}

@@ -190,7 +190,9 @@ def _validate_consumer(config: Mapping[str, Any], *, allow_read_uncommitted: boo
             )  # fmt: skip
     isolation = config.get("isolation.level")
     if isolation not in _VALID_ISOLATION:
-        raise ConfigError(f"isolation.level={isolation!r}; expected one of {sorted(_VALID_ISOLATION)}")
+        raise ConfigError(
+            f"isolation.level={isolation!r}; expected one of {sorted(_VALID_ISOLATION)}"
+        )
     if isolation == "read_uncommitted" and not allow_read_uncommitted:
         raise UnsafeKafkaConfigError(
             "isolation.level", isolation,
@@ -210,7 +212,12 @@ def _merged(
     for key in overrides:
         if key in _MANAGED_KEYS:
             raise ConfigError(f"overrides may not set {key!r}: {_MANAGED_KEYS[key]}")
-    return {**defaults, **settings.client_config, **overrides, "bootstrap.servers": settings.brokers}
+    return {
+        **defaults,
+        **settings.client_config,
+        **overrides,
+        "bootstrap.servers": settings.brokers,
+    }
 
 
 def producer_config(
@@ -247,7 +254,9 @@ def consumer_config(
     return config
 
 
-def admin_config(settings: KafkaSettings, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def admin_config(
+    settings: KafkaSettings, overrides: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     return _merged(settings, {}, overrides)
 
 

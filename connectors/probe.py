@@ -14,8 +14,8 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 
-from confluent_kafka import KafkaException, TopicPartition
-from confluent_kafka.admin import ConfigResource
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import ConfigResource  # type: ignore[attr-defined]
 
 from connectors.admin import TopicAdmin
 from connectors.config import (
@@ -27,6 +27,7 @@ from connectors.config import (
     create_producer,
     producer_config,
 )
+from connectors.offsets import watermarks
 
 __all__ = ["BrokerCapabilities", "probe_broker"]
 
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 
 _ABORTED = b"eosflow-probe-aborted"
 _COMMITTED = b"eosflow-probe-committed"
+_BATCH = 20
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,8 @@ class BrokerCapabilities:
         group_join_seconds: time for a new consumer group member to get its assignment
             (``None`` if it did not within the probe's limit).
         transaction_max_timeout_ms: the broker's ``transaction.max.timeout.ms`` if it reports it.
+        list_offsets_exact: ListOffsets(latest) agrees with the high watermark of a Fetch (False on
+            Tansu; eosflow measures end offsets by fetch either way, see connectors.offsets).
         notes: what went wrong where a feature is missing.
     """
 
@@ -62,6 +66,7 @@ class BrokerCapabilities:
     read_committed_hides_aborted: bool
     group_join_seconds: float | None
     transaction_max_timeout_ms: int | None
+    list_offsets_exact: bool = True
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -83,9 +88,12 @@ class BrokerCapabilities:
             f"  read_committed hides aborted records: {yes[self.read_committed_hides_aborted]}",
             f"  consumer group join: {join}",
             f"  transaction.max.timeout.ms: {self.transaction_max_timeout_ms or 'not reported'}",
+            f"  ListOffsets(latest) exact: {yes[self.list_offsets_exact]}",
         ]
         if self.exactly_once_transactions:
-            lines.append("  => transactional Kafka output is exactly-once for read_committed readers")
+            lines.append(
+                "  => transactional Kafka output is exactly-once for read_committed readers"
+            )
         else:
             lines.append(
                 "  => readers of this broker may see records of aborted transactions: use the "
@@ -108,7 +116,9 @@ def probe_broker(settings: KafkaSettings, *, timeout: float = 20.0) -> BrokerCap
     topic = f"eosflow-probe-{uuid.uuid4().hex[:12]}"
     admin.ensure_topic(topic, 1)
     join: list[float | None] = [None]
-    joiner = threading.Thread(target=_time_group_join, args=(settings, topic, join, timeout), daemon=True)
+    joiner = threading.Thread(
+        target=_time_group_join, args=(settings, topic, join, timeout), daemon=True
+    )
     joiner.start()
     try:
         idempotent = _try_idempotent(settings, topic, notes, timeout)
@@ -116,6 +126,7 @@ def probe_broker(settings: KafkaSettings, *, timeout: float = 20.0) -> BrokerCap
         hides = transactions and _read_committed_hides_aborted(settings, topic, timeout)
         if transactions and not hides:
             notes.append("read_committed consumers receive records of aborted transactions")
+        exact = _list_offsets_exact(settings, topic, notes, timeout)
         joiner.join(timeout + 5)
         caps = BrokerCapabilities(
             brokers=settings.brokers,
@@ -126,6 +137,7 @@ def probe_broker(settings: KafkaSettings, *, timeout: float = 20.0) -> BrokerCap
             read_committed_hides_aborted=hides,
             group_join_seconds=join[0],
             transaction_max_timeout_ms=_transaction_max_timeout(raw_admin, metadata, notes),
+            list_offsets_exact=exact,
             notes=notes,
         )
     finally:
@@ -140,7 +152,14 @@ def probe_broker(settings: KafkaSettings, *, timeout: float = 20.0) -> BrokerCap
 def _try_idempotent(settings: KafkaSettings, topic: str, notes: list[str], timeout: float) -> bool:
     producer = create_producer(producer_config(settings))
     failures: list[str] = []
-    producer.produce(topic, b"idempotent", on_delivery=lambda err, _msg: err and failures.append(str(err)))
+
+    def delivered(err: KafkaError | None, _msg: object) -> None:
+        if err is not None:
+            failures.append(str(err))
+
+    # Several records in one batch: exposes a ListOffsets that counts batches instead of records.
+    for _ in range(_BATCH):
+        producer.produce(topic, b"idempotent", partition=0, on_delivery=delivered)
     left = producer.flush(timeout)
     if left or failures:
         notes.append(f"idempotent produce failed: {failures or f'{left} undelivered'}")
@@ -148,9 +167,13 @@ def _try_idempotent(settings: KafkaSettings, topic: str, notes: list[str], timeo
     return True
 
 
-def _try_transactions(settings: KafkaSettings, topic: str, notes: list[str], timeout: float) -> bool:
+def _try_transactions(
+    settings: KafkaSettings, topic: str, notes: list[str], timeout: float
+) -> bool:
     producer = create_producer(
-        producer_config(settings, transactional_id=f"{topic}-txn", overrides={"transaction.timeout.ms": 60000})
+        producer_config(
+            settings, transactional_id=f"{topic}-txn", overrides={"transaction.timeout.ms": 60000}
+        )
     )
     try:
         producer.init_transactions(timeout)
@@ -167,6 +190,25 @@ def _try_transactions(settings: KafkaSettings, topic: str, notes: list[str], tim
     return True
 
 
+def _list_offsets_exact(
+    settings: KafkaSettings, topic: str, notes: list[str], timeout: float
+) -> bool:
+    conf = consumer_config(settings, group_id=f"{topic}-offsets")
+    consumer = create_consumer(conf)
+    try:
+        _, listed = consumer.get_watermark_offsets(
+            TopicPartition(topic, 0), timeout=timeout, cached=False
+        )
+    finally:
+        consumer.close()
+    fetched = watermarks(conf, [(topic, 0)], timeout=timeout)[(topic, 0)][1]
+    if listed != fetched:
+        notes.append(
+            f"ListOffsets(latest) said {listed}, a fetch said {fetched}: end offsets are fetched"
+        )
+    return bool(listed == fetched)
+
+
 def _read_committed_hides_aborted(settings: KafkaSettings, topic: str, timeout: float) -> bool:
     consumer = create_consumer(consumer_config(settings, group_id=f"{topic}-rc"))
     try:
@@ -175,14 +217,17 @@ def _read_committed_hides_aborted(settings: KafkaSettings, topic: str, timeout: 
         deadline = time.monotonic() + timeout
         while _COMMITTED not in seen and time.monotonic() < deadline:
             for msg in consumer.consume(100, 0.2):
-                if msg.error() is None and msg.value() is not None:
-                    seen.add(msg.value())
+                value = msg.value()
+                if msg.error() is None and value is not None:
+                    seen.add(value)
         return _COMMITTED in seen and _ABORTED not in seen
     finally:
         consumer.close()
 
 
-def _time_group_join(settings: KafkaSettings, topic: str, out: list[float | None], timeout: float) -> None:
+def _time_group_join(
+    settings: KafkaSettings, topic: str, out: list[float | None], timeout: float
+) -> None:
     joined = threading.Event()
     consumer = create_consumer(
         consumer_config(

@@ -20,6 +20,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from connectors.config import KafkaSettings, consumer_config, create_consumer
 from connectors.errors import ErrorClass, classify, error_class
+from connectors.offsets import watermarks
 
 __all__ = ["PartitionReader"]
 
@@ -74,17 +75,16 @@ class PartitionReader:
         if start not in ("earliest", "latest"):
             raise ValueError(f"start must be 'earliest' or 'latest', got {start!r}")
         self.close()
-        self._consumer = create_consumer(self._config)
         self._paused.clear()
         self._end_at_open = {}
         self._next = {}
-        for tp in positions:
-            low, high = self._watermarks(tp)
+        for tp, (low, high) in watermarks(self._config, positions, timeout=self._timeout).items():
             self._end_at_open[tp] = high
             wanted = positions[tp]
             if wanted is None:
                 wanted = low if start == "earliest" else high
             self._next[tp] = wanted
+        self._consumer = create_consumer(self._config)
         self._consumer.assign([TopicPartition(t, p, o) for (t, p), o in self._next.items()])
         log.debug("assigned partitions=%s ends=%s", self._next, self._end_at_open)
 
@@ -113,16 +113,19 @@ class PartitionReader:
         except KafkaException as exc:
             raise classify(exc, context="consuming") from exc
         records: list[Message] = []
-        nxt = self._next
+        nxt: dict[Any, int] = (
+            self._next
+        )  # Message getters are Optional-typed; data records have them
         for msg in batch:
             err = msg.error()
             if err is None:
                 records.append(msg)
                 continue
             if err.code() == _EOF:
+                end: Any = msg.offset()
                 tp = (msg.topic(), msg.partition())
-                if msg.offset() > nxt.get(tp, -1):
-                    nxt[tp] = msg.offset()
+                if end > nxt.get(tp, -1):
+                    nxt[tp] = end
                 continue
             where = f"consuming {msg.topic()}[{msg.partition()}]"
             if error_class(err) is ErrorClass.RETRIABLE:
@@ -131,7 +134,8 @@ class PartitionReader:
             raise classify(err, context=where)
         # Positions: the last record of each partition in this batch decides (FIFO per partition).
         for msg in records:
-            nxt[(msg.topic(), msg.partition())] = msg.offset() + 1
+            offset: Any = msg.offset()
+            nxt[(msg.topic(), msg.partition())] = offset + 1
         return records
 
     def seek(self, tp: TP, offset: int) -> None:
@@ -184,8 +188,9 @@ class PartitionReader:
         return all(self._next[tp] >= end for tp, end in self._end_at_open.items())
 
     def lag(self) -> dict[TP, int]:
-        """Records left per partition, against the current end offsets (one request each)."""
-        return {tp: max(0, self._watermarks(tp)[1] - self._next[tp]) for tp in self._next}
+        """Records left per partition, against the current end offsets (one fetch each)."""
+        ends = watermarks(self._config, self._next, timeout=self._timeout)
+        return {tp: max(0, ends[tp][1] - self._next[tp]) for tp in self._next}
 
     def commit_for_monitoring(self) -> None:
         """Commit current positions to the consumer group, for lag dashboards only.
@@ -195,16 +200,6 @@ class PartitionReader:
         offsets = [TopicPartition(t, p, o) for (t, p), o in self._next.items() if o >= 0]
         if offsets:
             self._require_open().commit(offsets=offsets, asynchronous=True)
-
-    def _watermarks(self, tp: TP) -> tuple[int, int]:
-        consumer = self._require_open()
-        try:
-            low, high = consumer.get_watermark_offsets(
-                TopicPartition(*tp), timeout=self._timeout, cached=False
-            )
-        except KafkaException as exc:
-            raise classify(exc, context=f"offsets of {tp[0]}[{tp[1]}]") from exc
-        return int(low), int(high)
 
     def _require_open(self) -> Consumer:
         if self._consumer is None:

