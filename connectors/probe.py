@@ -122,11 +122,11 @@ def probe_broker(settings: KafkaSettings, *, timeout: float = 20.0) -> BrokerCap
     joiner.start()
     try:
         idempotent = _try_idempotent(settings, topic, notes, timeout)
+        exact = _list_offsets_exact(settings, topic, notes, timeout)
         transactions = _try_transactions(settings, topic, notes, timeout)
         hides = transactions and _read_committed_hides_aborted(settings, topic, timeout)
         if transactions and not hides:
             notes.append("read_committed consumers receive records of aborted transactions")
-        exact = _list_offsets_exact(settings, topic, notes, timeout)
         joiner.join(timeout + 5)
         caps = BrokerCapabilities(
             brokers=settings.brokers,
