@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from io import BytesIO
-from typing import Any, Protocol, TypeAlias, runtime_checkable
+from typing import Any, TypeAlias
 
 import orjson
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.validation import ValidationError
 from fastavro.validation import validate as _avro_validate
 
+from processor.contracts import Serde
 from processor.errors import ConfigError, DeserializationError, SerializationError
 
 __all__ = [
@@ -36,36 +37,6 @@ AvroSchema: TypeAlias = "str | list[Any] | dict[str, Any]"
 # Bound once: the JSON path runs for every record; a global is cheaper than orjson.<attr>.
 _dumps = orjson.dumps
 _loads = orjson.loads
-
-
-@runtime_checkable
-class Serde(Protocol):
-    """Encodes values to record bytes and decodes them back.
-
-    Attributes:
-        name: short label used in error messages and dead-letter headers (e.g. ``json``).
-
-    Invariants:
-        ``deserialize(serialize(x)) == x`` for every value ``x`` the serde accepts.
-        ``serialize`` raises only ``SerializationError``; ``deserialize`` of any ``bytes``
-        raises only ``DeserializationError``, with ``topic``, ``partition`` and ``offset``
-        copied from its arguments. Serdes hold no per-record state and are thread-safe.
-    """
-
-    name: str
-
-    def serialize(self, value: Any) -> bytes:
-        """Encode ``value``; raise ``SerializationError`` if it cannot be encoded."""
-
-    def deserialize(
-        self,
-        data: bytes,
-        *,
-        topic: str | None = None,
-        partition: int | None = None,
-        offset: int | None = None,
-    ) -> Any:
-        """Decode ``data``; raise ``DeserializationError`` (with the location) if malformed."""
 
 
 def _bad(

@@ -1,4 +1,4 @@
-"""The README's example runs against the session's servers, given to it only by EOSFLOW_* variables."""
+"""The README's example runs against the session's servers, named only by EOSFLOW_* variables."""
 
 from __future__ import annotations
 
