@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,3 +34,57 @@ def test_quickstart_counts_every_click_once_when_pointed_at_servers_by_environme
     assert f"kafka: {kafka_endpoint[0]} (env)" in result.stdout
     assert "OK: every click counted exactly once" in result.stdout
     assert "0 missing, 0 wrong" in result.stdout
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def _gone(pids: list[int], seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        alive = []
+        for pid in pids:
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if state != "Z":
+                alive.append(pid)
+        if not alive:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
+def test_embedded_servers_stop_when_the_example_is_interrupted(
+    sig: signal.Signals, tmp_path: Path
+) -> None:
+    """Ctrl-C, SIGTERM or SIGKILL in the middle of a run leaves no server behind."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EOSFLOW_")}
+    env["EOSFLOW_STATE_DIR"] = str(tmp_path)  # no dev cluster, no variables: embedded servers
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "examples" / "quickstart.py"), "--records", "5000000"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        # A shell's background job may inherit SIGINT ignored; a terminal's Ctrl-C would not be.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("[1/4]"):
+            break
+    else:
+        pytest.fail(f"example ended before writing: exit {proc.wait()}")
+    servers = _children(proc.pid)
+    assert len(servers) == 2  # Tansu and Redis
+    proc.send_signal(sig)
+    proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    assert _gone(servers), f"servers {servers} outlived the example after {sig.name}"
