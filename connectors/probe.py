@@ -29,7 +29,7 @@ from connectors.config import (
 )
 from connectors.offsets import watermarks
 
-__all__ = ["BrokerCapabilities", "probe_broker"]
+__all__ = ["BrokerCapabilities", "probe_broker", "write_aborted_then_committed"]
 
 log = logging.getLogger(__name__)
 
@@ -167,23 +167,39 @@ def _try_idempotent(settings: KafkaSettings, topic: str, notes: list[str], timeo
     return True
 
 
-def _try_transactions(
-    settings: KafkaSettings, topic: str, notes: list[str], timeout: float
-) -> bool:
+def write_aborted_then_committed(
+    settings: KafkaSettings,
+    topic: str,
+    *,
+    aborted: bytes = _ABORTED,
+    committed: bytes = _COMMITTED,
+    timeout: float = 30.0,
+) -> None:
+    """Write ``aborted`` in a transaction that is aborted, then ``committed`` in one that commits.
+
+    Both go to partition 0 of ``topic``. What a ``read_committed`` reader then sees tells whether
+    the broker hides aborted records (the probe, and tests that check the probe, use this).
+    """
     producer = create_producer(
         producer_config(
             settings, transactional_id=f"{topic}-txn", overrides={"transaction.timeout.ms": 60000}
         )
     )
+    producer.init_transactions(timeout)
+    producer.begin_transaction()
+    producer.produce(topic, aborted, partition=0)
+    producer.flush(timeout)
+    producer.abort_transaction(timeout)
+    producer.begin_transaction()
+    producer.produce(topic, committed, partition=0)
+    producer.commit_transaction(timeout)
+
+
+def _try_transactions(
+    settings: KafkaSettings, topic: str, notes: list[str], timeout: float
+) -> bool:
     try:
-        producer.init_transactions(timeout)
-        producer.begin_transaction()
-        producer.produce(topic, _ABORTED, partition=0)
-        producer.flush(timeout)
-        producer.abort_transaction(timeout)
-        producer.begin_transaction()
-        producer.produce(topic, _COMMITTED, partition=0)
-        producer.commit_transaction(timeout)
+        write_aborted_then_committed(settings, topic, timeout=timeout)
     except KafkaException as exc:
         notes.append(f"transactions failed: {exc}")
         return False

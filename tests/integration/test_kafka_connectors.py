@@ -19,6 +19,7 @@ from connectors import (
     create_producer,
     producer_config,
 )
+from connectors.probe import write_aborted_then_committed
 from connectors.serde import ConfluentAvroSerde, JsonSerde
 from processor.errors import ConfigError, DeserializationError
 
@@ -182,15 +183,9 @@ def test_read_committed_reader_never_sees_aborted_records_when_the_broker_suppor
             "read_committed consumers (Tansu does); this test runs fully on Apache Kafka"
         )
     TopicAdmin(kafka_settings).ensure_topic(topic_name, 1)
-    producer = create_producer(producer_config(kafka_settings, transactional_id=f"{topic_name}-tx"))
-    producer.init_transactions(30)
-    producer.begin_transaction()
-    producer.produce(topic_name, b"aborted", partition=0)
-    producer.flush(30)
-    producer.abort_transaction(30)
-    producer.begin_transaction()
-    producer.produce(topic_name, b"committed", partition=0)
-    producer.commit_transaction(30)
+    write_aborted_then_committed(
+        kafka_settings, topic_name, aborted=b"aborted", committed=b"committed"
+    )
     with PartitionReader(kafka_settings) as reader:
         reader.open({(topic_name, 0): None})
         assert [m.value() for m in _drain(reader)] == [b"committed"]
@@ -202,15 +197,9 @@ def test_probe_matches_what_a_read_committed_reader_observes(
     """The probe's verdict is the truth about this broker, whichever broker it is."""
     assert broker_caps.idempotent_producer and broker_caps.transactions
     TopicAdmin(kafka_settings).ensure_topic(topic_name, 1)
-    producer = create_producer(producer_config(kafka_settings, transactional_id=f"{topic_name}-tx"))
-    producer.init_transactions(30)
-    producer.begin_transaction()
-    producer.produce(topic_name, b"aborted", partition=0)
-    producer.flush(30)
-    producer.abort_transaction(30)
-    producer.begin_transaction()
-    producer.produce(topic_name, b"committed", partition=0)
-    producer.commit_transaction(30)
+    write_aborted_then_committed(
+        kafka_settings, topic_name, aborted=b"aborted", committed=b"committed"
+    )
     with PartitionReader(kafka_settings) as reader:
         reader.open({(topic_name, 0): None})
         values = [m.value() for m in _drain(reader)]
