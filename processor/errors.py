@@ -14,7 +14,10 @@ errors are also :class:`ValueError` so that code written against plain Python ke
     │                                       connectors.errors.classify): retriable, abort, fatal
     ├── InfrastructureError                 an embedded server failed to start, stop or answer
     │   └── ServerNotFoundError             its binary is not installed; says what to install
-    └── BrokerCapabilityError               the broker lacks a feature the job was told to rely on
+    ├── BrokerCapabilityError               the broker lacks a feature the job was told to rely on
+    └── SnapshotError                       a stored snapshot or manifest cannot be used
+                                            (``reason``: corrupt, unknown_version, missing,
+                                            completed)
 
 Invariants:
     Messages say what was expected, what came, where (step, topic, partition, offset) and how to
@@ -34,6 +37,7 @@ __all__ = [
     "KafkaClientError",
     "SerializationError",
     "ServerNotFoundError",
+    "SnapshotError",
     "UnsafeKafkaConfigError",
 ]
 
@@ -144,3 +148,26 @@ class ServerNotFoundError(InfrastructureError):
 
 class BrokerCapabilityError(EosflowError):
     """The broker in use lacks a feature the job relies on."""
+
+
+class SnapshotError(EosflowError):
+    """A stored snapshot or checkpoint manifest cannot be used.
+
+    Reasons, and whether the job may continue:
+
+    - ``corrupt``: bad magic, checksum, length or encoding (truncated write, flipped bits, not an
+      eosflow file). That checkpoint is unusable; recovery may fall back to an older completed one.
+    - ``unknown_version``: written by a newer eosflow. Nothing may continue until eosflow is
+      upgraded: falling back to an older checkpoint would re-emit committed outputs.
+    - ``missing``: the snapshot, manifest or checkpoint does not exist.
+    - ``completed``: an operation meant for aborted checkpoints was asked of a completed one.
+
+    Attributes:
+        reason: one of the reasons above.
+        path: the file concerned, when there is one.
+    """
+
+    def __init__(self, message: str, *, reason: str, path: str | None = None) -> None:
+        self.reason = reason
+        self.path = path
+        super().__init__(message)

@@ -1,0 +1,32 @@
+"""Snapshot storage: a safe state codec and checkpoint files on any fsspec URL.
+
+See DESIGN.md, "ABS checkpoints" and "Recovery". Tasks write their snapshots with
+:meth:`SnapshotStore.write_task_snapshot`; the coordinator marks a checkpoint completed with
+:meth:`SnapshotStore.complete` once every task has acknowledged; recovery starts from
+:meth:`SnapshotStore.latest_completed`.
+"""
+
+from __future__ import annotations
+
+from processor.snapshot.codec import dumps, loads
+from processor.snapshot.store import (
+    FORMAT_VERSION,
+    MANIFEST,
+    Manifest,
+    SnapshotHandle,
+    SnapshotStore,
+    decode_snapshot,
+    encode_snapshot,
+)
+
+__all__ = [
+    "FORMAT_VERSION",
+    "MANIFEST",
+    "Manifest",
+    "SnapshotHandle",
+    "SnapshotStore",
+    "decode_snapshot",
+    "dumps",
+    "encode_snapshot",
+    "loads",
+]

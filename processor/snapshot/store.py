@@ -1,0 +1,500 @@
+"""Checkpoint storage on any fsspec URL: task snapshots, manifests, retention.
+
+Layout under the store URL (``file://`` by default; ``s3://``, ``hdfs://``, ``memory://`` ...)::
+
+    <job>/chk-<id:010d>/<task>.snap     one per task, written while the checkpoint is pending
+    <job>/chk-<id:010d>/_MANIFEST       JSON, written only when every task has acknowledged
+
+A snapshot file is a 32-byte header, then the body (:func:`processor.snapshot.codec.dumps`)::
+
+    magic b"EOSF" | format version u16 | flags u16 | body length u64 | BLAKE2b-128 of the body
+
+Invariants:
+    A checkpoint is completed iff its ``_MANIFEST`` exists, and a manifest is written only after
+    every snapshot it names. Every file is written under a temporary name and renamed, so a
+    reader never takes a partial write for a snapshot or a manifest. The newest usable
+    completed checkpoint is never deleted. A snapshot whose checksum, length or version does not
+    check out is refused with :class:`SnapshotError`, never half-read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import re
+import struct
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from fsspec.core import url_to_fs
+from fsspec.implementations.local import LocalFileSystem
+
+from processor.errors import ConfigError, DefinitionError, SerializationError, SnapshotError
+from processor.snapshot import codec
+
+__all__ = [
+    "FORMAT_VERSION",
+    "MANIFEST",
+    "Manifest",
+    "SnapshotHandle",
+    "SnapshotStore",
+    "decode_snapshot",
+    "encode_snapshot",
+]
+
+log = logging.getLogger(__name__)
+
+#: Version of the snapshot file and manifest formats this eosflow writes and reads.
+FORMAT_VERSION = 1
+#: Name of the file whose presence makes a checkpoint completed.
+MANIFEST = "_MANIFEST"
+
+_MAGIC = b"EOSF"
+_KNOWN_FLAGS = 0  # no flag defined in version 1; a set bit means a newer writer (compression...)
+_HEADER = struct.Struct("<4sHHQ16s")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}\Z")
+_CHK = re.compile(r"chk-(\d{10})\Z")
+
+
+@dataclass(frozen=True)
+class SnapshotHandle:
+    """Where one task's snapshot of one checkpoint was written.
+
+    Attributes:
+        path: the file, as a path of the store's filesystem.
+        size: file size in bytes, header included.
+        checksum: hex BLAKE2b-128 of the body, as in the file's header.
+    """
+
+    path: str
+    size: int
+    checksum: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A completed checkpoint: what every task wrote, plus the coordinator's metadata.
+
+    Attributes:
+        job: the job name.
+        checkpoint_id: the checkpoint.
+        created_ms: when the manifest was written, epoch milliseconds.
+        tasks: task name -> its snapshot.
+        metadata: what the coordinator recorded (source offsets, generation...), as read back
+            from JSON: tuples come back as lists.
+        format_version: the format the manifest was written in.
+    """
+
+    job: str
+    checkpoint_id: int
+    created_ms: int
+    tasks: Mapping[str, SnapshotHandle]
+    metadata: Mapping[str, Any]
+    format_version: int = FORMAT_VERSION
+
+
+def encode_snapshot(state: Any) -> tuple[bytes, str]:
+    """The bytes of a snapshot file holding ``state``, and the body's hex checksum."""
+    body = codec.dumps(state)
+    digest = hashlib.blake2b(body, digest_size=16).digest()
+    return _HEADER.pack(_MAGIC, FORMAT_VERSION, 0, len(body), digest) + body, digest.hex()
+
+
+def decode_snapshot(blob: bytes, path: str) -> Any:
+    """The state held by the snapshot file ``blob`` (read from ``path``, named in errors).
+
+    Raises:
+        SnapshotError: ``unknown_version`` for a newer format, ``corrupt`` for anything else
+            that does not check out.
+    """
+    if len(blob) < _HEADER.size:
+        raise _corrupt(path, f"{len(blob)} bytes, shorter than the {_HEADER.size}-byte header")
+    magic, version, flags, length, digest = _HEADER.unpack_from(blob)
+    if magic != _MAGIC:
+        raise _corrupt(path, f"not an eosflow snapshot (starts with {magic!r}, not {_MAGIC!r})")
+    if version > FORMAT_VERSION:
+        raise SnapshotError(
+            f"{path}: snapshot format version {version} is newer than this eosflow supports "
+            f"({FORMAT_VERSION}): upgrade eosflow",
+            reason="unknown_version",
+            path=path,
+        )
+    if version == 0:
+        raise _corrupt(path, "format version 0 does not exist")
+    if flags & ~_KNOWN_FLAGS:
+        raise SnapshotError(
+            f"{path}: snapshot uses flags {flags:#06x} unknown to this eosflow: upgrade eosflow",
+            reason="unknown_version",
+            path=path,
+        )
+    body = blob[_HEADER.size :]
+    if len(body) != length:
+        raise _corrupt(path, f"header says {length} body bytes, file has {len(body)}")
+    actual = hashlib.blake2b(body, digest_size=16).digest()
+    if actual != digest:
+        raise _corrupt(path, f"checksum {actual.hex()} does not match {digest.hex()}")
+    try:
+        return codec.loads(body)
+    except SnapshotError as exc:
+        raise _corrupt(path, str(exc)) from exc
+
+
+def _corrupt(path: str, what: str) -> SnapshotError:
+    return SnapshotError(f"snapshot {path} is corrupt: {what}", reason="corrupt", path=path)
+
+
+def _check_name(kind: str, name: str) -> None:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise DefinitionError(
+            f"{kind} name {name!r} cannot name a snapshot file: use letters, digits, '.', '_' "
+            "and '-', starting with a letter or digit (at most 200 characters)"
+        )
+
+
+class SnapshotStore:
+    """Task snapshots and checkpoint manifests under one fsspec URL.
+
+    Args:
+        url: where checkpoints live, e.g. ``file:///var/lib/eosflow/checkpoints`` or
+            ``s3://bucket/eosflow``.
+        clock: epoch seconds, for the manifest's ``created_ms`` (tests pass a manual clock).
+        storage_options: passed to the fsspec filesystem (credentials, endpoint...).
+
+    Invariants:
+        Methods are safe to retry: ``complete`` of an already completed checkpoint with the same
+        snapshots does nothing; ``discard`` of a missing checkpoint does nothing.
+    """
+
+    def __init__(
+        self, url: str, *, clock: Callable[[], float] = time.time, **storage_options: Any
+    ) -> None:
+        self.url = url
+        self._fs, root = url_to_fs(url, **storage_options)
+        self._root = root.rstrip("/")
+        self._clock = clock
+        # Local disks get fsync before the rename: without it, a power cut can leave a renamed
+        # but empty file, and the checkpoint would look complete.
+        self._local = isinstance(self._fs, LocalFileSystem)
+
+    def __repr__(self) -> str:
+        return f"SnapshotStore({self.url!r})"
+
+    # -- paths ---------------------------------------------------------------------------------
+
+    def _job_dir(self, job: str) -> str:
+        _check_name("job", job)
+        return f"{self._root}/{job}"
+
+    def _chk_dir(self, job: str, checkpoint_id: int) -> str:
+        if isinstance(checkpoint_id, bool) or not isinstance(checkpoint_id, int):
+            raise DefinitionError(f"checkpoint id must be an int, got {checkpoint_id!r}")
+        if not 0 <= checkpoint_id < 10**10:
+            raise DefinitionError(f"checkpoint id {checkpoint_id} is outside [0, 10**10)")
+        return f"{self._job_dir(job)}/chk-{checkpoint_id:010d}"
+
+    # -- task snapshots ------------------------------------------------------------------------
+
+    def write_task_snapshot(
+        self, job: str, checkpoint_id: int, task: str, state: Any
+    ) -> SnapshotHandle:
+        """Writes one task's snapshot of a pending checkpoint (atomically: temp name + rename).
+
+        Raises:
+            SerializationError: ``state`` holds a value the codec does not support.
+        """
+        _check_name("task", task)
+        path = f"{self._chk_dir(job, checkpoint_id)}/{task}.snap"
+        blob, checksum = encode_snapshot(state)
+        self._write_atomically(path, blob)
+        log.debug("wrote checkpoint_id=%d task=%r path=%s", checkpoint_id, task, path)
+        return SnapshotHandle(path=path, size=len(blob), checksum=checksum)
+
+    def read_task_snapshot(self, handle_or_path: SnapshotHandle | str) -> Any:
+        """Reads a task's state back; a handle is also checked against its size and checksum.
+
+        Raises:
+            SnapshotError: ``missing``, ``unknown_version`` or ``corrupt`` (with the path).
+        """
+        handle = handle_or_path if isinstance(handle_or_path, SnapshotHandle) else None
+        path = handle.path if handle is not None else str(handle_or_path)
+        try:
+            blob = self._fs.cat_file(path)
+        except FileNotFoundError:
+            raise SnapshotError(
+                f"snapshot {path} does not exist", reason="missing", path=path
+            ) from None
+        state = decode_snapshot(blob, path)
+        if handle is not None and (len(blob), blob[16:32].hex()) != (handle.size, handle.checksum):
+            raise _corrupt(
+                path,
+                f"not the snapshot its handle names: {len(blob)} bytes with checksum "
+                f"{blob[16:32].hex()}, expected {handle.size} bytes with {handle.checksum}",
+            )
+        return state
+
+    # -- manifests -----------------------------------------------------------------------------
+
+    def complete(
+        self,
+        job: str,
+        checkpoint_id: int,
+        tasks: Mapping[str, SnapshotHandle],
+        metadata: Mapping[str, Any],
+    ) -> None:
+        """Marks a checkpoint completed by writing its manifest (atomically).
+
+        Invariants:
+            Idempotent for the same snapshots. The manifest is written only after checking that
+            every named snapshot is in the checkpoint's directory with its recorded size.
+
+        Raises:
+            SnapshotError: ``missing`` if a snapshot is not where its handle says; ``completed``
+                if the checkpoint was already completed with other snapshots.
+            SerializationError: ``metadata`` is not JSON (str keys; str, int, float, bool,
+                None, list, dict values).
+        """
+        chk = self._chk_dir(job, checkpoint_id)
+        path = f"{chk}/{MANIFEST}"
+        if self._fs.exists(path):
+            if dict(self.load(job, checkpoint_id).tasks) != dict(tasks):
+                raise SnapshotError(
+                    f"checkpoint {checkpoint_id} of job {job!r} is already completed with other "
+                    "snapshots",
+                    reason="completed",
+                    path=path,
+                )
+            log.info("already completed checkpoint_id=%d job=%r", checkpoint_id, job)
+            return
+        missing = self._missing_files(chk, tasks)
+        if missing:
+            raise SnapshotError(
+                f"checkpoint {checkpoint_id} cannot complete: {'; '.join(missing)}",
+                reason="missing",
+                path=chk,
+            )
+        entries = {
+            task: {"file": f"{task}.snap", "size": h.size, "checksum": h.checksum}
+            for task, h in tasks.items()
+        }
+        document = {
+            "format_version": FORMAT_VERSION,
+            "job": job,
+            "checkpoint_id": checkpoint_id,
+            "created_ms": int(self._clock() * 1000),
+            "tasks": entries,
+            "metadata": metadata,
+        }
+        try:
+            blob = orjson.dumps(document, option=orjson.OPT_INDENT_2)
+        except orjson.JSONEncodeError as exc:
+            raise SerializationError(
+                f"checkpoint {checkpoint_id} metadata is not JSON: {exc}; use str keys and "
+                "JSON values (offsets as lists or str-keyed dicts)"
+            ) from None
+        self._write_atomically(path, blob)
+        log.info("completed checkpoint_id=%d job=%r tasks=%d", checkpoint_id, job, len(entries))
+
+    def load(self, job: str, checkpoint_id: int) -> Manifest:
+        """The manifest of a completed checkpoint (its snapshot files are not checked).
+
+        Raises:
+            SnapshotError: ``missing`` (not completed), ``unknown_version`` or ``corrupt``.
+        """
+        chk = self._chk_dir(job, checkpoint_id)
+        path = f"{chk}/{MANIFEST}"
+        try:
+            raw = orjson.loads(self._fs.cat_file(path))
+        except FileNotFoundError:
+            raise SnapshotError(
+                f"checkpoint {checkpoint_id} of job {job!r} is not completed (no {path})",
+                reason="missing",
+                path=path,
+            ) from None
+        except orjson.JSONDecodeError as exc:
+            raise _corrupt(path, f"manifest is not JSON ({exc})") from None
+        try:
+            version = raw["format_version"]
+            if version > FORMAT_VERSION:
+                raise SnapshotError(
+                    f"{path}: manifest format version {version} is newer than this eosflow "
+                    f"supports ({FORMAT_VERSION}): upgrade eosflow",
+                    reason="unknown_version",
+                    path=path,
+                )
+            if version < 1 or raw["checkpoint_id"] != checkpoint_id:
+                raise _corrupt(path, f"version {version}, checkpoint {raw['checkpoint_id']}")
+            handles = {}
+            for task, entry in raw["tasks"].items():
+                _check_name("task", task)  # a forged manifest must not point outside chk
+                if entry["file"] != f"{task}.snap":
+                    raise _corrupt(path, f"task {task!r} names file {entry['file']!r}")
+                handles[task] = SnapshotHandle(
+                    f"{chk}/{entry['file']}", int(entry["size"]), str(entry["checksum"])
+                )
+            return Manifest(
+                job=job,
+                checkpoint_id=checkpoint_id,
+                created_ms=int(raw["created_ms"]),
+                tasks=handles,
+                metadata=dict(raw["metadata"]),
+                format_version=version,
+            )
+        except (KeyError, TypeError, ValueError, AttributeError, DefinitionError) as exc:
+            raise _corrupt(path, f"manifest is malformed ({type(exc).__name__}: {exc})") from None
+
+    def completed_ids(self, job: str) -> list[int]:
+        """Ids of the checkpoints that have a manifest, oldest first (manifests not read)."""
+        found = self._fs.glob(f"{self._job_dir(job)}/chk-*/{MANIFEST}")
+        ids = (_CHK.match(p.rstrip("/").split("/")[-2]) for p in found)
+        return sorted(int(m.group(1)) for m in ids if m)
+
+    def latest_completed(self, job: str) -> Manifest | None:
+        """The newest completed checkpoint whose manifest reads and whose snapshots all exist.
+
+        Checkpoints without a manifest are pending or aborted and are skipped. A corrupt
+        manifest or a missing snapshot is skipped with a warning: restoring an older checkpoint
+        keeps state consistent, but sinks that committed the skipped one may see outputs again
+        (the dedup layer, when enabled, drops them).
+
+        Raises:
+            SnapshotError: ``unknown_version``: a newer eosflow wrote the newest checkpoint;
+                falling back silently would roll back committed work.
+        """
+        for checkpoint_id in reversed(self.completed_ids(job)):
+            try:
+                manifest = self.load(job, checkpoint_id)
+            except SnapshotError as exc:
+                if exc.reason == "unknown_version":
+                    raise
+                log.warning("skipping checkpoint_id=%d error=%r", checkpoint_id, str(exc))
+                continue
+            missing = self._missing_files(self._chk_dir(job, checkpoint_id), manifest.tasks)
+            if missing:
+                log.warning("skipping checkpoint_id=%d missing=%r", checkpoint_id, missing)
+                continue
+            return manifest
+        return None
+
+    # -- cleanup -------------------------------------------------------------------------------
+
+    def retain(self, job: str, keep: int) -> list[int]:
+        """Deletes all but the newest ``keep`` completed checkpoints, and orphans.
+
+        Orphans are checkpoints without a manifest older than the newest completed one: they
+        were aborted. Newer ones may still be pending and are left alone.
+
+        Invariants:
+            The newest completed checkpoint, and the one :meth:`latest_completed` would restore,
+            are never deleted. A manifest is deleted before its snapshots, so a crash
+            mid-deletion never leaves a completed checkpoint with missing files.
+
+        Returns:
+            The ids deleted, oldest first.
+        """
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise ConfigError(
+                f"retain keep={keep!r}: keep at least 1 completed checkpoint (recovery needs one)"
+            )
+        completed = self.completed_ids(job)
+        if not completed:
+            return []
+        kept = set(completed[-keep:])
+        usable = self.latest_completed(job)
+        if usable is not None:
+            kept.add(usable.checkpoint_id)
+        done = set(completed)
+        deleted = []
+        for checkpoint_id in self._checkpoint_ids(job):
+            if checkpoint_id in kept or (
+                checkpoint_id not in done and checkpoint_id > completed[-1]
+            ):
+                continue
+            chk = self._chk_dir(job, checkpoint_id)
+            if checkpoint_id in done:
+                self._fs.rm_file(f"{chk}/{MANIFEST}")
+            self._fs.rm(chk, recursive=True)
+            deleted.append(checkpoint_id)
+            log.info(
+                "deleted checkpoint checkpoint_id=%d job=%r completed=%s",
+                checkpoint_id,
+                job,
+                checkpoint_id in done,
+            )
+        return deleted
+
+    def discard(self, job: str, checkpoint_id: int) -> None:
+        """Deletes an aborted checkpoint's snapshots; does nothing if there are none.
+
+        Raises:
+            SnapshotError: ``completed``: the checkpoint has a manifest (use :meth:`retain`).
+        """
+        chk = self._chk_dir(job, checkpoint_id)
+        if self._fs.exists(f"{chk}/{MANIFEST}"):
+            raise SnapshotError(
+                f"checkpoint {checkpoint_id} of job {job!r} is completed: discard only deletes "
+                "aborted checkpoints; use retain()",
+                reason="completed",
+                path=chk,
+            )
+        with contextlib.suppress(FileNotFoundError):
+            self._fs.rm(chk, recursive=True)
+            log.info("discarded checkpoint_id=%d job=%r", checkpoint_id, job)
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _checkpoint_ids(self, job: str) -> list[int]:
+        try:
+            entries = self._fs.ls(self._job_dir(job), detail=False)
+        except FileNotFoundError:
+            return []
+        ids = (_CHK.match(str(p).rstrip("/").split("/")[-1]) for p in entries)
+        return sorted(int(m.group(1)) for m in ids if m)
+
+    def _missing_files(self, chk: str, tasks: Mapping[str, SnapshotHandle]) -> list[str]:
+        try:
+            listing = self._fs.ls(chk, detail=True)
+        except FileNotFoundError:
+            listing = []
+        sizes = {str(e["name"]).rstrip("/"): e["size"] for e in listing}
+        problems = []
+        for task, handle in tasks.items():
+            _check_name("task", task)
+            if handle.path != f"{chk}/{task}.snap":
+                problems.append(f"task {task!r}: {handle.path} is not {chk}/{task}.snap")
+            elif sizes.get(handle.path) != handle.size:
+                found = sizes.get(handle.path, "no")
+                problems.append(
+                    f"task {task!r}: {handle.path} has {found} bytes, not {handle.size}"
+                )
+        return problems
+
+    def _write_atomically(self, path: str, data: bytes) -> None:
+        directory = path.rsplit("/", 1)[0]
+        self._fs.makedirs(directory, exist_ok=True)
+        tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+        try:
+            if self._local:
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+            else:
+                self._fs.pipe_file(tmp, data)
+            self._fs.mv(tmp, path)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self._fs.rm_file(tmp)
+            raise
+        if self._local:
+            with contextlib.suppress(OSError):  # the rename itself must survive a power cut
+                fd = os.open(directory, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
