@@ -94,9 +94,9 @@ class TopicAdmin:
             except KafkaException as exc:
                 if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise classify(exc, context=f"creating topic {name!r}") from exc
-        self._wait_visible({s.name: s.partitions for s in specs})
+        visible = self._wait_visible([s.name for s in specs])
         for spec in specs:
-            actual = self.describe(spec.name).partitions
+            actual = visible[spec.name]
             if actual != spec.partitions:
                 raise ConfigError(
                     f"topic {spec.name!r} exists with {actual} partitions, expected "
@@ -111,10 +111,11 @@ class TopicAdmin:
         """Create ``name`` if missing; True when this call created it."""
         return bool(self.ensure_topics([TopicSpec(name, partitions, config or {})]))
 
-    def _wait_visible(self, expected: Mapping[str, int]) -> None:
-        """Wait until metadata shows every partition with a leader (creation propagates)."""
+    def _wait_visible(self, names: Iterable[str]) -> dict[str, int]:
+        """Wait until metadata shows every partition with a leader; return the partition counts."""
         deadline = time.monotonic() + self._timeout
-        pending = dict(expected)
+        pending = set(names)
+        counts: dict[str, int] = {}
         while pending:
             metadata = self._admin.list_topics(timeout=self._timeout)
             for name in list(pending):
@@ -125,11 +126,13 @@ class TopicAdmin:
                     and topic.partitions
                     and all(p.leader >= 0 for p in topic.partitions.values())
                 ):
-                    del pending[name]
+                    counts[name] = len(topic.partitions)
+                    pending.discard(name)
             if pending and time.monotonic() > deadline:
                 raise ConfigError(f"topics {sorted(pending)} not visible after {self._timeout}s")
             if pending:
                 time.sleep(0.05)
+        return counts
 
     def describe(self, name: str) -> TopicInfo:
         """Partition count, replication factor and (where the broker reports them) configs."""

@@ -113,13 +113,15 @@ class PartitionReader:
         except KafkaException as exc:
             raise classify(exc, context="consuming") from exc
         records: list[Message] = []
-        nxt: dict[Any, int] = (
-            self._next
-        )  # Message getters are Optional-typed; data records have them
+        # Message getters are Optional-typed; data records always have topic, partition, offset.
+        nxt: dict[Any, int] = self._next
+        offset: Any
         for msg in batch:
             err = msg.error()
             if err is None:
                 records.append(msg)
+                offset = msg.offset()
+                nxt[(msg.topic(), msg.partition())] = offset + 1  # FIFO: the last one wins
                 continue
             if err.code() == _EOF:
                 end: Any = msg.offset()
@@ -132,10 +134,6 @@ class PartitionReader:
                 log.warning("%s: retriable error %s", where, err)
                 continue
             raise classify(err, context=where)
-        # Positions: the last record of each partition in this batch decides (FIFO per partition).
-        for msg in records:
-            offset: Any = msg.offset()
-            nxt[(msg.topic(), msg.partition())] = offset + 1
         return records
 
     def seek(self, tp: TP, offset: int) -> None:

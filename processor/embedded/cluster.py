@@ -162,7 +162,9 @@ def servers(
     for service in wanted:
         if env.get(ENV_VARS[service]):
             found[service], origin[service] = env[ENV_VARS[service]], "env"
-    dev = DevCluster.load(state_file())
+    # Read the dev state only while a service is unresolved: a fully configured run must neither
+    # depend on nor fail because of a stale or corrupt ~/.eosflow/dev.json.
+    dev = DevCluster.load(state_file()) if len(found) < len(wanted) else None
     if dev is not None:
         alive = dev.alive()
         for service in wanted:

@@ -157,3 +157,15 @@ def test_dev_cluster_reports_dead_when_the_recorded_pid_is_gone(tmp_path: Path) 
     cluster.save(loaded_path)
     loaded = DevCluster.load(loaded_path)
     assert loaded is not None and loaded.alive() == {"redis": False}
+
+
+def test_state_file_is_not_read_when_every_service_is_configured_by_environment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Regression: a corrupt ~/.eosflow/dev.json used to break runs that did not need it."""
+    monkeypatch.setenv("EOSFLOW_STATE_DIR", str(tmp_path))
+    (tmp_path / "dev.json").write_text("{not json")
+    with servers(["redis"], environ={"EOSFLOW_REDIS_URL": "redis://r:6379/0"}) as endpoints:
+        assert endpoints.origin["redis"] == "env"
+    with pytest.raises(ConfigError, match="delete it"), servers(["redis"], environ={}):
+        pass
