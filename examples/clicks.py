@@ -12,7 +12,8 @@ import argparse
 import random
 import sys
 import time
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 PAGES = ("/", "/search", "/item", "/cart", "/checkout", "/help")
@@ -46,6 +47,100 @@ def expected_totals(events: Iterator[dict[str, object]]) -> dict[str, Totals]:
         entry[0] += 1
         entry[1] += int(str(event["amount"]))
     return {user: Totals(c, a) for user, (c, a) in acc.items()}
+
+
+def canonical(item: object) -> bytes:
+    """One output record as comparable bytes (JSON, sorted keys)."""
+    import orjson
+
+    return orjson.dumps(item, option=orjson.OPT_SORT_KEYS)
+
+
+def expected_running_totals(events: Iterator[dict[str, object]]) -> Counter[bytes]:
+    """Every output line of the running-total example: ``[user, [count, amount]]`` per click."""
+    acc: dict[str, tuple[int, int]] = {}
+    out: Counter[bytes] = Counter()
+    for event in events:
+        user = str(event["user"])
+        count, amount = acc.get(user, (0, 0))
+        acc[user] = (count + 1, amount + int(str(event["amount"])))
+        out[canonical([user, list(acc[user])])] += 1
+    return out
+
+
+def expected_window_counts(
+    events: Iterator[dict[str, object]], window_ms: int = 10_000
+) -> Counter[bytes]:
+    """Every output line of the windowed-count example: clicks per page and tumbling window."""
+    counts: Counter[tuple[str, int]] = Counter()
+    for event in events:
+        ts = int(str(event["ts_ms"]))
+        counts[(str(event["page"]), ts - ts % window_ms)] += 1
+    return Counter(
+        canonical([page, {"start_ms": s, "end_ms": s + window_ms, "value": n}])
+        for (page, s), n in counts.items()
+    )
+
+
+def compare_outputs(want: Counter[bytes], got: Counter[bytes]) -> tuple[int, int]:
+    """(missing, duplicated or unexpected) record counts of ``got`` against ``want``."""
+    return sum((want - got).values()), sum((got - want).values())
+
+
+def run_example(
+    pipeline: str, expected: Callable[[Iterator[dict[str, object]]], Counter[bytes]], label: str
+) -> None:
+    """Command line of the engine examples: write clicks, run the job until idle, check."""
+    import os
+    import tempfile
+    import uuid
+
+    from processor.embedded import servers
+    from processor.runtime.local import LocalRunner, RunOptions
+    from sinks import read_jsonl
+
+    parser = argparse.ArgumentParser(description=f"eosflow example: {label}")
+    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--users", type=int, default=1000)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--checkpoint-interval", type=float, default=1.0, help="seconds")
+    parser.add_argument("--mode", default="aligned", choices=["aligned", "unaligned", "sync"])
+    args = parser.parse_args()
+    with servers(["kafka"]) as endpoints:
+        assert endpoints.kafka_brokers is not None
+        run_id = uuid.uuid4().hex[:8]
+        work = tempfile.mkdtemp(prefix=f"eosflow-example-{run_id}-")
+        os.environ["JOB_NAME"] = f"{label.replace(' ', '-')}-{run_id}"
+        os.environ["CLICKS_TOPIC"] = f"clicks-{run_id}"
+        os.environ["OUTPUT_DIR"] = f"{work}/output"
+        print(f"kafka: {endpoints.kafka_brokers} ({endpoints.origin['kafka']})")
+        took = produce_clicks(
+            endpoints.kafka_brokers, os.environ["CLICKS_TOPIC"], args.records, users=args.users
+        )
+        print(f"wrote {args.records:,} clicks to {os.environ['CLICKS_TOPIC']} in {took:.1f}s")
+        options = RunOptions(
+            workers=args.workers,
+            checkpoint_interval=args.checkpoint_interval,
+            mode=args.mode,
+            until_idle=True,
+            environ=endpoints.as_env(),
+            state_dir=f"{work}/state",
+            progress=sys.stdout,
+        )
+        result = LocalRunner(pipeline, options).run()
+    got = Counter(canonical(item) for item in read_jsonl(os.environ["OUTPUT_DIR"]))
+    want = expected(click_events(args.records, users=args.users))
+    missing, extra = compare_outputs(want, got)
+    rate = result.records_in / result.seconds if result.seconds else 0.0
+    print(
+        f"{label}: {result.records_in:,} clicks in {result.seconds:.1f}s ({rate:,.0f}/s), "
+        f"{sum(got.values()):,} output records in {os.environ['OUTPUT_DIR']}, "
+        f"{result.checkpoints} checkpoints"
+    )
+    if missing or extra:
+        print(f"FAILED: {missing} expected records missing, {extra} duplicated or unexpected")
+        sys.exit(1)
+    print(f"OK: every output record exactly once ({sum(want.values()):,} expected)")
 
 
 def produce_clicks(

@@ -7,6 +7,9 @@
     eosflow dev env                                    export lines: eval "$(eosflow dev env)"
     eosflow dev down                                   stop them by PID, remove their directories
     eosflow probe [--json]                             what the broker in use can do
+    eosflow run PIPELINE.py [--workers N] [--checkpoint-interval 1s] [--mode aligned|unaligned]
+                [--until-idle]                         run a job on the local runner
+    eosflow status [JOB] [--json]                      a running (or the last) job's progress
     eosflow version
 
 The CLI is the one place in ``processor`` allowed to import the other packages (DESIGN.md).
@@ -133,6 +136,128 @@ def _probe(args: argparse.Namespace) -> int:
     return 0
 
 
+def parse_duration(text: str) -> float:
+    """``"500ms"``, ``"1s"``, ``"2m"``, ``"1.5"`` (seconds) -> seconds."""
+    units = (("ms", 0.001), ("s", 1.0), ("m", 60.0), ("h", 3600.0))
+    raw = text.strip().lower()
+    number, factor = raw, 1.0
+    for suffix, unit in units:
+        if raw.endswith(suffix) and not (suffix == "s" and raw.endswith("ms")):
+            number, factor = raw[: -len(suffix)], unit
+            break
+    try:
+        value = float(number) * factor
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration; write e.g. 500ms, 1s, 2m"
+        ) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"duration {text!r} must be positive")
+    return value
+
+
+def _run(args: argparse.Namespace) -> int:
+    from processor.runtime.local import Fault, JobFailed, LocalRunner, RunOptions
+
+    if args.runner != "local":
+        print(
+            f"eosflow: error: runner {args.runner!r} is not available in this version; use "
+            "--runner local",
+            file=sys.stderr,
+        )
+        return 2
+    with servers(["kafka"]) as endpoints:
+        options = RunOptions(
+            workers=args.workers,
+            checkpoint_interval=args.checkpoint_interval,
+            mode=args.mode,
+            until_idle=args.until_idle,
+            snapshot_url=args.snapshot_url,
+            checkpoint_timeout=args.checkpoint_timeout,
+            keep_checkpoints=args.keep_checkpoints,
+            max_restarts=args.max_restarts,
+            faults=[Fault.parse(f) for f in args.fault],
+            environ=endpoints.as_env(),
+            progress=sys.stderr,
+            log_level="DEBUG" if args.verbose > 1 else "INFO",
+        )
+        runner = LocalRunner(args.pipeline, options)
+        if args.explain:
+            print(runner.plan.describe())
+            return 0
+        if endpoints.origin.get("kafka") == "embedded":
+            print(
+                "note: no broker configured; using an embedded Tansu broker that lives as long "
+                "as this command (set EOSFLOW_KAFKA_BROKERS or run 'eosflow dev up')",
+                file=sys.stderr,
+            )
+        print(runner.plan.describe(), file=sys.stderr)
+        try:
+            result = runner.run()
+        except JobFailed as exc:
+            print(f"eosflow: job failed: {exc}", file=sys.stderr)
+            return 1
+    print(
+        f"job {result.job} finished: {result.records_in:,} records in, {result.records_out:,} "
+        f"out, {result.checkpoints} checkpoints (last {result.last_checkpoint}), "
+        f"{result.restarts} restarts, {result.seconds:.1f}s"
+    )
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from processor.runtime.local import job_dir
+
+    base = job_dir("x").parent
+    if args.job:
+        path = base / args.job / "status.json"
+    else:
+        found = sorted(base.glob("*/status.json"), key=lambda p: p.stat().st_mtime)
+        if not found:
+            print(f"no jobs recorded under {base}", file=sys.stderr)
+            return 1
+        path = found[-1]
+    try:
+        status = json.loads(path.read_text())
+    except FileNotFoundError:
+        print(f"no status for job {args.job!r} (looked for {path})", file=sys.stderr)
+        return 1
+    alive = status["state"] == "running" and _pid_alive(int(status["pid"]))
+    if args.json:
+        print(json.dumps({**status, "alive": alive}, indent=2))
+        return 0
+    age = time.time() - status["updated_ms"] / 1000
+    state = status["state"] if alive or status["state"] != "running" else "not running (stale)"
+    chk = status["checkpoint"]
+    print(f"job        {status['job']}  ({state}, updated {age:.0f}s ago)")
+    print(
+        f"generation {status['generation']}  restarts {status['restarts']}  mode {status['mode']}"
+    )
+    print(
+        f"checkpoint last {chk['last_completed']} ({chk['last_duration_ms']} ms), "
+        f"{chk['completed']} completed, {chk['aborted']} aborted, pending {chk['pending']}"
+    )
+    print(
+        f"records    in {status['records_in']:,}  out {status['records_out']:,}  "
+        f"source lag {status['source_lag']:,}"
+    )
+    for w in status["workers"]:
+        print(f"worker {w['worker']}   pid {w['pid']}  connected {w['connected']}")
+    for cause in status["restart_causes"]:
+        print(f"restart    {cause}")
+    return 0
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eosflow", description=__doc__.split("::")[0].strip())
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv)")
@@ -154,6 +279,41 @@ def _parser() -> argparse.ArgumentParser:
     probe = sub.add_parser("probe", help="probe the broker's exactly-once capabilities")
     probe.add_argument("--json", action="store_true", help="machine-readable output")
     probe.set_defaults(func=_probe)
+
+    run = sub.add_parser("run", help="run a pipeline file")
+    run.add_argument("pipeline", help="a Python file that defines `flow = Dataflow(...)`")
+    run.add_argument("--runner", default="local", choices=["local", "spark"])
+    run.add_argument("--workers", type=int, default=2, help="worker processes (parallelism)")
+    run.add_argument(
+        "--checkpoint-interval", type=parse_duration, default=1.0, metavar="DURATION",
+        help="time between checkpoints, e.g. 500ms, 1s (default 1s)",
+    )  # fmt: skip
+    run.add_argument(
+        "--mode", default="aligned", choices=["aligned", "unaligned", "sync", "none"],
+        help="checkpoint mode (sync: stop-the-world, for comparison; none: no checkpoints "
+        "except the final one)",
+    )  # fmt: skip
+    run.add_argument(
+        "--until-idle", action="store_true",
+        help="stop once every source partition reached the end offset it had at start-up and "
+        "a final checkpoint committed",
+    )  # fmt: skip
+    run.add_argument("--snapshot-url", help="fsspec URL for checkpoints (default: file:// under "
+                     "$EOSFLOW_STATE_DIR/jobs/JOB)")  # fmt: skip
+    run.add_argument("--checkpoint-timeout", type=parse_duration, default=60.0, metavar="DURATION")
+    run.add_argument("--keep-checkpoints", type=int, default=3)
+    run.add_argument("--max-restarts", type=int, default=10)
+    run.add_argument(
+        "--fault", action="append", default=[], metavar="ATTEMPT:WORKER:POINT[:N]",
+        help="crash testing: SIGKILL a worker at a protocol point (repeatable)",
+    )  # fmt: skip
+    run.add_argument("--explain", action="store_true", help="print the compiled stages and exit")
+    run.set_defaults(func=_run)
+
+    status = sub.add_parser("status", help="progress of a running or finished job")
+    status.add_argument("job", nargs="?", help="job name (default: the most recent)")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(func=_status)
 
     sub.add_parser("version", help="print the version").set_defaults(
         func=lambda _a: print(f"eosflow {__version__}") or 0

@@ -1,15 +1,28 @@
 """Contracts the engine defines and the other packages implement.
 
 ``processor`` never imports ``connectors``, ``sinks`` or ``dedup`` (except the CLI wiring); they
-import these protocols from here. Further contracts (sources, two-phase-commit sinks, the ID store)
-join this module as the engine that calls them lands.
+import these protocols from here. The engine calls them; it does not know which Kafka client,
+file system or database is behind them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Serde"]
+__all__ = [
+    "Message",
+    "Reader",
+    "Serde",
+    "Sink",
+    "SinkContext",
+    "SinkWriter",
+    "Transport",
+    "Writer",
+]
+
+TP = tuple[str, int]
 
 
 @runtime_checkable
@@ -40,3 +53,150 @@ class Serde(Protocol):
         offset: int | None = None,
     ) -> Any:
         """Decode ``data``; raise ``DeserializationError`` (with the location) if malformed."""
+
+
+@dataclass(frozen=True)
+class SinkContext:
+    """Where a sink writer runs.
+
+    Attributes:
+        job: the job name (unique per deployment; output names derive from it).
+        step: the sink step's name.
+        subtask: this writer's subtask index, ``0 <= subtask < parallelism``.
+        parallelism: how many writers the sink step has.
+        generation: the job's generation (one more after every global recovery).
+    """
+
+    job: str
+    step: str
+    subtask: int
+    parallelism: int
+    generation: int
+
+
+@runtime_checkable
+class SinkWriter(Protocol):
+    """One subtask's writer of a two-phase-commit sink (DESIGN.md, "Sinks: two-phase commit").
+
+    The engine calls, for every epoch (the records between two barriers): ``write`` any number of
+    times, then ``prepare(checkpoint_id)`` when the barrier passes. The returned committable goes
+    into the task's snapshot. When checkpoint ``n`` completes, the engine calls ``commit`` for
+    every pending committable of a checkpoint ``<= n``, in checkpoint order. After a restart it
+    calls ``recover`` with the committables held by the restored snapshot.
+
+    Invariants:
+        Nothing written is visible to readers of the output before ``commit``.
+        ``commit`` and ``recover`` are idempotent: calling them again with the same arguments
+        (after a crash at any point) neither loses nor duplicates output.
+        ``recover`` also discards everything written after the restored checkpoint (orphans of
+        epochs that never completed): that output will be written again.
+        A committable is a small value the snapshot codec accepts (``None``, ``bool``, ``int``,
+        ``float``, ``str``, ``bytes``, lists, tuples, dicts, sets).
+    """
+
+    def write(self, values: Sequence[Any]) -> None:
+        """Buffer or stage ``values`` for the current epoch."""
+
+    def prepare(self, checkpoint_id: int) -> Any:
+        """Make the epoch's output durable but invisible; return its committable (or ``None``
+        when the epoch wrote nothing)."""
+
+    def commit(self, checkpoint_id: int, committable: Any) -> None:
+        """Make the output of the prepared epoch visible. Idempotent."""
+
+    def recover(self, pending: Sequence[tuple[int, Any]]) -> None:
+        """After a restart: commit ``pending`` (checkpoint id, committable) and discard orphans."""
+
+    def close(self) -> None:
+        """Release files and connections (uncommitted output stays for ``recover``)."""
+
+
+@runtime_checkable
+class Sink(Protocol):
+    """A sink definition, given to ``Stream.sink``; every worker opens its own writers from it.
+
+    Sink objects are built in the pipeline file, which every worker process imports, so they
+    hold configuration only (no open files or connections) until ``open``.
+    """
+
+    def open(self, ctx: SinkContext) -> SinkWriter:
+        """A writer for subtask ``ctx.subtask``."""
+
+
+class Message(Protocol):
+    """A record read from Kafka (confluent-kafka's ``Message`` has this shape).
+
+    ``topic``, ``partition`` and ``offset`` are typed ``Any`` because the client types them
+    optional (they are never ``None`` on a record a reader delivers).
+    """
+
+    def topic(self) -> Any: ...
+    def partition(self) -> Any: ...
+    def offset(self) -> Any: ...
+    def key(self) -> bytes | None: ...
+    def value(self) -> bytes | None: ...
+    def headers(self) -> list[tuple[str, bytes | None]] | None: ...
+    def timestamp(self) -> tuple[int, int]: ...
+
+
+class Reader(Protocol):
+    """Reads explicitly assigned partitions in batches (``connectors.PartitionReader``).
+
+    Invariants:
+        Records of one partition are delivered in offset order, none skipped or repeated,
+        starting at the position given to ``open`` or ``seek``.
+    """
+
+    def open(self, positions: Mapping[TP, int | None], *, start: str = "earliest") -> None: ...
+    def poll(self, max_records: int = 10_000, timeout: float = 0.1) -> list[Any]:
+        """Up to ``max_records`` records (:class:`Message`), data and control alike."""
+
+    def pause(self, tps: Iterable[TP]) -> None: ...
+    def resume(self, tps: Iterable[TP]) -> None: ...
+    def positions(self) -> dict[TP, int]: ...
+    def close(self) -> None: ...
+
+
+class Writer(Protocol):
+    """Writes records to explicit partitions with an idempotent producer.
+
+    Invariants:
+        Records written to one partition by one writer land in that order, each exactly once
+        (idempotence), or ``flush`` raises.
+    """
+
+    def write(
+        self,
+        topic: str,
+        partition: int,
+        value: bytes,
+        *,
+        key: bytes | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> None: ...
+
+    def poll(self) -> None:
+        """Serve delivery reports without blocking (raises a delivery failure on next write)."""
+
+    def flush(self, timeout: float = 30.0) -> None:
+        """Wait until everything written is acknowledged; raise on a delivery failure."""
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """What the runtime needs from Kafka (``connectors.transport.KafkaTransport``)."""
+
+    def ensure_topics(self, partitions: Mapping[str, int]) -> None:
+        """Create missing topics with these partition counts; refuse a mismatching count."""
+
+    def partition_count(self, topic: str) -> int:
+        """Partitions of an existing topic; raise ``ConfigError`` if it does not exist."""
+
+    def end_offsets(self, tps: Iterable[TP]) -> dict[TP, int]:
+        """Current end offsets (last stable offsets under ``read_committed``)."""
+
+    def reader(self, *, group_id: str) -> Reader: ...
+
+    def writer(self, *, client_id: str) -> Writer: ...

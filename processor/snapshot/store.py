@@ -59,6 +59,7 @@ _MAGIC = b"EOSF"
 _KNOWN_FLAGS = 0  # no flag defined in version 1; a set bit means a newer writer (compression...)
 _HEADER = struct.Struct("<4sHHQ16s")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}\Z")
+GENERATION_FILE = "_GENERATION"
 _CHK = re.compile(r"chk-(\d{10})\Z")
 
 
@@ -445,6 +446,30 @@ class SnapshotStore:
         with contextlib.suppress(FileNotFoundError):
             self._fs.rm(chk, recursive=True)
             log.info("discarded checkpoint_id=%d job=%r", checkpoint_id, job)
+
+    # -- job bookkeeping -----------------------------------------------------------------------
+
+    def next_generation(self, job: str) -> int:
+        """Allocates the job's next generation (1, 2, ...), remembered across runs.
+
+        Channel topics outlive a run: a new run must not reuse a generation whose
+        ``GenerationStart`` markers are already in the channels (:mod:`processor.wire`).
+        Only the job's one coordinator calls this.
+        """
+        path = f"{self._job_dir(job)}/{GENERATION_FILE}"
+        try:
+            current = int(self._fs.cat_file(path).decode().strip())
+        except FileNotFoundError:
+            current = 0
+        except ValueError:
+            raise _corrupt(path, "the generation file does not hold an integer") from None
+        self._write_atomically(path, f"{current + 1}\n".encode())
+        return current + 1
+
+    def newest_checkpoint_id(self, job: str) -> int:
+        """The highest checkpoint id with a directory (completed, pending or aborted), or 0."""
+        ids = self._checkpoint_ids(job)
+        return ids[-1] if ids else 0
 
     # -- helpers -------------------------------------------------------------------------------
 

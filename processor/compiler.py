@@ -1,0 +1,245 @@
+"""Compilation of a ``Dataflow`` into stages connected by Kafka channel topics.
+
+Rules (DESIGN.md, "Execution model"):
+
+* **Fusion.** Steps joined by forward edges run in one task (operator chaining): ``map``,
+  ``filter``, ``flat_map``, ``key_by`` and ``sink`` stay in their parent's stage.
+* **Shuffles.** A keyed aggregation whose input is not already partitioned by its key starts a new
+  stage; the edge is a channel topic of ``P x P`` partitions, key-routed with
+  :func:`processor.wire.key_to_downstream`. An aggregation over the output of another aggregation
+  (same key, nothing re-keyed in between) needs no shuffle and is fused.
+* **Partial combining.** A windowed aggregation with a ``merge`` function (``count``, ``reduce``,
+  ``aggregate(merge=...)``) gets a combiner on the upstream side of its shuffle: each batch sends
+  one partial accumulator per key and window instead of every record.
+* **Union.** Streams of one stage stay in it; streams of different source stages merge those
+  stages (a source stage has no inputs, so this cannot make a cycle); otherwise the union starts a
+  new stage fed by *forward* channels (upstream subtask ``u`` writes to ``u``).
+
+Every stage has the job's parallelism ``P`` (worker ``i`` runs subtask ``i`` of every stage), so a
+forward edge never needs a repartition.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from processor.dataflow import Dataflow, Step
+from processor.errors import DefinitionError
+from processor.wire import channel_topic_name
+
+__all__ = ["Edge", "Plan", "Stage", "compile_flow"]
+
+
+@dataclass(frozen=True)
+class Edge:
+    """A channel topic between two stages.
+
+    Attributes:
+        topic: the internal topic (``P x P`` partitions).
+        src_step: the step whose output is written to it.
+        dst_step: the step that reads it.
+        shuffle: key-routed (``True``) or forward, upstream ``u`` to downstream ``u`` (``False``).
+        combine: the upstream side sends partial accumulators of a windowed aggregation.
+    """
+
+    topic: str
+    src_step: str
+    dst_step: str
+    src_stage: str
+    dst_stage: str
+    shuffle: bool
+    combine: bool
+
+
+@dataclass(frozen=True)
+class Stage:
+    """Fused steps that run as one task per subtask.
+
+    Attributes:
+        name: the name of the stage's first step (task names are ``<stage>.<subtask>``).
+        steps: the stage's steps in topological order.
+        sources: the source steps (a source stage reads Kafka topics, not channels).
+        inputs: channel edges the stage reads.
+        outputs: channel edges the stage writes.
+    """
+
+    name: str
+    steps: tuple[str, ...]
+    sources: tuple[str, ...]
+    inputs: tuple[Edge, ...]
+    outputs: tuple[Edge, ...]
+
+    def task(self, subtask: int) -> str:
+        return f"{self.name}.{subtask}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A compiled dataflow."""
+
+    flow: Dataflow
+    parallelism: int
+    stages: tuple[Stage, ...]
+
+    @property
+    def job(self) -> str:
+        return self.flow.name
+
+    @property
+    def edges(self) -> tuple[Edge, ...]:
+        return tuple(e for s in self.stages for e in s.outputs)
+
+    def task_names(self) -> list[str]:
+        return [s.task(i) for s in self.stages for i in range(self.parallelism)]
+
+    def stage_of(self, step: str) -> Stage:
+        for stage in self.stages:
+            if step in stage.steps:
+                return stage
+        raise KeyError(step)
+
+    def describe(self) -> str:
+        """A readable summary (``eosflow run --explain``)."""
+        lines = [f"job {self.job!r}, parallelism {self.parallelism}"]
+        for s in self.stages:
+            kind = f"sources {list(s.sources)}" if s.sources else "channel inputs"
+            lines.append(f"  stage {s.name!r} ({kind}): {' -> '.join(s.steps)}")
+            for e in s.outputs:
+                how = "shuffle" + (" + combiner" if e.combine else "") if e.shuffle else "forward"
+                lines.append(f"    {how} {e.src_step} -> {e.dst_step} via topic {e.topic}")
+        return "\n".join(lines)
+
+
+class _Stages:
+    """Union-find over stage ids."""
+
+    def __init__(self) -> None:
+        self.parent: list[int] = []
+        self.is_source: list[bool] = []
+
+    def new(self, is_source: bool) -> int:
+        self.parent.append(len(self.parent))
+        self.is_source.append(is_source)
+        return len(self.parent) - 1
+
+    def find(self, i: int) -> int:
+        while self.parent[i] != i:
+            self.parent[i] = self.parent[self.parent[i]]
+            i = self.parent[i]
+        return i
+
+    def merge(self, ids: list[int]) -> int:
+        root = self.find(ids[0])
+        for other in ids[1:]:
+            self.parent[self.find(other)] = root
+        return root
+
+
+def compile_flow(flow: Dataflow, parallelism: int) -> Plan:
+    """Turns ``flow`` into stages and channel edges.
+
+    Raises:
+        DefinitionError: the dataflow is invalid (see :meth:`Dataflow.validate`) or
+            ``parallelism`` is not a positive int.
+    """
+    if isinstance(parallelism, bool) or not isinstance(parallelism, int) or parallelism < 1:
+        raise DefinitionError(f"parallelism must be a positive int, got {parallelism!r}")
+    flow.validate()
+    steps = flow.steps
+    stages = _Stages()
+    stage_of: dict[str, int] = {}
+    partitioned: dict[str, bool] = {}
+    # (src_step, dst_step, shuffle): channel edges, with the destination's stage known later
+    channel_edges: list[tuple[str, str, bool]] = []
+
+    for step in steps.values():  # insertion order is topological: parents exist before children
+        parents = [steps[p] for p in step.parents]
+        if step.kind == "source":
+            stage_of[step.name] = stages.new(is_source=True)
+            partitioned[step.name] = False
+        elif step.kind == "aggregate":
+            (parent,) = parents
+            if partitioned[parent.name]:
+                stage_of[step.name] = stage_of[parent.name]
+            else:
+                stage_of[step.name] = stages.new(is_source=False)
+                channel_edges.append((parent.name, step.name, True))
+            partitioned[step.name] = True
+        elif step.kind == "union":
+            _place_union(step, parents, stages, stage_of, channel_edges)
+            partitioned[step.name] = all(partitioned[p.name] for p in parents)
+        else:  # map, filter, flat_map, key_by, sink
+            (parent,) = parents
+            stage_of[step.name] = stage_of[parent.name]
+            partitioned[step.name] = step.kind != "key_by" and partitioned[parent.name]
+    return _build(flow, parallelism, stages, stage_of, channel_edges)
+
+
+def _place_union(
+    step: Step,
+    parents: list[Step],
+    stages: _Stages,
+    stage_of: dict[str, int],
+    channel_edges: list[tuple[str, str, bool]],
+) -> None:
+    ids = sorted({stages.find(stage_of[p.name]) for p in parents})
+    if len(ids) == 1:
+        stage_of[step.name] = ids[0]
+    elif all(stages.is_source[i] for i in ids):
+        stage_of[step.name] = stages.merge(ids)
+    else:
+        stage_of[step.name] = stages.new(is_source=False)
+        for p in parents:
+            channel_edges.append((p.name, step.name, False))
+
+
+def _build(
+    flow: Dataflow,
+    parallelism: int,
+    stages: _Stages,
+    stage_of: dict[str, int],
+    channel_edges: list[tuple[str, str, bool]],
+) -> Plan:
+    steps = flow.steps
+    members: dict[int, list[str]] = {}
+    for name in steps:  # topological order within each stage
+        members.setdefault(stages.find(stage_of[name]), []).append(name)
+    names = {sid: ms[0] for sid, ms in members.items()}
+    edges: list[Edge] = []
+    for src, dst, shuffle in channel_edges:
+        agg = steps[dst]
+        combine = (
+            shuffle
+            and agg.kind == "aggregate"
+            and agg.params["window"] is not None
+            and agg.params["merge"] is not None
+        )
+        edges.append(
+            Edge(
+                topic=channel_topic_name(flow.name, src, dst),
+                src_step=src,
+                dst_step=dst,
+                src_stage=names[stages.find(stage_of[src])],
+                dst_stage=names[stages.find(stage_of[dst])],
+                shuffle=shuffle,
+                combine=combine,
+            )
+        )
+    if len({e.topic for e in edges}) != len(edges):
+        raise DefinitionError(f"dataflow {flow.name!r}: two channel edges map to one topic")
+    out: list[Stage] = []
+    for sid, ms in members.items():
+        name = names[sid]
+        out.append(
+            Stage(
+                name=name,
+                steps=tuple(ms),
+                sources=tuple(m for m in ms if steps[m].kind == "source"),
+                inputs=tuple(e for e in edges if e.dst_stage == name),
+                outputs=tuple(e for e in edges if e.src_stage == name),
+            )
+        )
+    for stage in out:
+        if stage.sources and stage.inputs:
+            raise DefinitionError(f"internal: stage {stage.name!r} mixes sources and channels")
+    return Plan(flow=flow, parallelism=parallelism, stages=tuple(out))

@@ -1,0 +1,385 @@
+"""The public API: a ``Dataflow`` of named steps, built fluently and validated as it is built.
+
+::
+
+    flow = Dataflow("click-counts")
+    clicks = flow.source("clicks", topic="clicks", serde=JsonSerde(),
+                         timestamp=lambda c: c["ts_ms"], max_out_of_orderness=timedelta(seconds=1))
+    (clicks.filter("valid", lambda c: c["amount"] > 0)
+           .key_by("by-user", lambda c: c["user"])
+           .count("per-minute", window=Tumbling(timedelta(minutes=1)))
+           .sink("out", FileSink("out/"))
+
+Every step has a stable kebab-case name: names key the state in snapshots, so renaming a step is
+a migration. Records are ``(key, value, timestamp_ms)`` inside the engine; a keyed step's output
+values are what the user functions return. Aggregations emit ``(key, result)`` records:
+
+* without a window, the running result after every input record (a changelog);
+* with a window, one record per key and window when the watermark passes the window's end plus
+  ``allowed_lateness``; the value is ``{"start_ms", "end_ms", "value"}``. Records arriving after
+  that are dropped, counted and logged (never silently).
+
+Values that cross a shuffle (the input of a keyed aggregation) are encoded with orjson: they must
+be JSON-like (dict, list, str, int, float, bool, None); tuples come back as lists.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from processor.contracts import Serde, Sink
+from processor.errors import DefinitionError
+
+__all__ = ["Dataflow", "KeyedStream", "Sliding", "Step", "Stream", "Tumbling"]
+
+_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}\Z")
+
+
+def _ms(what: str, value: timedelta) -> int:
+    if not isinstance(value, timedelta):
+        raise DefinitionError(f"{what} must be a datetime.timedelta, got {value!r}")
+    ms = int(value.total_seconds() * 1000)
+    if ms < 0:
+        raise DefinitionError(f"{what} must not be negative, got {value}")
+    return ms
+
+
+@dataclass(frozen=True)
+class Sliding:
+    """Event-time windows of ``size`` starting every ``slide`` (aligned to the epoch)."""
+
+    size: timedelta
+    slide: timedelta
+
+    def __post_init__(self) -> None:
+        size, slide = _ms("window size", self.size), _ms("window slide", self.slide)
+        if size <= 0 or slide <= 0:
+            raise DefinitionError(f"window size and slide must be positive, got {self}")
+        if size % slide:
+            raise DefinitionError(
+                f"window size {self.size} must be a multiple of the slide {self.slide}"
+            )
+
+    @property
+    def size_ms(self) -> int:
+        return _ms("window size", self.size)
+
+    @property
+    def slide_ms(self) -> int:
+        return _ms("window slide", self.slide)
+
+
+class Tumbling(Sliding):
+    """Event-time windows of ``size`` that do not overlap."""
+
+    def __init__(self, size: timedelta) -> None:
+        super().__init__(size, size)
+
+    def __repr__(self) -> str:
+        return f"Tumbling({self.size!r})"
+
+
+@dataclass
+class Step:
+    """One named step of a dataflow (the compiler's input; users build them through streams).
+
+    Attributes:
+        name: stable kebab-case identifier.
+        kind: ``source``, ``map``, ``filter``, ``flat_map``, ``key_by``, ``aggregate``,
+            ``union`` or ``sink``.
+        parents: names of the steps feeding this one.
+        keyed: the step's output is keyed (partitioned by key after a shuffle or ``key_by``).
+        params: kind-specific settings (functions, serde, window...).
+    """
+
+    name: str
+    kind: str
+    parents: tuple[str, ...]
+    keyed: bool
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+class Dataflow:
+    """A graph of named steps. Build it with :meth:`source` and the stream methods."""
+
+    def __init__(self, name: str) -> None:
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise DefinitionError(
+                f"dataflow name {name!r} is not valid: use lowercase letters, digits and '-', "
+                "starting with a letter or digit, at most 63 characters (it names topics and "
+                "checkpoint directories)"
+            )
+        self.name = name
+        self.steps: dict[str, Step] = {}
+
+    def __repr__(self) -> str:
+        return f"Dataflow({self.name!r}, steps={list(self.steps)})"
+
+    def _add(self, step: Step) -> Step:
+        if not isinstance(step.name, str) or not _NAME.match(step.name):
+            raise DefinitionError(
+                f"step name {step.name!r} is not valid: use lowercase kebab-case (letters, "
+                "digits, '-'), at most 63 characters; names key the state in snapshots"
+            )
+        if step.name in self.steps:
+            raise DefinitionError(
+                f"step name {step.name!r} is used twice in dataflow {self.name!r}: "
+                "every step needs its own name"
+            )
+        self.steps[step.name] = step
+        return step
+
+    def source(
+        self,
+        name: str,
+        topic: str,
+        *,
+        serde: Serde | None = None,
+        timestamp: Callable[[Any], int] | None = None,
+        max_out_of_orderness: timedelta = timedelta(0),
+        start: str = "earliest",
+    ) -> Stream:
+        """Read ``topic`` (every partition; subtask ``i`` of ``P`` reads partitions ``p % P == i``).
+
+        Args:
+            serde: decodes record values (default: the raw bytes).
+            timestamp: event time of a value in epoch milliseconds (default: the Kafka record
+                timestamp).
+            max_out_of_orderness: how far behind the newest event time of a partition an event
+                may arrive; the watermark trails the newest event time by this much.
+            start: ``earliest`` or ``latest``, where a job without a checkpoint starts reading.
+        """
+        if not isinstance(topic, str) or not topic:
+            raise DefinitionError(f"source {name!r}: topic must be a non-empty string")
+        if serde is not None and not isinstance(serde, Serde):
+            raise DefinitionError(
+                f"source {name!r}: serde {serde!r} does not implement processor.contracts.Serde"
+            )
+        if start not in ("earliest", "latest"):
+            raise DefinitionError(f"source {name!r}: start must be 'earliest' or 'latest'")
+        for other in self.steps.values():
+            if other.kind == "source" and other.params["topic"] == topic:
+                raise DefinitionError(
+                    f"sources {other.name!r} and {name!r} both read topic {topic!r}: read it "
+                    "once and use the stream twice"
+                )
+        params = {
+            "topic": topic,
+            "serde": serde,
+            "timestamp": _callable(name, "timestamp", timestamp, optional=True),
+            "max_out_of_orderness_ms": _ms("max_out_of_orderness", max_out_of_orderness),
+            "start": start,
+        }
+        step = self._add(Step(name, "source", (), False, params))
+        return Stream(self, step)
+
+    def validate(self) -> None:
+        """Checks the whole graph: at least one source, every stream ends in a sink.
+
+        Raises:
+            DefinitionError: what is wrong and which step.
+        """
+        if not any(s.kind == "source" for s in self.steps.values()):
+            raise DefinitionError(f"dataflow {self.name!r} has no source")
+        consumed = {p for s in self.steps.values() for p in s.parents}
+        dangling = [
+            s.name for s in self.steps.values() if s.kind != "sink" and s.name not in consumed
+        ]
+        if dangling:
+            raise DefinitionError(
+                f"dataflow {self.name!r}: the output of step(s) {dangling} goes nowhere; end "
+                "every stream with .sink(name, sink) (a ConsoleSink prints it)"
+            )
+
+
+def _callable(step: str, what: str, fn: Any, *, optional: bool = False) -> Any:
+    if fn is None and optional:
+        return None
+    if not callable(fn):
+        raise DefinitionError(f"step {step!r}: {what} must be callable, got {fn!r}")
+    return fn
+
+
+class Stream:
+    """The output of a step; methods add steps and return their output streams."""
+
+    keyed = False
+
+    def __init__(self, flow: Dataflow, step: Step) -> None:
+        self.flow = flow
+        self.step = step
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.flow.name!r}, step={self.step.name!r})"
+
+    def _then(self, name: str, kind: str, keyed: bool, **params: Any) -> Step:
+        return self.flow._add(Step(name, kind, (self.step.name,), keyed, params))
+
+    def _same(self, step: Step) -> Stream:
+        return KeyedStream(self.flow, step) if step.keyed else Stream(self.flow, step)
+
+    def map(self, name: str, fn: Callable[[Any], Any]) -> Stream:
+        """``fn(value)`` for every value (the key, if any, is kept)."""
+        return self._same(self._then(name, "map", self.keyed, fn=_callable(name, "fn", fn)))
+
+    def filter(self, name: str, fn: Callable[[Any], bool]) -> Stream:
+        """Keep the values for which ``fn(value)`` is true."""
+        return self._same(self._then(name, "filter", self.keyed, fn=_callable(name, "fn", fn)))
+
+    def flat_map(self, name: str, fn: Callable[[Any], Iterable[Any]]) -> Stream:
+        """Every element of ``fn(value)``, in order."""
+        return self._same(self._then(name, "flat_map", self.keyed, fn=_callable(name, "fn", fn)))
+
+    def key_by(self, name: str, fn: Callable[[Any], Any]) -> KeyedStream:
+        """Key every value by ``fn(value)`` (a str, int or other JSON-like value)."""
+        return KeyedStream(
+            self.flow, self._then(name, "key_by", True, fn=_callable(name, "fn", fn))
+        )
+
+    def union(self, name: str, *others: Stream) -> Stream:
+        """The records of this stream and of ``others``, interleaved."""
+        streams = (self, *others)
+        if not others:
+            raise DefinitionError(f"union {name!r} needs at least one other stream")
+        for s in streams:
+            if s.flow is not self.flow:
+                raise DefinitionError(f"union {name!r}: streams of different dataflows")
+        keyed = all(s.keyed for s in streams)
+        step = self.flow._add(Step(name, "union", tuple(s.step.name for s in streams), keyed))
+        return self._same(step)
+
+    def sink(self, name: str, sink: Sink) -> None:
+        """Write the values to ``sink`` (committed when a checkpoint completes).
+
+        Keyed streams write ``(key, value)`` pairs (JSON arrays in a file sink).
+        """
+        if not isinstance(sink, Sink):
+            raise DefinitionError(
+                f"sink step {name!r}: {sink!r} does not implement processor.contracts.Sink "
+                "(use one of eosflow's sinks, e.g. sinks.FileSink or sinks.ConsoleSink)"
+            )
+        self._then(name, "sink", False, sink=sink)
+
+
+class KeyedStream(Stream):
+    """A stream whose records have keys: aggregations keep one state per key (and window)."""
+
+    keyed = True
+
+    def _aggregate(
+        self,
+        name: str,
+        *,
+        init: Callable[[], Any],
+        add: Callable[[Any, Any], Any],
+        merge: Callable[[Any, Any], Any] | None,
+        window: Sliding | None,
+        allowed_lateness: timedelta,
+    ) -> KeyedStream:
+        if window is not None and not isinstance(window, Sliding):
+            raise DefinitionError(f"step {name!r}: window must be Tumbling(...) or Sliding(...)")
+        params = {
+            "init": _callable(name, "init", init),
+            "add": _callable(name, "add", add),
+            "merge": _callable(name, "merge", merge, optional=True),
+            "window": window,
+            "allowed_lateness_ms": _ms("allowed_lateness", allowed_lateness),
+        }
+        return KeyedStream(self.flow, self._then(name, "aggregate", True, **params))
+
+    def count(
+        self,
+        name: str,
+        *,
+        window: Sliding | None = None,
+        allowed_lateness: timedelta = timedelta(0),
+    ) -> KeyedStream:
+        """Number of records per key (and window)."""
+        return self._aggregate(
+            name,
+            init=_zero,
+            add=_plus_one,
+            merge=_sum,
+            window=window,
+            allowed_lateness=allowed_lateness,
+        )
+
+    def reduce(
+        self,
+        name: str,
+        fn: Callable[[Any, Any], Any],
+        *,
+        window: Sliding | None = None,
+        allowed_lateness: timedelta = timedelta(0),
+    ) -> KeyedStream:
+        """``fn(accumulated, value)`` per key; the first value starts the accumulation.
+
+        ``fn`` must be associative (it is also used to combine partial results before the
+        shuffle when the reduction is windowed).
+        """
+        fn = _callable(name, "fn", fn)
+        return self._aggregate(
+            name,
+            init=_unset,
+            add=_Reducer(fn),
+            merge=_Reducer(fn),
+            window=window,
+            allowed_lateness=allowed_lateness,
+        )
+
+    def aggregate(
+        self,
+        name: str,
+        *,
+        init: Callable[[], Any],
+        add: Callable[[Any, Any], Any],
+        merge: Callable[[Any, Any], Any] | None = None,
+        window: Sliding | None = None,
+        allowed_lateness: timedelta = timedelta(0),
+    ) -> KeyedStream:
+        """``acc = add(acc, value)`` per key, starting from ``init()``.
+
+        Give ``merge(acc1, acc2)`` (associative and commutative) to let eosflow combine partial
+        accumulators before the shuffle of a windowed aggregation (Dataflow's partial combining).
+        Accumulators go into snapshots: keep them to JSON-like values.
+        """
+        return self._aggregate(
+            name, init=init, add=add, merge=merge, window=window, allowed_lateness=allowed_lateness
+        )
+
+
+_UNSET = "__eosflow_unset__"
+
+
+def _zero() -> int:
+    return 0
+
+
+def _plus_one(acc: int, _value: Any) -> int:
+    return acc + 1
+
+
+def _sum(a: int, b: int) -> int:
+    return a + b
+
+
+def _unset() -> str:
+    return _UNSET
+
+
+class _Reducer:
+    """``reduce`` as an aggregation: the first value replaces the unset accumulator."""
+
+    def __init__(self, fn: Callable[[Any, Any], Any]) -> None:
+        self.fn = fn
+
+    def __call__(self, acc: Any, value: Any) -> Any:
+        if isinstance(acc, str) and acc == _UNSET:
+            return value
+        if isinstance(value, str) and value == _UNSET:
+            return acc
+        return self.fn(acc, value)

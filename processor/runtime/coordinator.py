@@ -1,0 +1,163 @@
+"""The checkpoint coordinator: triggers checkpoints, collects acknowledgements, completes them.
+
+Pure bookkeeping with an injected clock (the runner does the messaging): at most one checkpoint
+is pending at a time; a checkpoint is complete when every task acknowledged it, and only then
+is its manifest written (atomically, by :meth:`SnapshotStore.complete`). A checkpoint that takes
+longer than ``timeout_s``, or that a task declines, is aborted; the next one starts after the
+interval. Completed checkpoints beyond the newest ``keep`` are deleted.
+
+Invariants:
+    Checkpoint ids only grow, across generations and runs (the next id is one more than the
+    highest id with a directory in the store), so a barrier of an aborted checkpoint can never
+    be mistaken for a newer one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from processor.snapshot.store import SnapshotHandle, SnapshotStore
+
+__all__ = ["CheckpointCoordinator", "CheckpointStats"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Pending:
+    checkpoint_id: int
+    started: float
+    acks: dict[str, SnapshotHandle] = field(default_factory=dict)
+
+
+@dataclass
+class CheckpointStats:
+    """What the progress line and ``eosflow status`` show."""
+
+    last_completed: int = 0
+    last_duration_s: float = 0.0
+    completed: int = 0
+    aborted: int = 0
+    durations: list[float] = field(default_factory=list)
+
+
+class CheckpointCoordinator:
+    """Checkpoint bookkeeping for one job.
+
+    Args:
+        store: where manifests are written.
+        job: the job name.
+        tasks: every task that must acknowledge a checkpoint.
+        interval_s: time from the end of one checkpoint to the trigger of the next
+            (``None``: only explicit :meth:`trigger_now`).
+        timeout_s: a pending checkpoint older than this is aborted.
+        keep: completed checkpoints to retain.
+        clock: monotonic seconds.
+    """
+
+    def __init__(
+        self,
+        store: SnapshotStore,
+        job: str,
+        tasks: Iterable[str],
+        *,
+        interval_s: float | None,
+        timeout_s: float = 60.0,
+        keep: int = 3,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.job = job
+        self.tasks = frozenset(tasks)
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.keep = keep
+        self.clock = clock
+        self.generation = 0
+        self.pending: _Pending | None = None
+        latest = store.latest_completed(job)
+        self.stats = CheckpointStats(last_completed=latest.checkpoint_id if latest else 0)
+        self.next_id = max(store.newest_checkpoint_id(job), self.stats.last_completed) + 1
+        self._next_due = clock() + (interval_s or 0.0)
+
+    def start_generation(self, generation: int) -> None:
+        """A new generation starts (after a recovery): the pending checkpoint is void."""
+        if self.pending is not None:
+            self._abort(f"generation {generation} started")
+        self.generation = generation
+        self._next_due = self.clock() + (self.interval_s or 0.0)
+
+    def due(self) -> int | None:
+        """The id of a checkpoint to trigger now, if the interval has passed."""
+        if self.interval_s is None or self.pending is not None or self.clock() < self._next_due:
+            return None
+        return self.trigger_now()
+
+    def trigger_now(self) -> int | None:
+        """Start a checkpoint at once unless one is pending (final checkpoints, tests)."""
+        if self.pending is not None:
+            return None
+        chk = self.next_id
+        self.next_id += 1
+        self.pending = _Pending(chk, self.clock())
+        log.debug("triggered checkpoint_id=%d generation=%d", chk, self.generation)
+        return chk
+
+    def on_ack(self, checkpoint_id: int, task: str, handle: SnapshotHandle) -> bool:
+        """Records an acknowledgement; True when it completed the checkpoint."""
+        pending = self.pending
+        if pending is None or pending.checkpoint_id != checkpoint_id:
+            log.debug("late ack checkpoint_id=%d task=%s ignored", checkpoint_id, task)
+            return False
+        if task not in self.tasks:
+            log.warning("ack from unknown task=%s checkpoint_id=%d", task, checkpoint_id)
+            return False
+        pending.acks[task] = handle
+        if len(pending.acks) < len(self.tasks):
+            return False
+        duration = self.clock() - pending.started
+        self.store.complete(
+            self.job,
+            checkpoint_id,
+            pending.acks,
+            {"generation": self.generation, "duration_ms": int(duration * 1000)},
+        )
+        self.pending = None
+        stats = self.stats
+        stats.last_completed, stats.last_duration_s = checkpoint_id, duration
+        stats.completed += 1
+        stats.durations.append(duration)
+        del stats.durations[:-1000]
+        self._next_due = self.clock() + (self.interval_s or 0.0)
+        log.info(
+            "completed checkpoint_id=%d generation=%d duration_ms=%d",
+            checkpoint_id, self.generation, int(duration * 1000),
+        )  # fmt: skip
+        self.store.retain(self.job, self.keep)
+        return True
+
+    def expired(self) -> int | None:
+        """Aborts and returns the pending checkpoint if it exceeded the timeout."""
+        pending = self.pending
+        if pending is None or self.clock() - pending.started < self.timeout_s:
+            return None
+        missing = sorted(self.tasks - set(pending.acks))
+        return self._abort(f"timed out after {self.timeout_s:g}s; no ack from {missing}")
+
+    def decline(self, checkpoint_id: int, task: str, reason: str) -> int | None:
+        if self.pending is None or self.pending.checkpoint_id != checkpoint_id:
+            return None
+        return self._abort(f"declined by task {task}: {reason}")
+
+    def _abort(self, reason: str) -> int:
+        assert self.pending is not None
+        chk = self.pending.checkpoint_id
+        self.pending = None
+        self.stats.aborted += 1
+        self._next_due = self.clock() + (self.interval_s or 0.0)
+        log.warning("aborted checkpoint_id=%d reason=%r", chk, reason)
+        self.store.discard(self.job, chk)
+        return chk

@@ -1,0 +1,292 @@
+"""Operators: the steps of a stage, turned into objects that process batches of records.
+
+A record is ``(key, value, ts_ms)`` (``key`` is ``None`` on unkeyed streams). Every operator
+takes a batch and returns the batch it emits; the task pushes that into the operator's children
+(fusion is just this call chain). Stateful operators implement ``snapshot``/``restore``.
+
+Invariants:
+    ``snapshot()`` returns a value the task may serialize later, on another thread, while the
+    operator keeps running: it copies the operator's containers, and accumulators are treated as
+    immutable values (``add``/``merge`` return new values; the built-in ones do).
+    Processing is deterministic for a given input sequence per channel and watermark sequence.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from processor.dataflow import Sliding, Step
+
+__all__ = [
+    "Aggregate",
+    "Combiner",
+    "Filter",
+    "FlatMap",
+    "KeyBy",
+    "Map",
+    "Operator",
+    "Passthrough",
+    "Record",
+    "SinkOp",
+    "WindowedAggregate",
+]
+
+log = logging.getLogger(__name__)
+
+Record = tuple[Any, Any, int]
+#: No watermark yet (the smallest event time).
+MIN_WATERMARK = -(2**63)
+#: The watermark of a drained stream: every window fires.
+MAX_WATERMARK = 2**63 - 1
+
+
+class Operator:
+    """Base: a stateless pass-through (``union``)."""
+
+    stateful = False
+
+    def __init__(self, step: Step) -> None:
+        self.name = step.name
+        self.children: list[Operator] = []
+        self.late_dropped = 0
+
+    def process(self, batch: list[Record]) -> list[Record]:
+        return batch
+
+    def on_watermark(self, watermark: int) -> list[Record]:
+        """Event time reached ``watermark``: what fires."""
+        return []
+
+    def flush(self) -> list[Record]:
+        """End of a poll batch, or a barrier or watermark is about to pass: emit buffered output."""
+        return []
+
+    def snapshot(self) -> Any:
+        return None
+
+    def restore(self, state: Any) -> None:
+        """Loads what :meth:`snapshot` returned (``None``: a fresh start)."""
+
+
+Passthrough = Operator
+
+
+class Map(Operator):
+    def __init__(self, step: Step) -> None:
+        super().__init__(step)
+        self.fn: Callable[[Any], Any] = step.params["fn"]
+
+    def process(self, batch: list[Record]) -> list[Record]:
+        fn = self.fn
+        return [(k, fn(v), t) for k, v, t in batch]
+
+
+class Filter(Operator):
+    def __init__(self, step: Step) -> None:
+        super().__init__(step)
+        self.fn: Callable[[Any], bool] = step.params["fn"]
+
+    def process(self, batch: list[Record]) -> list[Record]:
+        fn = self.fn
+        return [r for r in batch if fn(r[1])]
+
+
+class FlatMap(Operator):
+    def __init__(self, step: Step) -> None:
+        super().__init__(step)
+        self.fn: Callable[[Any], Any] = step.params["fn"]
+
+    def process(self, batch: list[Record]) -> list[Record]:
+        fn = self.fn
+        return [(k, out, t) for k, v, t in batch for out in fn(v)]
+
+
+class KeyBy(Operator):
+    def __init__(self, step: Step) -> None:
+        super().__init__(step)
+        self.fn: Callable[[Any], Any] = step.params["fn"]
+
+    def process(self, batch: list[Record]) -> list[Record]:
+        fn = self.fn
+        return [(fn(v), v, t) for _k, v, t in batch]
+
+
+class Aggregate(Operator):
+    """Unwindowed keyed aggregation: emits the running result after every record."""
+
+    stateful = True
+
+    def __init__(self, step: Step) -> None:
+        super().__init__(step)
+        self.init: Callable[[], Any] = step.params["init"]
+        self.add: Callable[[Any, Any], Any] = step.params["add"]
+        self.state: dict[Any, Any] = {}
+
+    def process(self, batch: list[Record]) -> list[Record]:
+        state, add, init = self.state, self.add, self.init
+        out: list[Record] = []
+        append = out.append
+        for k, v, t in batch:
+            acc = add(state[k] if k in state else init(), v)
+            state[k] = acc
+            append((k, acc, t))
+        return out
+
+    def snapshot(self) -> Any:
+        return dict(self.state)
+
+    def restore(self, state: Any) -> None:
+        self.state = dict(state) if state else {}
+
+
+def _windows(ts: int, window: Sliding) -> range:
+    """Start times of the windows containing ``ts``."""
+    size, slide = window.size_ms, window.slide_ms
+    last = ts - ts % slide
+    return range(last, last - size, -slide)
+
+
+class WindowedAggregate(Operator):
+    """Keyed event-time windows; one result per key and window when the watermark passes.
+
+    A window ``[start, end)`` fires when the watermark reaches ``end - 1 + allowed_lateness``.
+    With ``merged_input`` the input values are ``[start, partial]`` pairs from an upstream
+    :class:`Combiner` and are merged instead of added.
+    """
+
+    stateful = True
+
+    def __init__(self, step: Step, *, merged_input: bool = False) -> None:
+        super().__init__(step)
+        p = step.params
+        self.window: Sliding = p["window"]
+        self.lateness: int = p["allowed_lateness_ms"]
+        self.init: Callable[[], Any] = p["init"]
+        self.add: Callable[[Any, Any], Any] = p["add"]
+        self.merge: Callable[[Any, Any], Any] | None = p["merge"]
+        self.merged_input = merged_input
+        self.size = self.window.size_ms
+        # window end -> key -> accumulator
+        self.state: dict[int, dict[Any, Any]] = {}
+        self.watermark = MIN_WATERMARK
+
+    def _open(self, start: int) -> dict[Any, Any] | None:
+        end = start + self.size
+        if end - 1 + self.lateness <= self.watermark:
+            self.late_dropped += 1
+            return None
+        bucket = self.state.get(end)
+        if bucket is None:
+            bucket = self.state[end] = {}
+        return bucket
+
+    def process(self, batch: list[Record]) -> list[Record]:
+        if self.merged_input:
+            merge = self.merge
+            assert merge is not None
+            for k, (start, partial), _t in batch:
+                bucket = self._open(start)
+                if bucket is not None:
+                    bucket[k] = merge(bucket[k], partial) if k in bucket else partial
+            return []
+        add, init, window = self.add, self.init, self.window
+        for k, v, t in batch:
+            for start in _windows(t, window):
+                bucket = self._open(start)
+                if bucket is not None:
+                    bucket[k] = add(bucket[k] if k in bucket else init(), v)
+        return []
+
+    def on_watermark(self, watermark: int) -> list[Record]:
+        if watermark <= self.watermark:
+            return []
+        self.watermark = watermark
+        due = sorted(end for end in self.state if end - 1 + self.lateness <= watermark)
+        out: list[Record] = []
+        for end in due:
+            start = end - self.size
+            for k, acc in self.state.pop(end).items():
+                out.append((k, {"start_ms": start, "end_ms": end, "value": acc}, end - 1))
+        return out
+
+    def snapshot(self) -> Any:
+        return {"watermark": self.watermark, "windows": {e: dict(b) for e, b in self.state.items()}}
+
+    def restore(self, state: Any) -> None:
+        if not state:
+            self.state, self.watermark = {}, MIN_WATERMARK
+            return
+        self.watermark = state["watermark"]
+        self.state = {e: dict(b) for e, b in state["windows"].items()}
+
+
+class Combiner(Operator):
+    """Partial combining before a shuffle: one ``(key, [start, partial])`` per key, window, batch.
+
+    Holds nothing across a barrier (the task flushes it before forwarding barriers and
+    watermarks), so it has no state to snapshot.
+    """
+
+    def __init__(self, step: Step) -> None:
+        super().__init__(step)
+        p = step.params
+        self.window: Sliding = p["window"]
+        self.init: Callable[[], Any] = p["init"]
+        self.add: Callable[[Any, Any], Any] = p["add"]
+        self.partials: dict[tuple[Any, int], Any] = {}
+
+    def process(self, batch: list[Record]) -> list[Record]:
+        partials, add, init, window = self.partials, self.add, self.init, self.window
+        for k, v, t in batch:
+            for start in _windows(t, window):
+                pk = (k, start)
+                partials[pk] = add(partials[pk] if pk in partials else init(), v)
+        return []
+
+    def flush(self) -> list[Record]:
+        if not self.partials:
+            return []
+        out = [(k, [start, acc], start) for (k, start), acc in self.partials.items()]
+        self.partials = {}
+        return out
+
+
+class SinkOp(Operator):
+    """Hands values to a :class:`~processor.contracts.SinkWriter` (keyed: ``(key, value)``)."""
+
+    def __init__(self, step: Step, writer: Any, *, keyed: bool) -> None:
+        super().__init__(step)
+        self.writer = writer
+        self.keyed = keyed
+        self.written = 0
+
+    def process(self, batch: list[Record]) -> list[Record]:
+        if batch:
+            if self.keyed:
+                self.writer.write([(k, v) for k, v, _t in batch])
+            else:
+                self.writer.write([v for _k, v, _t in batch])
+            self.written += len(batch)
+        return []
+
+
+def build_operator(step: Step, *, merged_input: bool = False) -> Operator:
+    """The operator of a non-source, non-sink step."""
+    kind = step.kind
+    if kind == "map":
+        return Map(step)
+    if kind == "filter":
+        return Filter(step)
+    if kind == "flat_map":
+        return FlatMap(step)
+    if kind == "key_by":
+        return KeyBy(step)
+    if kind == "union":
+        return Passthrough(step)
+    if kind == "aggregate":
+        if step.params["window"] is None:
+            return Aggregate(step)
+        return WindowedAggregate(step, merged_input=merged_input)
+    raise ValueError(f"no operator for step kind {kind!r}")

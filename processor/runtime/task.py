@@ -1,0 +1,617 @@
+"""A task: subtask ``i`` of one stage, running its fused operators between Kafka partitions.
+
+Source tasks read input partitions ``p % P == i`` and inject barriers when the coordinator
+triggers a checkpoint. Channel tasks read their ``P`` partitions of every input channel topic and
+align barriers with :class:`~processor.checkpoint.BarrierAligner`. Both write to their output
+channels with the worker's idempotent writer and snapshot asynchronously.
+
+Recovery (DESIGN.md, "Recovery"; :mod:`processor.wire` on generation markers): a restored channel
+is in one of three modes until it is live again:
+
+* ``_REPLAY``: unaligned snapshot, the barrier had not arrived on this channel: records up to the
+  restored barrier are in-flight channel state and are processed;
+* ``_DROP``: records after the restored barrier belong to an older generation and are dropped
+  until ``GenerationStart`` of the current generation;
+* live (no entry).
+
+Invariants:
+    ``self.pos[tp]`` is the offset after the last record of ``tp`` that went through the
+    operators (or was deliberately dropped); records of a paused channel that were fetched
+    anyway are stashed, never processed early, and replayed in order on resume.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import orjson
+
+from processor.checkpoint.aligner import (
+    AbortCheckpoint,
+    Action,
+    AlignmentDone,
+    BarrierAligner,
+    ForwardBarrier,
+    Pause,
+    Resume,
+    TakeSnapshot,
+)
+from processor.compiler import Edge, Plan, Stage
+from processor.contracts import Message, Reader, SinkContext, Writer
+from processor.errors import DeserializationError, EosflowError
+from processor.runtime.operators import (
+    MAX_WATERMARK,
+    MIN_WATERMARK,
+    Combiner,
+    Operator,
+    Record,
+    SinkOp,
+    build_operator,
+)
+from processor.snapshot.store import SnapshotHandle, SnapshotStore
+from processor.wire import (
+    Barrier,
+    EndOfStream,
+    GenerationStart,
+    Watermark,
+    channel_partition,
+    decode_control,
+    encode_control,
+    key_to_downstream,
+    source_partitions_for,
+)
+
+__all__ = ["Task", "TaskEnv"]
+
+log = logging.getLogger(__name__)
+
+TP = tuple[str, int]
+_REPLAY, _DROP = 1, 2
+_WATERMARK_EVERY_S = 0.2
+
+
+class TaskEnv:
+    """What the tasks of one worker share."""
+
+    def __init__(
+        self,
+        *,
+        plan: Plan,
+        worker: int,
+        generation: int,
+        mode: str,
+        writer: Writer,
+        reader_factory: Callable[[str], Reader],
+        store: SnapshotStore,
+        uploads: ThreadPoolExecutor,
+        fault: Callable[[str], None],
+        end_offsets: dict[TP, int] | None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.plan = plan
+        self.worker = worker
+        self.generation = generation
+        self.mode = mode  # aligned | unaligned | sync
+        self.writer = writer
+        self.reader_factory = reader_factory
+        self.store = store
+        self.uploads = uploads
+        self.fault = fault
+        self.end_offsets = end_offsets
+        self.clock = clock
+
+
+class _ChannelOut(Operator):
+    """Writes records to an output channel: key-routed (shuffle) or to ``u -> u`` (forward)."""
+
+    def __init__(self, edge: Edge, subtask: int, parallelism: int, writer: Writer) -> None:
+        self.name = f"->{edge.topic}"
+        self.children = []
+        self.late_dropped = 0
+        self.topic = edge.topic
+        self.writer = writer
+        self.parallelism = parallelism
+        base = subtask * parallelism
+        self.partitions = (
+            [base + d for d in range(parallelism)]
+            if edge.shuffle
+            else [channel_partition(subtask, subtask, parallelism)]
+        )
+        self.shuffle = edge.shuffle
+        self.written = 0
+
+    def process(self, batch: list[Record]) -> list[Record]:
+        write, topic, dumps = self.writer.write, self.topic, orjson.dumps
+        if self.shuffle:
+            base, n = self.partitions[0], self.parallelism
+            for k, v, t in batch:
+                kb = k.encode() if type(k) is str else dumps(k)
+                write(topic, base + key_to_downstream(kb, n), dumps((k, v, t)))
+        else:
+            (partition,) = self.partitions
+            for r in batch:
+                write(topic, partition, dumps(r))
+        self.written += len(batch)
+        return []
+
+    def control(self, ctl: Barrier | Watermark | GenerationStart) -> None:
+        value, headers = encode_control(ctl)
+        for p in self.partitions:
+            self.writer.write(self.topic, p, value, headers=headers)
+
+
+class Task:
+    """One subtask of one stage. See the module docstring."""
+
+    def __init__(self, env: TaskEnv, stage: Stage, subtask: int) -> None:
+        self.env = env
+        self.stage = stage
+        self.subtask = subtask
+        self.name = stage.task(subtask)
+        self.plan = env.plan
+        self.generation = env.generation
+        self.is_source = bool(stage.sources)
+        self.records_in = 0
+        self.bad_records = 0
+        self.stale_dropped = 0
+        self._build_operators()
+        self.reader = env.reader_factory(f"eosflow-{self.plan.job}")
+        self.pos: dict[TP, int] = {}
+        self.modes: dict[TP, int] = {}
+        self.blocked: set[TP] = set()
+        self.stash: dict[TP, list[Message]] = {}
+        self.to_resume: set[TP] = set()
+        self.channel_wm: dict[TP, int] = {}
+        self.watermark = MIN_WATERMARK
+        self.max_ts: dict[TP, int] = {}
+        self.drained = False
+        self.restored_id = 0
+        self.aligner: BarrierAligner | None = None
+        self.barrier_seen: dict[int, set[TP]] = {}
+        # snapshot bookkeeping: checkpoint id -> future / handle / alignment done
+        self.uploading: dict[int, Future[SnapshotHandle]] = {}
+        self.uploaded: dict[int, SnapshotHandle] = {}
+        self.aligned: set[int] = set()
+        self.sink_pending: dict[str, list[tuple[int, Any]]] = {s.name: [] for s in self.sinks}
+        self.halted = False  # sync mode: a source stops between trigger and completion
+        self._last_wm_emit = 0.0
+
+    # -- construction ----------------------------------------------------------------------------
+
+    def _build_operators(self) -> None:
+        plan, env, stage = self.plan, self.env, self.stage
+        steps = plan.flow.steps
+        merged_into = {e.dst_step for e in stage.inputs if e.combine}
+        self.ops: dict[str, Operator] = {}
+        self.sinks: list[SinkOp] = []
+        self.combiners: list[Combiner] = []
+        self.outputs: list[_ChannelOut] = []
+        for name in stage.steps:
+            step = steps[name]
+            if step.kind == "source":
+                self.ops[name] = Operator(step)
+            elif step.kind == "sink":
+                ctx = SinkContext(plan.job, name, self.subtask, plan.parallelism, env.generation)
+                op = SinkOp(step, step.params["sink"].open(ctx), keyed=steps[step.parents[0]].keyed)
+                self.ops[name] = op
+                self.sinks.append(op)
+            else:
+                self.ops[name] = build_operator(step, merged_input=name in merged_into)
+            for parent in step.parents:
+                if parent in self.ops:  # parents in other stages arrive through channels
+                    self.ops[parent].children.append(self.ops[name])
+        for edge in stage.outputs:
+            out = _ChannelOut(edge, self.subtask, plan.parallelism, env.writer)
+            self.outputs.append(out)
+            head: Operator = out
+            if edge.combine:
+                combiner = Combiner(steps[edge.dst_step])
+                combiner.children.append(out)
+                self.combiners.append(combiner)
+                head = combiner
+            self.ops[edge.src_step].children.append(head)
+        # entry operator per input: source topic or channel topic
+        self.entry: dict[str, Operator] = {}
+        for name in stage.sources:
+            self.entry[steps[name].params["topic"]] = self.ops[name]
+        for edge in stage.inputs:
+            self.entry[edge.topic] = self.ops[edge.dst_step]
+        self.source_params: dict[str, tuple[Any, Any, int]] = {}
+        for name in stage.sources:
+            p = steps[name].params
+            self.source_params[p["topic"]] = (
+                p["serde"],
+                p["timestamp"],
+                p["max_out_of_orderness_ms"],
+            )
+
+    def input_partitions(self, source_counts: dict[str, int]) -> list[TP]:
+        P, i = self.plan.parallelism, self.subtask
+        steps = self.plan.flow.steps
+        tps: list[TP] = []
+        for name in self.stage.sources:
+            topic = steps[name].params["topic"]
+            tps += [(topic, p) for p in source_partitions_for(i, P, source_counts[topic])]
+        for edge in self.stage.inputs:
+            if edge.shuffle:
+                tps += [(edge.topic, channel_partition(u, i, P)) for u in range(P)]
+            else:
+                tps.append((edge.topic, channel_partition(i, i, P)))
+        return tps
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def open(self, state: dict[str, Any] | None, source_counts: dict[str, int]) -> None:
+        """Restore ``state`` (``None``: fresh start), announce the generation, start reading."""
+        tps = self.input_partitions(source_counts)
+        positions: dict[TP, int | None] = dict.fromkeys(tps)
+        if state is not None:
+            self.restored_id = state["checkpoint"]
+            for tp, offset in state["positions"].items():
+                if tp in positions:
+                    positions[tp] = offset
+            for step, op_state in state["operators"].items():
+                if step in self.ops:
+                    self.ops[step].restore(op_state)
+            self.channel_wm = dict(state["channel_wm"])
+            self.max_ts = dict(state["max_ts"])
+            self.watermark = state["watermark"]
+            seen = set(state["barrier_seen"])
+            for sink in self.sinks:
+                pending = list(state["sinks"].get(sink.name, []))
+                sink.writer.recover(pending)
+        else:
+            seen = set()
+            for sink in self.sinks:
+                sink.writer.recover([])
+        if not self.is_source:
+            for tp in tps:
+                replay = state is not None and tp not in seen and positions[tp] is not None
+                self.modes[tp] = _REPLAY if replay else _DROP
+                self.channel_wm.setdefault(tp, MIN_WATERMARK)
+            self.aligner = BarrierAligner(
+                tps, unaligned=self.env.mode == "unaligned", restored_checkpoint=self.restored_id
+            )
+        else:
+            for tp in tps:
+                self.max_ts.setdefault(tp, MIN_WATERMARK)
+        start = "earliest"
+        if self.is_source:
+            starts = {self.plan.flow.steps[s].params["start"] for s in self.stage.sources}
+            start = "latest" if starts == {"latest"} else "earliest"
+        self.reader.open(positions, start=start)
+        self.pos = {tp: o for tp, o in self.reader.positions().items()}
+        self.env.fault("during-recovery" if state is not None else "start")
+        for out in self.outputs:
+            out.control(GenerationStart(self.generation))
+        log.info(
+            "opened task=%s generation=%d restored_checkpoint=%d inputs=%d",
+            self.name, self.generation, self.restored_id, len(tps),
+        )  # fmt: skip
+
+    def close(self) -> None:
+        self.reader.close()
+        for sink in self.sinks:
+            sink.writer.close()
+
+    # -- the data path ---------------------------------------------------------------------------
+
+    def step(self, timeout: float, max_records: int) -> int:
+        """Poll once and process; returns the number of records read."""
+        if self.halted:
+            return 0
+        msgs = self.reader.poll(max_records, timeout)
+        if msgs:
+            if self.is_source:
+                self._source_batch(msgs)
+            else:
+                self._channel_batch(msgs)
+                self._resume_pending()
+            self._flush()
+        if self.is_source:
+            self._source_watermark()
+        return len(msgs)
+
+    def _push(self, op: Operator, batch: list[Record]) -> None:
+        out = op.process(batch)
+        if out:
+            for child in op.children:
+                self._push(child, out)
+
+    def _flush(self) -> None:
+        for combiner in self.combiners:
+            out = combiner.flush()
+            if out:
+                self._push(combiner.children[0], out)
+
+    def _source_batch(self, msgs: list[Message]) -> None:
+        params = self.source_params
+        by_topic: dict[str, list[Record]] = {}
+        max_ts = self.max_ts
+        for m in msgs:
+            topic: Any = m.topic()
+            serde, ts_fn, lag_ms = params[topic]
+            try:
+                value = m.value()
+                if serde is not None:
+                    value = serde.deserialize(
+                        value, topic=topic, partition=m.partition(), offset=m.offset()
+                    )
+                ts = int(ts_fn(value)) if ts_fn is not None else m.timestamp()[1]
+            except (DeserializationError, KeyError, TypeError, ValueError) as exc:
+                self._bad_record(m, exc)
+                continue
+            tp = (topic, m.partition())
+            if ts - lag_ms > max_ts[tp]:
+                max_ts[tp] = ts - lag_ms
+            batch = by_topic.get(topic)
+            if batch is None:
+                batch = by_topic[topic] = []
+            batch.append((None, value, ts))
+        self.records_in += len(msgs)
+        for topic, batch in by_topic.items():
+            for child in self.entry[topic].children:
+                self._push(child, batch)
+        self.pos = self.reader.positions()
+
+    def _bad_record(self, m: Message, exc: Exception) -> None:
+        # Dead-letter routing lands with the sinks issue; until then a bad record is counted and
+        # logged with its location, never dropped silently and never a crash loop.
+        self.bad_records += 1
+        if self.bad_records <= 20 or self.bad_records % 10_000 == 0:
+            log.error(
+                "bad record skipped task=%s topic=%s partition=%s offset=%s count=%d error=%r",
+                self.name, m.topic(), m.partition(), m.offset(), self.bad_records, str(exc),
+            )  # fmt: skip
+
+    def _source_watermark(self) -> None:
+        if self.drained:
+            return
+        if self.env.end_offsets is not None and all(
+            self.pos.get(tp, 0) >= self.env.end_offsets.get(tp, 0) for tp in self.max_ts
+        ):
+            self.drained = True
+            self._advance_watermark(MAX_WATERMARK)
+            return
+        now = self.env.clock()
+        if now - self._last_wm_emit < _WATERMARK_EVERY_S or not self.max_ts:
+            return
+        self._last_wm_emit = now
+        self._advance_watermark(min(self.max_ts.values()))
+
+    def _advance_watermark(self, wm: int) -> None:
+        if wm <= self.watermark:
+            return
+        self.watermark = wm
+        self._flush()
+        for name in self.stage.steps:
+            op = self.ops[name]
+            fired = op.on_watermark(wm)
+            if fired:
+                for child in op.children:
+                    self._push(child, fired)
+        self._flush()
+        for out in self.outputs:
+            out.control(Watermark(wm))
+
+    def _channel_batch(self, msgs: list[Message]) -> None:
+        entry, pos, modes, blocked = self.entry, self.pos, self.modes, self.blocked
+        buckets: dict[str, list[Record]] = {}
+        loads = orjson.loads
+        n = 0
+        for m in msgs:
+            topic: Any = m.topic()
+            tp = (topic, m.partition())
+            if tp in blocked:
+                self.stash.setdefault(tp, []).append(m)
+                continue
+            offset: Any = m.offset()
+            headers = m.headers()
+            if headers is None and tp not in modes:
+                k, v, t = loads(m.value())  # type: ignore[arg-type]
+                if type(k) is list:
+                    k = tuple(k)
+                bucket = buckets.get(topic)
+                if bucket is None:
+                    bucket = buckets[topic] = []
+                bucket.append((k, v, t))
+                pos[tp] = offset + 1
+                n += 1
+                continue
+            # slow path: a control record, or a channel still recovering
+            self._drain(buckets)
+            pos[tp] = offset + 1
+            ctl = decode_control(headers)
+            mode = modes.get(tp)
+            if ctl is None:
+                if mode == _DROP:
+                    self.stale_dropped += 1
+                    continue
+                k, v, t = loads(m.value())  # type: ignore[arg-type]
+                self._push(entry[topic], [(tuple(k) if type(k) is list else k, v, t)])
+                n += 1
+            else:
+                self._control(tp, ctl, mode)
+        self._drain(buckets)
+        self.records_in += n
+
+    def _drain(self, buckets: dict[str, list[Record]]) -> None:
+        for topic, batch in buckets.items():
+            if batch:
+                self._push(self.entry[topic], batch)
+        buckets.clear()
+
+    def _control(self, tp: TP, ctl: Any, mode: int | None) -> None:
+        if isinstance(ctl, GenerationStart):
+            if ctl.generation == self.generation:
+                if mode is not None:
+                    del self.modes[tp]
+            elif ctl.generation > self.generation:
+                raise EosflowError(
+                    f"task {self.name}: channel {tp} carries generation {ctl.generation}, newer "
+                    f"than this worker's {self.generation}: this worker is a zombie; stopping"
+                )
+            return
+        if mode == _DROP:
+            return
+        if isinstance(ctl, Barrier):
+            if mode == _REPLAY:
+                if ctl.checkpoint_id >= self.restored_id:
+                    self.modes[tp] = _DROP
+                return
+            if ctl.generation != self.generation:
+                return
+            self.barrier_seen.setdefault(ctl.checkpoint_id, set()).add(tp)
+            assert self.aligner is not None
+            self._actions(self.aligner.on_barrier(tp, ctl.checkpoint_id))
+            if self.aligner.pending_checkpoint is not None:
+                self.env.fault("mid-alignment")
+        elif isinstance(ctl, Watermark):
+            self.channel_wm[tp] = max(self.channel_wm.get(tp, MIN_WATERMARK), ctl.ts_ms)
+            self._advance_watermark(min(self.channel_wm.values()))
+        elif isinstance(ctl, EndOfStream):
+            assert self.aligner is not None
+            self._actions(self.aligner.on_end_of_stream(tp))
+
+    def _actions(self, actions: list[Action]) -> None:
+        for action in actions:
+            if isinstance(action, Pause):
+                tp: Any = action.channel
+                self.blocked.add(tp)
+                self.reader.pause([tp])
+            elif isinstance(action, Resume):
+                self.to_resume |= set(action.channels)  # type: ignore[arg-type]
+            elif isinstance(action, TakeSnapshot):
+                self._snapshot(action.checkpoint_id)
+            elif isinstance(action, ForwardBarrier):
+                self._forward_barrier(action.checkpoint_id)
+            elif isinstance(action, AlignmentDone):
+                self.aligned.add(action.checkpoint_id)
+            elif isinstance(action, AbortCheckpoint):
+                self._forget(action.checkpoint_id)
+
+    def _resume_pending(self) -> None:
+        """Unblock channels once the batch that paused them is done; replay their stash first."""
+        while self.to_resume:
+            channels, self.to_resume = self.to_resume, set()
+            channels &= self.blocked
+            self.blocked -= channels
+            replay = [m for tp in channels for m in self.stash.pop(tp, [])]
+            if replay:
+                self._channel_batch(replay)
+            live = [tp for tp in channels if tp not in self.blocked]
+            if live:
+                self.reader.resume(live)
+
+    # -- checkpoints -----------------------------------------------------------------------------
+
+    def trigger(self, checkpoint_id: int) -> None:
+        """Source tasks: the coordinator started ``checkpoint_id``."""
+        if checkpoint_id <= self.restored_id:
+            return
+        self._snapshot(checkpoint_id)
+        self._forward_barrier(checkpoint_id)
+        self.aligned.add(checkpoint_id)
+        if self.env.mode == "sync":
+            self.halted = True
+
+    def _forward_barrier(self, checkpoint_id: int) -> None:
+        barrier = Barrier(checkpoint_id, self.generation, self.env.mode == "unaligned")
+        for out in self.outputs:
+            out.control(barrier)
+
+    def _snapshot(self, checkpoint_id: int) -> None:
+        self._flush()  # partial aggregates belong to the epoch that ends here
+        for sink in self.sinks:
+            committable = sink.writer.prepare(checkpoint_id)
+            if committable is not None:
+                self.sink_pending[sink.name].append((checkpoint_id, committable))
+        seen = self.barrier_seen.pop(checkpoint_id, set())
+        for old in [c for c in self.barrier_seen if c < checkpoint_id]:
+            del self.barrier_seen[old]
+        state = {
+            "task": self.name,
+            "checkpoint": checkpoint_id,
+            "generation": self.generation,
+            "positions": dict(self.pos),
+            "barrier_seen": sorted(seen),
+            "channel_wm": dict(self.channel_wm),
+            "max_ts": dict(self.max_ts),
+            "watermark": self.watermark,
+            "operators": {n: op.snapshot() for n, op in self.ops.items() if op.stateful},
+            "sinks": {n: list(p) for n, p in self.sink_pending.items()},
+        }
+        env = self.env
+        if env.mode == "sync":  # stop-the-world: serialize and upload in the task loop
+            future: Future[SnapshotHandle] = Future()
+            future.set_result(
+                env.store.write_task_snapshot(self.plan.job, checkpoint_id, self.name, state)
+            )
+        else:
+            future = env.uploads.submit(
+                env.store.write_task_snapshot, self.plan.job, checkpoint_id, self.name, state
+            )
+        self.uploading[checkpoint_id] = future
+
+    def _forget(self, checkpoint_id: int) -> None:
+        self.uploading.pop(checkpoint_id, None)
+        self.uploaded.pop(checkpoint_id, None)
+        self.aligned.discard(checkpoint_id)
+
+    def ready_acks(self) -> list[tuple[int, SnapshotHandle]]:
+        """Checkpoints whose snapshot is uploaded and whose alignment is done (ack them now)."""
+        for chk, future in list(self.uploading.items()):
+            if future.done():
+                del self.uploading[chk]
+                self.uploaded[chk] = future.result()  # an upload error fails the task
+        ready = []
+        for chk in sorted(self.uploaded):
+            if chk in self.aligned:
+                ready.append((chk, self.uploaded.pop(chk)))
+                self.aligned.discard(chk)
+        return ready
+
+    def complete(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` completed: commit the sinks' epochs up to it."""
+        self.halted = False
+        for sink in self.sinks:
+            pending = self.sink_pending[sink.name]
+            due = [(c, x) for c, x in pending if c <= checkpoint_id]
+            if due:
+                self.env.fault("after-completion-before-commit")
+            for chk, committable in due:
+                sink.writer.commit(chk, committable)
+            self.sink_pending[sink.name] = [(c, x) for c, x in pending if c > checkpoint_id]
+        for chk in [c for c in self.uploaded if c <= checkpoint_id]:
+            del self.uploaded[chk]
+
+    def abort(self, checkpoint_id: int, reason: str) -> None:
+        self.halted = False
+        if self.aligner is not None:
+            self._actions(self.aligner.on_abort(checkpoint_id, reason))
+            self._resume_pending()
+        self._forget(checkpoint_id)
+
+    # -- reporting -------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        out = sum(o.written for o in self.outputs)
+        sunk = sum(s.written for s in self.sinks)
+        late = sum(op.late_dropped for op in self.ops.values())
+        lag = 0
+        if self.is_source and self.env.end_offsets is not None:
+            lag = sum(max(0, self.env.end_offsets.get(tp, 0) - o) for tp, o in self.pos.items())
+        return {
+            "in": self.records_in,
+            "out": out,
+            "sunk": sunk,
+            "bad": self.bad_records,
+            "late": late,
+            "stale": self.stale_dropped,
+            "lag": lag,
+            "watermark": self.watermark,
+        }

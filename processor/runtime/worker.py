@@ -1,0 +1,187 @@
+"""A worker: subtask ``i`` of every stage, in one process, driven by the coordinator.
+
+Started by a runner as ``python -m processor.runtime.worker SPEC.json``; the same loop runs in a
+Spark task. The loop polls each task in turn, serves the coordinator's messages between batches
+(trigger, complete, abort, stop) and acknowledges snapshots as their uploads finish.
+
+Fault injection (for crash tests): the spec's ``faults`` lists ``[point, n]`` pairs; the worker
+SIGKILLs itself the ``n``-th time it reaches ``point``. Points: ``mid-alignment``,
+``after-snapshot-before-ack``, ``after-completion-before-commit``, ``during-recovery``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from processor.compiler import compile_flow
+from processor.runtime.control import ControlClient
+from processor.runtime.pipeline import load_flow, load_object
+from processor.runtime.task import Task, TaskEnv
+from processor.snapshot.store import SnapshotStore
+
+__all__ = ["FAULT_POINTS", "main", "run_worker"]
+
+log = logging.getLogger(__name__)
+
+FAULT_POINTS = (
+    "mid-alignment",
+    "after-snapshot-before-ack",
+    "after-completion-before-commit",
+    "during-recovery",
+)
+_STATS_EVERY_S = 1.0
+
+
+def _fault_hook(worker: int, faults: list[list[Any]]) -> Callable[[str], None]:
+    wanted = {str(p): int(n) for p, n in faults}
+    seen: dict[str, int] = {}
+
+    def fault(point: str) -> None:
+        if point not in wanted:
+            return
+        seen[point] = seen.get(point, 0) + 1
+        if seen[point] == wanted[point]:
+            log.critical("fault injection: SIGKILL worker=%d point=%s", worker, point)
+            logging.shutdown()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return fault
+
+
+def run_worker(spec: dict[str, Any]) -> int:
+    """Runs until the coordinator says stop (0) or goes away (1)."""
+    worker, parallelism = int(spec["worker"]), int(spec["workers"])
+    flow = load_flow(spec["pipeline"])
+    plan = compile_flow(flow, parallelism)
+    transport = load_object(spec["transport"])()
+    store = SnapshotStore(spec["snapshot_url"])
+    restore = int(spec["restore"])
+    manifest = store.load(plan.job, restore) if restore else None
+    host, port = spec["coordinator"]
+    client = ControlClient(host, int(port))
+    writer = transport.writer(client_id=f"eosflow-{plan.job}-worker-{worker}")
+    ends = spec.get("end_offsets")
+    end_offsets = {(t, int(p)): int(o) for t, p, o in ends} if ends is not None else None
+    uploads = ThreadPoolExecutor(1, thread_name_prefix="snapshot-upload")
+    env = TaskEnv(
+        plan=plan,
+        worker=worker,
+        generation=int(spec["generation"]),
+        mode=spec["mode"],
+        writer=writer,
+        reader_factory=lambda group: transport.reader(group_id=group),
+        store=store,
+        uploads=uploads,
+        fault=_fault_hook(worker, spec.get("faults", [])),
+        end_offsets=end_offsets,
+    )
+    tasks = [Task(env, stage, worker) for stage in plan.stages]
+    counts = {str(k): int(v) for k, v in spec["source_counts"].items()}
+    for task in tasks:
+        state = None
+        if manifest is not None:
+            state = store.read_task_snapshot(manifest.tasks[task.name])
+        task.open(state, counts)
+    sources = [t for t in tasks if t.is_source]
+    client.send({"t": "hello", "worker": worker, "generation": env.generation, "pid": os.getpid()})
+    max_records = int(spec.get("max_records", 5000))
+    idle = False
+    next_stats = 0.0
+    try:
+        while True:
+            stop = _serve(client, tasks, sources, worker)
+            if stop is not None:
+                if stop == 0:
+                    writer.flush()
+                return stop
+            read = 0
+            timeout = 0.005 if idle else 0.0
+            for task in tasks:
+                read += task.step(timeout, max_records)
+            idle = read == 0
+            writer.poll()
+            for task in tasks:
+                for chk, handle in task.ready_acks():
+                    env.fault("after-snapshot-before-ack")
+                    client.send(
+                        {
+                            "t": "ack",
+                            "chk": chk,
+                            "task": task.name,
+                            "handle": [handle.path, handle.size, handle.checksum],
+                        }
+                    )
+            now = time.monotonic()
+            if now >= next_stats:
+                next_stats = now + _STATS_EVERY_S
+                client.send(
+                    {
+                        "t": "stats",
+                        "worker": worker,
+                        "tasks": {t.name: t.stats() for t in tasks},
+                        "drained": bool(sources) and all(t.drained for t in sources),
+                    }
+                )
+    finally:
+        for task in tasks:
+            task.close()
+        uploads.shutdown(wait=False)
+        client.close()
+
+
+def _serve(
+    client: ControlClient, tasks: list[Task], sources: list[Task], worker: int
+) -> int | None:
+    """Handles the coordinator's queued messages; an exit code when the worker must stop."""
+    while not client.inbox.empty():
+        msg = client.inbox.get_nowait()
+        if msg is None:
+            log.error("worker=%d lost the coordinator; exiting", worker)
+            return 1
+        kind = msg.get("t")
+        if kind == "trigger":
+            for task in sources:
+                task.trigger(int(msg["chk"]))
+        elif kind == "complete":
+            chk = int(msg["chk"])
+            for task in tasks:
+                task.complete(chk)
+                client.send({"t": "committed", "chk": chk, "task": task.name})
+        elif kind == "abort":
+            for task in tasks:
+                task.abort(int(msg["chk"]), str(msg.get("reason", "aborted")))
+        elif kind == "stop":
+            log.info("worker=%d stopping on request", worker)
+            return 0
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m processor.runtime.worker SPEC.json", file=sys.stderr)
+        return 2
+    spec = json.loads(Path(args[0]).read_text())
+    logging.basicConfig(
+        level=spec.get("log_level", "INFO"),
+        format=f"%(asctime)s worker-{spec['worker']} %(levelname)s %(name)s: %(message)s",
+    )
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the runner decides when workers stop
+    try:
+        return run_worker(spec)
+    except Exception:
+        log.exception("worker=%s failed", spec.get("worker"))
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
