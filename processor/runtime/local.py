@@ -131,6 +131,7 @@ class _Worker:
     index: int
     proc: ServerProcess
     conn: Connection | None = None
+    log_offset: int = 0
     drained: bool = False
     stats: dict[str, Any] = field(default_factory=dict)
 
@@ -216,14 +217,16 @@ class LocalRunner:
             }
             spec_path = self.dir / f"worker-{i}.spec.json"
             spec_path.write_text(json.dumps(spec))
+            log_path = self.dir / f"worker-{i}.log"
+            offset = log_path.stat().st_size if log_path.exists() else 0
             proc = spawn(
                 f"worker-{i}",
                 [sys.executable, "-m", "processor.runtime.worker", str(spec_path)],
-                log_path=self.dir / f"worker-{i}.log",
+                log_path=log_path,
                 owned=True,
                 env=self._worker_env(),
             )
-            self.workers.append(_Worker(i, proc))
+            self.workers.append(_Worker(i, proc, log_offset=offset))
         log.info(
             "started generation=%d workers=%d restore_checkpoint=%d",
             self.generation, len(self.workers), restore,
@@ -251,7 +254,13 @@ class LocalRunner:
             if code is not None
             else "lost its coordinator connection"
         )
-        tail = [ln for ln in w.proc.log_tail(40).splitlines() if "ERROR" in ln or "CRITICAL" in ln]
+        try:  # only this attempt's lines: the log file is shared by every generation
+            with open(w.proc.log_path, "rb") as f:
+                f.seek(w.log_offset)
+                text = f.read().decode(errors="replace")
+        except OSError:
+            text = ""
+        tail = [ln for ln in text.splitlines()[-200:] if "ERROR" in ln or "CRITICAL" in ln]
         last = tail[-1].split(": ", 1)[-1] if tail else ""
         return f"worker {w.index} {status}" + (f" ({last})" if last else "")
 

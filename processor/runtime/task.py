@@ -179,6 +179,7 @@ class Task:
         self.sink_pending: dict[str, list[tuple[int, Any]]] = {s.name: [] for s in self.sinks}
         self.halted = False  # sync mode: a source stops between trigger and completion
         self._last_wm_emit = 0.0
+        self.batch_size = 500
 
     # -- construction ----------------------------------------------------------------------------
 
@@ -300,21 +301,36 @@ class Task:
 
     # -- the data path ---------------------------------------------------------------------------
 
-    def step(self, timeout: float, max_records: int) -> int:
-        """Poll once and process; returns the number of records read."""
+    def step(self, timeout: float, max_records: int, budget_s: float = 0.05) -> int:
+        """Poll and process for up to ``budget_s``; returns the number of records read.
+
+        Batches are sized so that one takes about a quarter of the budget: a task with a slow
+        user function must not starve the other tasks of its worker (or delay a checkpoint
+        trigger) with one long batch.
+        """
         if self.halted:
             return 0
-        msgs = self.reader.poll(max_records, timeout)
-        if msgs:
+        clock = time.perf_counter
+        start = clock()
+        total = 0
+        while True:
+            msgs = self.reader.poll(self.batch_size, timeout if total == 0 else 0.0)
+            if msgs:
+                began = clock()
+                if self.is_source:
+                    self._source_batch(msgs)
+                else:
+                    self._channel_batch(msgs)
+                    self._resume_pending()
+                self._flush()
+                per_record = (clock() - began) / len(msgs)
+                target = int(budget_s / 4 / per_record) if per_record > 0 else max_records
+                self.batch_size = max(16, min(max_records, target))
+                total += len(msgs)
             if self.is_source:
-                self._source_batch(msgs)
-            else:
-                self._channel_batch(msgs)
-                self._resume_pending()
-            self._flush()
-        if self.is_source:
-            self._source_watermark()
-        return len(msgs)
+                self._source_watermark()
+            if not msgs or self.halted or clock() - start >= budget_s:
+                return total
 
     def _push(self, op: Operator, batch: list[Record]) -> None:
         out = op.process(batch)

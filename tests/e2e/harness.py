@@ -1,0 +1,158 @@
+"""Runs a job on the local runner while killing its workers, and checks the committed output.
+
+The expectation is computed from the click generator alone (``examples/clicks.py``), never by
+the engine; :func:`assert_exactly_once` compares the committed output with it as a multiset.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from processor.runtime.local import Fault, LocalRunner, RunOptions, RunResult
+from sinks import read_jsonl
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "examples"))
+
+from clicks import canonical, click_events, compare_outputs, produce_clicks  # noqa: E402
+
+PIPELINES = Path(__file__).resolve().parent / "pipelines"
+FAULT_LINE = re.compile(r"fault injection: SIGKILL worker=(\d+) point=([\w-]+)")
+
+
+@dataclass
+class ChaosRun:
+    result: RunResult
+    output: Counter[bytes]
+    random_kills: list[tuple[float, int]]
+    faults_fired: list[tuple[int, str]]
+    logs: dict[str, str] = field(default_factory=dict)
+
+
+def assert_exactly_once(want: Counter[bytes], got: Counter[bytes], *, seed: int) -> None:
+    missing, extra = compare_outputs(want, got)
+    if missing or extra:
+        lost = list((want - got).elements())[:5]
+        dup = list((got - want).elements())[:5]
+        raise AssertionError(
+            f"seed={seed}: {missing} expected records missing (e.g. {lost}), {extra} duplicated "
+            f"or unexpected (e.g. {dup}); {sum(got.values())} committed, "
+            f"{sum(want.values())} expected"
+        )
+
+
+class _Killer(threading.Thread):
+    """SIGKILLs a random worker at random moments once ``start_after`` restarts happened."""
+
+    def __init__(
+        self, runner: LocalRunner, *, kills: int, start_after: int, rng: random.Random
+    ) -> None:
+        super().__init__(name="chaos-killer", daemon=True)
+        self.runner, self.kills, self.start_after, self.rng = runner, kills, start_after, rng
+        self.done: list[tuple[float, int]] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        started = time.monotonic()
+        while len(self.done) < self.kills and not self.stop.is_set():
+            runner = self.runner
+            workers = list(getattr(runner, "workers", []))
+            attempt = runner.restarts
+            if (
+                attempt < self.start_after + len(self.done)
+                or not workers
+                or not all(w.conn is not None for w in workers)
+                or runner.final_chk is not None
+            ):
+                time.sleep(0.01)
+                continue
+            # A random moment while this generation runs: 0.1-1.2 s after it connected.
+            if self.stop.wait(self.rng.uniform(0.1, 1.2)):
+                return
+            if runner.restarts != attempt or runner.final_chk is not None:
+                continue
+            victim = self.rng.randrange(len(workers))
+            try:
+                os.kill(workers[victim].proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            self.done.append((round(time.monotonic() - started, 2), victim))
+
+
+def run_chaos(
+    pipeline: str,
+    *,
+    brokers: str,
+    tmp: Path,
+    records: int,
+    seed: int,
+    mode: str,
+    interval: float = 0.5,
+    faults: list[Fault] | None = None,
+    random_kills: int = 0,
+    workers: int = 2,
+    env: dict[str, str] | None = None,
+) -> ChaosRun:
+    run_id = uuid.uuid4().hex[:8]
+    job_env = {
+        "JOB_NAME": f"chaos-{mode}-{run_id}",
+        "CLICKS_TOPIC": f"chaos-clicks-{run_id}",
+        "OUTPUT_DIR": str(tmp / "output"),
+        "EOSFLOW_KAFKA_BROKERS": brokers,
+        **(env or {}),
+    }
+    produce_clicks(brokers, job_env["CLICKS_TOPIC"], records, seed=seed)
+    faults = faults or []
+    options = RunOptions(
+        workers=workers,
+        checkpoint_interval=interval,
+        mode=mode,
+        until_idle=True,
+        environ=job_env,
+        state_dir=str(tmp / "state"),
+        faults=faults,
+        max_restarts=len(faults) + random_kills + 5,
+        restart_backoff=0.1,
+        max_backoff=0.5,
+        progress=sys.stderr,
+        progress_every=1.0,
+    )
+    saved = {k: os.environ.get(k) for k in job_env}
+    os.environ.update(job_env)  # the runner loads the pipeline in this process too
+    try:
+        runner = LocalRunner(str(PIPELINES / pipeline), options)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    killer = _Killer(runner, kills=random_kills, start_after=len(faults), rng=random.Random(seed))
+    killer.start()
+    try:
+        result = runner.run()
+    finally:
+        killer.stop.set()
+        killer.join(5)
+    logs = {p.name: p.read_text(errors="replace") for p in runner.dir.glob("worker-*.log")}
+    fired = [
+        (int(m.group(1)), m.group(2)) for text in logs.values() for m in FAULT_LINE.finditer(text)
+    ]
+    output = Counter(canonical(item) for item in read_jsonl(job_env["OUTPUT_DIR"]))
+    return ChaosRun(result, output, killer.done, fired, logs)
+
+
+def expected(fn: Callable[[Iterator[dict[str, Any]]], Counter[bytes]], records: int, seed: int):  # type: ignore[no-untyped-def]
+    return fn(click_events(records, seed=seed))

@@ -1,0 +1,78 @@
+"""End-to-end exactly-once under crashes: SIGKILL at named protocol points and at random moments.
+
+Each test prints its seed; rerun one with ``EOSFLOW_CHAOS_SEED=<seed>``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from processor.runtime.local import Fault
+from tests.e2e.harness import assert_exactly_once, expected, run_chaos
+
+from clicks import expected_running_totals, expected_window_counts  # noqa: E402  (harness path)
+
+pytestmark = [pytest.mark.integration, pytest.mark.chaos]
+
+NAMED = [
+    Fault(0, 1, "mid-alignment", 3),
+    Fault(1, 0, "after-snapshot-before-ack", 2),
+    Fault(2, 1, "after-completion-before-commit", 2),
+    Fault(3, 0, "during-recovery", 1),
+]
+
+
+def _seed() -> int:
+    seed = int(os.environ.get("EOSFLOW_CHAOS_SEED") or random.SystemRandom().randrange(10**6))
+    print(f"chaos seed={seed}")
+    return seed
+
+
+@pytest.mark.parametrize("mode", ["aligned", "unaligned"])
+def test_output_is_exactly_once_when_workers_are_killed_at_every_protocol_point_and_randomly(
+    kafka_endpoint: tuple[str, str], tmp_path: Path, mode: str
+) -> None:
+    seed = _seed()
+    records = 200_000
+    run = run_chaos(
+        "running_total_work.py",
+        brokers=kafka_endpoint[0],
+        tmp=tmp_path,
+        records=records,
+        seed=seed,
+        mode=mode,
+        interval=0.5,
+        faults=NAMED,
+        random_kills=5,
+    )
+    print(f"seed={seed} random kills (s after start, worker): {run.random_kills}")
+    print(f"restarts={run.result.restarts} causes={run.result.restart_causes}")
+    fired = {point for _w, point in run.faults_fired}
+    assert fired == {f.point for f in NAMED}, f"seed={seed}: named faults fired: {fired}"
+    assert len(run.random_kills) == 5, f"seed={seed}: the job ended before 5 random kills"
+    assert run.result.restarts >= 9
+    assert_exactly_once(expected(expected_running_totals, records, seed), run.output, seed=seed)
+
+
+def test_windowed_count_is_exactly_once_when_workers_are_killed_randomly(
+    kafka_endpoint: tuple[str, str], tmp_path: Path
+) -> None:
+    """Windows, watermarks and the pre-shuffle combiner survive restarts."""
+    seed = _seed()
+    records = 100_000
+    run = run_chaos(
+        "windowed_count_work.py",
+        brokers=kafka_endpoint[0],
+        tmp=tmp_path,
+        records=records,
+        seed=seed,
+        mode="aligned",
+        random_kills=3,
+    )
+    print(f"seed={seed} random kills: {run.random_kills}")
+    assert len(run.random_kills) == 3
+    assert_exactly_once(expected(expected_window_counts, records, seed), run.output, seed=seed)
