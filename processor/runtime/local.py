@@ -119,6 +119,7 @@ class RunResult:
     seconds: float
     restart_causes: list[str]
     checkpoint_durations: list[float]
+    ready_s: float  # start-up: from run() until every worker of the first generation connected
 
 
 def job_dir(job: str, state_dir: str | None = None) -> Path:
@@ -160,6 +161,7 @@ class LocalRunner:
         self._started = time.monotonic()
         self._progress_next = 0.0
         self._last_in = (0.0, 0)
+        self.ready_s: float | None = None
 
     # -- setup -----------------------------------------------------------------------------------
 
@@ -390,7 +392,10 @@ class LocalRunner:
         return None
 
     def _ready(self) -> bool:
-        return all(w.conn is not None for w in self.workers)
+        ready = all(w.conn is not None for w in self.workers)
+        if ready and self.ready_s is None:
+            self.ready_s = time.monotonic() - self._started
+        return ready
 
     def _drive(self) -> None:
         if not self._ready():
@@ -525,6 +530,7 @@ class LocalRunner:
             seconds=time.monotonic() - self._started,
             restart_causes=list(self.restart_causes),
             checkpoint_durations=list(st.durations),
+            ready_s=self.ready_s if self.ready_s is not None else float("nan"),
         )
 
 
