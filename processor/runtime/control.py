@@ -126,6 +126,9 @@ class ControlServer:
             except OSError:
                 return
             conn = Connection(sock, f"{peer[0]}:{peer[1]}")
+            if self._stopped:
+                conn.close()
+                return
             self.connections.append(conn)
             threading.Thread(
                 target=self._read, args=(conn,), name=f"control-{conn.peer}", daemon=True

@@ -26,7 +26,16 @@ from sinks import read_jsonl
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples"))
 
-from clicks import canonical, click_events, compare_outputs, produce_clicks  # noqa: E402
+from clicks import (  # noqa: E402
+    canonical,
+    click_events,
+    compare_outputs,
+    expected_running_totals,
+    expected_window_counts,
+    produce_clicks,
+)
+
+__all__ = ["expected_running_totals", "expected_window_counts"]
 
 PIPELINES = Path(__file__).resolve().parent / "pipelines"
 FAULT_LINE = re.compile(r"fault injection: SIGKILL worker=(\d+) point=([\w-]+)")

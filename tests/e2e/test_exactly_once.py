@@ -12,9 +12,13 @@ from pathlib import Path
 import pytest
 
 from processor.runtime.local import Fault
-from tests.e2e.harness import assert_exactly_once, expected, run_chaos
-
-from clicks import expected_running_totals, expected_window_counts  # noqa: E402  (harness path)
+from tests.e2e.harness import (
+    assert_exactly_once,
+    expected,
+    expected_running_totals,
+    expected_window_counts,
+    run_chaos,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 

@@ -1,13 +1,17 @@
-"""Crash-test pipeline: the windowed-count example with CPU work per click (see running_total_work)."""
+"""Crash-test pipeline: the windowed-count example with CPU work per click.
+
+See ``running_total_work.py`` for the work knob.
+"""
 
 from __future__ import annotations
 
 import os
 from datetime import timedelta
 
+from running_total_work import work
+
 from connectors.serde import JsonSerde
 from processor.dataflow import Dataflow, Tumbling
-from running_total_work import work
 from sinks import FileSink
 
 flow = Dataflow(os.environ["JOB_NAME"])

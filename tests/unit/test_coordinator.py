@@ -1,0 +1,99 @@
+"""The checkpoint coordinator with a manual clock and a real (file) snapshot store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from processor.runtime.coordinator import CheckpointCoordinator
+from processor.snapshot.store import SnapshotStore
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _coordinator(tmp_path: Path, clock: Clock, **kw: object) -> CheckpointCoordinator:
+    store = SnapshotStore(tmp_path.as_uri(), clock=lambda: 1.0)
+    c = CheckpointCoordinator(
+        store,
+        "job",
+        ["a.0", "b.0"],
+        interval_s=1.0,
+        timeout_s=5.0,
+        clock=clock,
+        **kw,  # type: ignore[arg-type]
+    )
+    c.start_generation(1)
+    return c
+
+
+def _ack(c: CheckpointCoordinator, chk: int, task: str) -> bool:
+    handle = c.store.write_task_snapshot("job", chk, task, {"task": task})
+    return c.on_ack(chk, task, handle)
+
+
+def test_checkpoint_completes_only_when_every_task_acked(tmp_path: Path) -> None:
+    clock = Clock()
+    c = _coordinator(tmp_path, clock)
+    assert c.due() is None
+    clock.now = 1.0
+    assert c.due() == 1
+    assert c.due() is None  # one pending at a time
+    assert not _ack(c, 1, "a.0")
+    assert c.store.latest_completed("job") is None
+    assert _ack(c, 1, "b.0")
+    manifest = c.store.latest_completed("job")
+    assert manifest is not None and manifest.checkpoint_id == 1
+    assert manifest.metadata["generation"] == 1
+    assert c.stats.completed == 1
+
+
+def test_pending_checkpoint_is_aborted_when_it_times_out(tmp_path: Path) -> None:
+    clock = Clock()
+    c = _coordinator(tmp_path, clock)
+    clock.now = 1.0
+    chk = c.due()
+    assert chk == 1
+    _ack(c, 1, "a.0")
+    clock.now = 5.9
+    assert c.expired() is None
+    clock.now = 6.1
+    assert c.expired() == 1
+    assert not _ack(c, 1, "b.0")  # late ack of an aborted checkpoint
+    assert c.store.latest_completed("job") is None
+    clock.now = 7.2
+    assert c.due() == 2
+
+
+def test_checkpoint_ids_keep_growing_when_a_new_coordinator_starts(tmp_path: Path) -> None:
+    clock = Clock()
+    c = _coordinator(tmp_path, clock)
+    clock.now = 1.0
+    c.due()
+    _ack(c, 1, "a.0")  # checkpoint 1 stays pending: a directory without a manifest
+    again = _coordinator(tmp_path, clock)
+    assert again.trigger_now() == 2
+    assert again.stats.last_completed == 0
+
+
+def test_old_checkpoints_are_deleted_when_more_than_keep_completed(tmp_path: Path) -> None:
+    clock = Clock()
+    c = _coordinator(tmp_path, clock, keep=2)
+    for chk in range(1, 5):
+        assert c.trigger_now() == chk
+        _ack(c, chk, "a.0")
+        _ack(c, chk, "b.0")
+    assert c.store.completed_ids("job") == [3, 4]
+
+
+def test_new_generation_voids_the_pending_checkpoint(tmp_path: Path) -> None:
+    clock = Clock()
+    c = _coordinator(tmp_path, clock)
+    assert c.trigger_now() == 1
+    c.start_generation(2)
+    assert c.pending is None and c.stats.aborted == 1
+    assert c.trigger_now() == 2

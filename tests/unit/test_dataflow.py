@@ -1,0 +1,122 @@
+"""Build-time validation of the Dataflow API and its compilation to stages."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from processor.compiler import compile_flow
+from processor.contracts import SinkContext
+from processor.dataflow import Dataflow, Sliding, Tumbling
+from processor.errors import DefinitionError
+
+
+class _Sink:
+    def open(self, ctx: SinkContext) -> Any:
+        raise AssertionError("not opened in these tests")
+
+
+def _flow() -> Dataflow:
+    return Dataflow("job")
+
+
+def test_step_names_must_be_kebab_case_when_added() -> None:
+    flow = _flow()
+    with pytest.raises(DefinitionError, match="kebab-case"):
+        flow.source("Clicks", "t")
+    with pytest.raises(DefinitionError, match="not valid"):
+        Dataflow("My Job")
+
+
+def test_duplicate_step_name_is_refused_when_added() -> None:
+    flow = _flow()
+    s = flow.source("clicks", "t")
+    with pytest.raises(DefinitionError, match="used twice"):
+        s.map("clicks", lambda v: v)
+
+
+def test_validate_names_dangling_steps_when_a_stream_has_no_sink() -> None:
+    flow = _flow()
+    flow.source("clicks", "t").map("parse", lambda v: v)
+    with pytest.raises(DefinitionError, match=r"\['parse'\] goes nowhere"):
+        flow.validate()
+
+
+def test_validation_refuses_bad_arguments_when_building() -> None:
+    flow = _flow()
+    s = flow.source("clicks", "t")
+    with pytest.raises(DefinitionError, match="callable"):
+        s.map("m", 3)  # type: ignore[arg-type]
+    with pytest.raises(DefinitionError, match=r"processor\.contracts\.Sink"):
+        s.sink("out", object())  # type: ignore[arg-type]
+    with pytest.raises(DefinitionError, match="both read topic"):
+        flow.source("again", "t")
+    with pytest.raises(DefinitionError, match="multiple of the slide"):
+        Sliding(timedelta(seconds=10), timedelta(seconds=3))
+    with pytest.raises(DefinitionError, match="timedelta"):
+        Tumbling(10)  # type: ignore[arg-type]
+    with pytest.raises(DefinitionError, match="positive int"):
+        compile_flow(flow, 0)
+
+
+def test_forward_steps_fuse_and_aggregation_shuffles_when_compiled() -> None:
+    flow = _flow()
+    (
+        flow.source("clicks", "t")
+        .map("parse", lambda v: v)
+        .filter("valid", bool)
+        .key_by("by-user", lambda v: v["user"])
+        .count("count")
+        .map("fmt", str)
+        .sink("out", _Sink())
+    )
+    plan = compile_flow(flow, 2)
+    assert [s.steps for s in plan.stages] == [
+        ("clicks", "parse", "valid", "by-user"),
+        ("count", "fmt", "out"),
+    ]
+    (edge,) = plan.edges
+    assert edge.shuffle and not edge.combine
+    assert edge.topic == "eosflow.job.by-user.count"
+    assert plan.task_names() == ["clicks.0", "clicks.1", "count.0", "count.1"]
+
+
+def test_windowed_count_gets_a_combiner_when_it_has_a_merge() -> None:
+    flow = _flow()
+    keyed = flow.source("clicks", "t").key_by("by-page", lambda v: v["page"])
+    keyed.count("per-window", window=Tumbling(timedelta(seconds=10))).sink("out", _Sink())
+    keyed.aggregate(
+        "no-merge", init=list, add=lambda a, v: [*a, v], window=Tumbling(timedelta(seconds=1))
+    ).sink("out2", _Sink())
+    combine = {e.dst_step: e.combine for e in compile_flow(flow, 2).edges}
+    assert combine == {"per-window": True, "no-merge": False}
+
+
+def test_aggregation_of_an_aggregation_needs_no_shuffle_when_the_key_is_unchanged() -> None:
+    flow = _flow()
+    counts = flow.source("clicks", "t").key_by("k", lambda v: v).count("count")
+    counts.reduce("max", max).sink("out", _Sink())
+    plan = compile_flow(flow, 3)
+    assert len(plan.edges) == 1
+    assert plan.stage_of("max").name == "count"
+
+
+def test_union_of_sources_merges_stages_and_union_after_shuffle_uses_forward_channels() -> None:
+    flow = _flow()
+    a = flow.source("a", "ta")
+    b = flow.source("b", "tb")
+    a.union("both", b).sink("out", _Sink())
+    plan = compile_flow(flow, 2)
+    assert len(plan.stages) == 1 and plan.stages[0].sources == ("a", "b")
+
+    flow = _flow()
+    src = flow.source("a", "ta")
+    counted = src.key_by("k", lambda v: v).count("count")
+    counted.union("mixed", src.key_by("k2", lambda v: v)).sink("out", _Sink())
+    plan = compile_flow(flow, 2)
+    forward = [e for e in plan.edges if not e.shuffle]
+    assert {e.src_step for e in forward} == {"count", "k2"}
+    assert set(plan.stage_of("mixed").inputs) == set(forward)
+    assert "forward" in plan.describe()

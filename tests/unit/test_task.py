@@ -1,0 +1,281 @@
+"""The task runtime against an in-memory transport: alignment, stash order, recovery modes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from processor.compiler import compile_flow
+from processor.contracts import SinkContext
+from processor.dataflow import Dataflow
+from processor.runtime.task import Task, TaskEnv
+from processor.snapshot.store import SnapshotStore
+from processor.wire import Barrier, GenerationStart, Watermark, encode_control
+
+TOPIC = "eosflow.job.k.count"
+P0, P2 = (TOPIC, 0), (TOPIC, 2)  # subtask 0's channels from upstream 0 and 1 (P = 2)
+
+
+class Msg:
+    def __init__(self, tp: tuple[str, int], offset: int, value: bytes, headers: Any) -> None:
+        self._tp, self._offset, self._value, self._headers = tp, offset, value, headers
+
+    def topic(self) -> str:
+        return self._tp[0]
+
+    def partition(self) -> int:
+        return self._tp[1]
+
+    def offset(self) -> int:
+        return self._offset
+
+    def key(self) -> None:
+        return None
+
+    def value(self) -> bytes:
+        return self._value
+
+    def headers(self) -> Any:
+        return self._headers
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, 0)
+
+
+class Log:
+    """Partitions as lists; ``deliver`` says which partitions the next poll returns, in order."""
+
+    def __init__(self) -> None:
+        self.parts: dict[tuple[str, int], list[Msg]] = {}
+        self.written: list[tuple[str, int, bytes, Any]] = []
+
+    def data(self, tp: tuple[str, int], key: str, ts: int = 0) -> None:
+        self._append(tp, orjson.dumps([key, {"k": key}, ts]), None)
+
+    def ctl(self, tp: tuple[str, int], ctl: Any) -> None:
+        value, headers = encode_control(ctl)
+        self._append(tp, value, headers)
+
+    def _append(self, tp: tuple[str, int], value: bytes, headers: Any) -> None:
+        part = self.parts.setdefault(tp, [])
+        part.append(Msg(tp, len(part), value, headers))
+
+
+class Reader:
+    def __init__(self, log: Log) -> None:
+        self.log = log
+        self.next: dict[tuple[str, int], int] = {}
+        self.paused: set[tuple[str, int]] = set()
+
+    def open(self, positions: Mapping[tuple[str, int], int | None], *, start: str = "") -> None:
+        self.next = {tp: (o or 0) for tp, o in positions.items()}
+
+    def poll(self, max_records: int = 10_000, timeout: float = 0.0) -> list[Any]:
+        out: list[Any] = []
+        for tp in sorted(self.next):
+            if tp in self.paused:
+                continue
+            part = self.log.parts.get(tp, [])
+            batch = part[self.next[tp] :]
+            out += batch
+            self.next[tp] = len(part)
+        return out
+
+    def pause(self, tps: Iterable[tuple[str, int]]) -> None:
+        self.paused |= set(tps)
+
+    def resume(self, tps: Iterable[tuple[str, int]]) -> None:
+        self.paused -= set(tps)
+
+    def positions(self) -> dict[tuple[str, int], int]:
+        return dict(self.next)
+
+    def close(self) -> None:
+        pass
+
+
+class Writer:
+    def __init__(self, log: Log) -> None:
+        self.log = log
+
+    def write(self, topic: str, partition: int, value: bytes, *, key: Any = None,
+              headers: Any = None) -> None:  # fmt: skip
+        self.log.written.append((topic, partition, value, headers))
+
+    def poll(self) -> None:
+        pass
+
+    def flush(self, timeout: float = 30.0) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class ListSink:
+    committed: list[Any] = []
+
+    def open(self, ctx: SinkContext) -> Any:
+        return self
+
+    def write(self, values: Sequence[Any]) -> None:
+        self.epoch = [*getattr(self, "epoch", []), *values]
+
+    def prepare(self, checkpoint_id: int) -> Any:
+        epoch, self.epoch = getattr(self, "epoch", []), []
+        return epoch or None
+
+    def commit(self, checkpoint_id: int, committable: Any) -> None:
+        ListSink.committed += committable
+
+    def recover(self, pending: Sequence[tuple[int, Any]]) -> None:
+        for chk, c in pending:
+            self.commit(chk, c)
+
+    def close(self) -> None:
+        pass
+
+
+def _task(tmp_path: Path, log: Log, mode: str, generation: int = 1) -> Task:
+    flow = Dataflow("job")
+    (flow.source("s", "in").key_by("k", lambda v: v).count("count").sink("out", ListSink()))
+    plan = compile_flow(flow, 2)
+    env = TaskEnv(
+        plan=plan,
+        worker=0,
+        generation=generation,
+        mode=mode,
+        writer=Writer(log),
+        reader_factory=lambda _group: Reader(log),
+        store=SnapshotStore(tmp_path.as_uri()),
+        uploads=ThreadPoolExecutor(1),
+        fault=lambda _point: None,
+        end_offsets=None,
+    )
+    ListSink.committed = []
+    return Task(env, plan.stage_of("count"), 0)
+
+
+def _acks(task: Task) -> list[int]:
+    deadline = time.monotonic() + 5
+    while task.uploading and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return [chk for chk, _h in task.ready_acks()]
+
+
+def _counts(task: Task) -> dict[str, int]:
+    return dict(task.ops["count"].snapshot())
+
+
+def test_aligned_task_holds_back_records_after_a_barrier_until_every_channel_delivered_it(
+    tmp_path: Path,
+) -> None:
+    log = Log()
+    for tp in (P0, P2):
+        log.ctl(tp, GenerationStart(1))
+    log.data(P0, "a")
+    log.ctl(P0, Barrier(1, 1))
+    log.data(P0, "a")  # after the barrier: must wait for alignment
+    log.data(P2, "b")
+    task = _task(tmp_path, log, "aligned")
+    task.open(None, {"in": 2})
+    task.step(0.0, 100)
+    assert _counts(task) == {"a": 1, "b": 1}
+    assert task.blocked == {P0}
+    assert _acks(task) == []
+    log.ctl(P2, Barrier(1, 1))
+    log.data(P2, "b")
+    task.step(0.0, 100)
+    assert _acks(task) == [1]
+    snap = task.env.store.read_task_snapshot(str(tmp_path / "job/chk-0000000001/count.0.snap"))
+    assert snap["operators"]["count"] == {"a": 1, "b": 1}
+    assert snap["positions"] == {P0: 3, P2: 3}
+    assert snap["barrier_seen"] == [P0, P2]
+    assert _counts(task) == {"a": 2, "b": 2}  # the stash was replayed after the snapshot
+
+
+def test_unaligned_task_snapshots_at_the_first_barrier_and_never_pauses(tmp_path: Path) -> None:
+    log = Log()
+    for tp in (P0, P2):
+        log.ctl(tp, GenerationStart(1))
+    log.ctl(P0, Barrier(1, 1, unaligned=True))
+    log.data(P0, "a")
+    log.data(P2, "b")
+    task = _task(tmp_path, log, "unaligned")
+    task.open(None, {"in": 2})
+    task.step(0.0, 100)
+    assert not task.blocked and _counts(task) == {"a": 1, "b": 1}
+    assert _acks(task) == []  # snapshot taken, but P2 has not delivered the barrier yet
+    log.ctl(P2, Barrier(1, 1, unaligned=True))
+    task.step(0.0, 100)
+    assert _acks(task) == [1]
+    snap = task.env.store.read_task_snapshot(str(tmp_path / "job/chk-0000000001/count.0.snap"))
+    assert snap["operators"]["count"] == {}
+    assert snap["positions"] == {P0: 2, P2: 0}  # P2's marker and record are channel state
+    assert snap["barrier_seen"] == [P0]
+
+
+@pytest.mark.parametrize("seen", [[P0], [P0, P2]])
+def test_restored_channels_replay_up_to_the_barrier_then_drop_until_the_new_generation(
+    tmp_path: Path, seen: list[tuple[str, int]]
+) -> None:
+    log = Log()
+    for tp in (P0, P2):
+        log.ctl(tp, GenerationStart(1))
+    log.data(P2, "b")  # offset 1: in flight when the unaligned snapshot was taken
+    log.ctl(P2, Barrier(1, 1))
+    log.data(P2, "b")  # old generation, after the barrier: regenerated by upstream, drop
+    log.ctl(P2, GenerationStart(2))
+    log.data(P2, "b")
+    log.ctl(P0, Barrier(1, 1))
+    log.data(P0, "a")  # old generation: drop
+    log.ctl(P0, Barrier(2, 1))  # a checkpoint that never completed: ignored
+    log.ctl(P0, GenerationStart(2))
+    log.data(P0, "a")
+    state = {
+        "checkpoint": 1,
+        "positions": {P0: 2, P2: 1 if seen == [P0] else 3},
+        "barrier_seen": seen,
+        "channel_wm": {P0: 5, P2: 5},
+        "max_ts": {},
+        "watermark": 5,
+        "operators": {"count": {"a": 10, "b": 20}},
+        "sinks": {"out": [(1, ["pending"])]},
+    }
+    task = _task(tmp_path, log, "unaligned", generation=2)
+    task.open(state, {"in": 2})
+    assert ListSink.committed == ["pending"]  # recover committed the restored epoch
+    task.step(0.0, 100)
+    replayed = 1 if seen == [P0] else 0
+    assert _counts(task) == {"a": 11, "b": 21 + replayed}
+    assert task.stale_dropped == 2
+    assert not task.modes  # every channel is live again
+
+
+def test_watermark_is_the_minimum_over_channels_when_channels_disagree(tmp_path: Path) -> None:
+    log = Log()
+    for tp in (P0, P2):
+        log.ctl(tp, GenerationStart(1))
+    log.ctl(P0, Watermark(100))
+    task = _task(tmp_path, log, "aligned")
+    task.open(None, {"in": 2})
+    task.step(0.0, 100)
+    assert task.watermark < 0
+    log.ctl(P2, Watermark(40))
+    task.step(0.0, 100)
+    assert task.watermark == 40
+
+
+def test_zombie_generation_is_refused_when_a_newer_marker_arrives(tmp_path: Path) -> None:
+    log = Log()
+    log.ctl(P0, GenerationStart(3))
+    task = _task(tmp_path, log, "aligned")
+    task.open(None, {"in": 2})
+    with pytest.raises(Exception, match="zombie"):
+        task.step(0.0, 100)
