@@ -1,0 +1,107 @@
+"""``eosflow run`` and ``eosflow status`` as a user runs them: subprocesses, real broker."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from sinks import read_jsonl
+from tests.e2e.harness import canonical, click_events, expected_running_totals, produce_clicks
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+RECORDS = 20_000
+
+
+def _env(brokers: str, tmp: Path) -> dict[str, str]:
+    run_id = uuid.uuid4().hex[:8]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EOSFLOW_")}
+    env.update(
+        EOSFLOW_KAFKA_BROKERS=brokers,
+        EOSFLOW_STATE_DIR=str(tmp / "state"),
+        JOB_NAME=f"cli-{run_id}",
+        CLICKS_TOPIC=f"cli-clicks-{run_id}",
+        OUTPUT_DIR=str(tmp / "out"),
+    )
+    produce_clicks(brokers, env["CLICKS_TOPIC"], RECORDS)
+    return env
+
+
+def _eosflow(*args: str) -> list[str]:
+    return [sys.executable, "-m", "processor.cli", *args]
+
+
+def _output(env: dict[str, str]) -> Counter[bytes]:
+    return Counter(canonical(x) for x in read_jsonl(env["OUTPUT_DIR"]))
+
+
+def _status(env: dict[str, str]) -> dict[str, object]:
+    out = subprocess.run(
+        _eosflow("status", env["JOB_NAME"], "--json"), env=env, capture_output=True, text=True
+    )
+    return json.loads(out.stdout) if out.returncode == 0 else {}
+
+
+def test_run_until_idle_commits_everything_and_status_reports_it(
+    kafka_endpoint: tuple[str, str], tmp_path: Path
+) -> None:
+    env = _env(kafka_endpoint[0], tmp_path)
+    pipeline = str(ROOT / "examples" / "running_total.py")
+    result = subprocess.run(
+        _eosflow("run", pipeline, "--workers", "2", "--checkpoint-interval", "300ms",
+                 "--until-idle"),
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"job {env['JOB_NAME']} finished: {RECORDS:,} records in" in result.stdout
+    assert "stage 'clicks'" in result.stderr and "checkpoint=" in result.stderr
+    assert _output(env) == expected_running_totals(click_events(RECORDS))
+    text = subprocess.run(
+        _eosflow("status", env["JOB_NAME"]), env=env, capture_output=True, text=True
+    ).stdout
+    assert "finished" in text and f"in {RECORDS:,}" in text
+
+
+def test_sigint_stops_a_streaming_job_after_a_final_checkpoint(
+    kafka_endpoint: tuple[str, str], tmp_path: Path
+) -> None:
+    env = _env(kafka_endpoint[0], tmp_path)
+    pipeline = str(ROOT / "examples" / "running_total.py")
+    proc = subprocess.Popen(
+        _eosflow("run", pipeline, "--checkpoint-interval", "5s"),
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        status: dict[str, object] = {}
+        while time.monotonic() < deadline:
+            status = _status(env)
+            if status.get("records_out") == RECORDS and status.get("state") == "running":
+                break
+            time.sleep(0.3)
+        assert status.get("records_out") == RECORDS, status
+        assert status["alive"] is True
+        # Every record was processed, but with a 5 s interval most are not committed yet:
+        # the stop must take a final checkpoint and commit it before the workers exit.
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert "SIGINT: stopping after a final checkpoint" in err
+    assert _output(env) == expected_running_totals(click_events(RECORDS))
+    for worker in status["workers"]:  # type: ignore[attr-defined]
+        assert not Path(f"/proc/{worker['pid']}").exists() or "Z" in Path(
+            f"/proc/{worker['pid']}/stat"
+        ).read_text().rsplit(")", 1)[1].split()[0]
