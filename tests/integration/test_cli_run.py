@@ -94,7 +94,7 @@ def test_sigint_stops_a_streaming_job_after_a_final_checkpoint(
         # Every record was processed, but with a 5 s interval most are not committed yet:
         # the stop must take a final checkpoint and commit it before the workers exit.
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        _out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -102,6 +102,7 @@ def test_sigint_stops_a_streaming_job_after_a_final_checkpoint(
     assert "SIGINT: stopping after a final checkpoint" in err
     assert _output(env) == expected_running_totals(click_events(RECORDS))
     for worker in status["workers"]:  # type: ignore[attr-defined]
-        assert not Path(f"/proc/{worker['pid']}").exists() or "Z" in Path(
-            f"/proc/{worker['pid']}/stat"
-        ).read_text().rsplit(")", 1)[1].split()[0]
+        assert (
+            not Path(f"/proc/{worker['pid']}").exists()
+            or "Z" in Path(f"/proc/{worker['pid']}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        )
