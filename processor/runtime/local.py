@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -127,6 +128,21 @@ def job_dir(job: str, state_dir: str | None = None) -> Path:
     return Path(base) / "jobs" / job
 
 
+@contextlib.contextmanager
+def _environment(extra: dict[str, str]) -> Iterator[None]:
+    """``os.environ`` plus ``extra`` while the pipeline file is loaded in this process."""
+    saved = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 @dataclass
 class _Worker:
     index: int
@@ -144,7 +160,8 @@ class LocalRunner:
         options.validate()
         self.pipeline = str(Path(pipeline).resolve())
         self.options = options
-        self.plan: Plan = compile_flow(load_flow(self.pipeline), options.workers)
+        with _environment(options.environ):  # the workers see the same variables
+            self.plan: Plan = compile_flow(load_flow(self.pipeline), options.workers)
         self.job = self.plan.job
         self.dir = job_dir(self.job, options.state_dir)
         self.dir.mkdir(parents=True, exist_ok=True)

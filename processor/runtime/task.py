@@ -24,8 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 import orjson
@@ -40,9 +39,10 @@ from processor.checkpoint.aligner import (
     Resume,
     TakeSnapshot,
 )
-from processor.compiler import Edge, Plan, Stage
-from processor.contracts import Message, Reader, SinkContext, Writer
+from processor.compiler import Stage
+from processor.contracts import Message, SinkContext
 from processor.errors import DeserializationError, EosflowError
+from processor.runtime.channels import ChannelOut, TaskEnv
 from processor.runtime.operators import (
     MAX_WATERMARK,
     MIN_WATERMARK,
@@ -52,7 +52,7 @@ from processor.runtime.operators import (
     SinkOp,
     build_operator,
 )
-from processor.snapshot.store import SnapshotHandle, SnapshotStore
+from processor.snapshot.store import SnapshotHandle
 from processor.wire import (
     Barrier,
     EndOfStream,
@@ -60,8 +60,6 @@ from processor.wire import (
     Watermark,
     channel_partition,
     decode_control,
-    encode_control,
-    key_to_downstream,
     source_partitions_for,
 )
 
@@ -72,76 +70,6 @@ log = logging.getLogger(__name__)
 TP = tuple[str, int]
 _REPLAY, _DROP = 1, 2
 _WATERMARK_EVERY_S = 0.2
-
-
-class TaskEnv:
-    """What the tasks of one worker share."""
-
-    def __init__(
-        self,
-        *,
-        plan: Plan,
-        worker: int,
-        generation: int,
-        mode: str,
-        writer: Writer,
-        reader_factory: Callable[[str], Reader],
-        store: SnapshotStore,
-        uploads: ThreadPoolExecutor,
-        fault: Callable[[str], None],
-        end_offsets: dict[TP, int] | None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.plan = plan
-        self.worker = worker
-        self.generation = generation
-        self.mode = mode  # aligned | unaligned | sync
-        self.writer = writer
-        self.reader_factory = reader_factory
-        self.store = store
-        self.uploads = uploads
-        self.fault = fault
-        self.end_offsets = end_offsets
-        self.clock = clock
-
-
-class _ChannelOut(Operator):
-    """Writes records to an output channel: key-routed (shuffle) or to ``u -> u`` (forward)."""
-
-    def __init__(self, edge: Edge, subtask: int, parallelism: int, writer: Writer) -> None:
-        self.name = f"->{edge.topic}"
-        self.children = []
-        self.late_dropped = 0
-        self.topic = edge.topic
-        self.writer = writer
-        self.parallelism = parallelism
-        base = subtask * parallelism
-        self.partitions = (
-            [base + d for d in range(parallelism)]
-            if edge.shuffle
-            else [channel_partition(subtask, subtask, parallelism)]
-        )
-        self.shuffle = edge.shuffle
-        self.written = 0
-
-    def process(self, batch: list[Record]) -> list[Record]:
-        write, topic, dumps = self.writer.write, self.topic, orjson.dumps
-        if self.shuffle:
-            base, n = self.partitions[0], self.parallelism
-            for k, v, t in batch:
-                kb = k.encode() if type(k) is str else dumps(k)
-                write(topic, base + key_to_downstream(kb, n), dumps((k, v, t)))
-        else:
-            (partition,) = self.partitions
-            for r in batch:
-                write(topic, partition, dumps(r))
-        self.written += len(batch)
-        return []
-
-    def control(self, ctl: Barrier | Watermark | GenerationStart) -> None:
-        value, headers = encode_control(ctl)
-        for p in self.partitions:
-            self.writer.write(self.topic, p, value, headers=headers)
 
 
 class Task:
@@ -190,7 +118,7 @@ class Task:
         self.ops: dict[str, Operator] = {}
         self.sinks: list[SinkOp] = []
         self.combiners: list[Combiner] = []
-        self.outputs: list[_ChannelOut] = []
+        self.outputs: list[ChannelOut] = []
         for name in stage.steps:
             step = steps[name]
             if step.kind == "source":
@@ -206,7 +134,7 @@ class Task:
                 if parent in self.ops:  # parents in other stages arrive through channels
                     self.ops[parent].children.append(self.ops[name])
         for edge in stage.outputs:
-            out = _ChannelOut(edge, self.subtask, plan.parallelism, env.writer)
+            out = ChannelOut(edge, self.subtask, plan.parallelism, env.writer)
             self.outputs.append(out)
             head: Operator = out
             if edge.combine:

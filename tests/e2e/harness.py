@@ -138,16 +138,7 @@ def run_chaos(
         progress=sys.stderr,
         progress_every=1.0,
     )
-    saved = {k: os.environ.get(k) for k in job_env}
-    os.environ.update(job_env)  # the runner loads the pipeline in this process too
-    try:
-        runner = LocalRunner(str(PIPELINES / pipeline), options)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    runner = LocalRunner(str(PIPELINES / pipeline), options)
     killer = _Killer(runner, kills=random_kills, start_after=len(faults), rng=random.Random(seed))
     killer.start()
     try:
