@@ -454,6 +454,13 @@ class LocalRunner:
                     w.proc.popen.wait(timeout=30)
                 except subprocess.TimeoutExpired:
                     log.error("worker=%d did not stop; killing", w.index)
+        deadline = time.monotonic() + 2.0  # read the workers' final counters up to their EOF
+        while time.monotonic() < deadline and any(
+            w.conn is not None and not w.conn.closed for w in self.workers
+        ):
+            self._pump(0.05)
+        while not self.server.inbox.empty():
+            self._handle(*self.server.inbox.get_nowait())
         self._report(force=True)
         return True
 

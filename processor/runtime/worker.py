@@ -102,6 +102,7 @@ def run_worker(spec: dict[str, Any]) -> int:
             if stop is not None:
                 if stop == 0:
                     writer.flush()
+                    client.send(_stats(worker, tasks, sources))  # the final counts
                 return stop
             read = 0
             timeout = 0.005 if idle else 0.0
@@ -123,19 +124,21 @@ def run_worker(spec: dict[str, Any]) -> int:
             now = time.monotonic()
             if now >= next_stats:
                 next_stats = now + _STATS_EVERY_S
-                client.send(
-                    {
-                        "t": "stats",
-                        "worker": worker,
-                        "tasks": {t.name: t.stats() for t in tasks},
-                        "drained": bool(sources) and all(t.drained for t in sources),
-                    }
-                )
+                client.send(_stats(worker, tasks, sources))
     finally:
         for task in tasks:
             task.close()
         uploads.shutdown(wait=False)
         client.close()
+
+
+def _stats(worker: int, tasks: list[Task], sources: list[Task]) -> dict[str, Any]:
+    return {
+        "t": "stats",
+        "worker": worker,
+        "tasks": {t.name: t.stats() for t in tasks},
+        "drained": bool(sources) and all(t.drained for t in sources),
+    }
 
 
 def _serve(
