@@ -155,7 +155,9 @@ class TopicAdmin:
         return TopicInfo(name, len(topic.partitions), replication, config)
 
     def exists(self, name: str) -> bool:
-        topic = self._admin.list_topics(topic=name, timeout=self._timeout).topics.get(name)
+        # Metadata for all topics: asking for one topic by name makes brokers that allow
+        # auto-creation (Tansu, Kafka's default) create it, and a typo would become a topic.
+        topic = self._admin.list_topics(timeout=self._timeout).topics.get(name)
         return topic is not None and topic.error is None and bool(topic.partitions)
 
     def delete_topics(self, names: Iterable[str]) -> None:

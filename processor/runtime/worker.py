@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -181,8 +182,11 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the runner decides when workers stop
     try:
         return run_worker(spec)
-    except Exception:
-        log.exception("worker=%s failed", spec.get("worker"))
+    except Exception as exc:
+        # One line the runner can quote as the restart cause, then the traceback.
+        log.error("worker=%s failed: %s: %s", spec.get("worker"), type(exc).__name__, exc)
+        log.debug("traceback", exc_info=True)
+        sys.stderr.write(traceback.format_exc())
         return 1
 
 

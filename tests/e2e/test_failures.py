@@ -1,0 +1,59 @@
+"""Failures that restarting cannot fix end the job with a message that names the cause."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from processor.runtime.local import JobFailed, LocalRunner, RunOptions
+from tests.e2e.harness import PIPELINES, produce_clicks
+
+pytestmark = pytest.mark.integration
+
+
+def test_job_fails_with_the_user_error_when_a_function_raises_on_every_attempt(
+    kafka_endpoint: tuple[str, str], tmp_path: Path
+) -> None:
+    run_id = uuid.uuid4().hex[:8]
+    env = {
+        "JOB_NAME": f"failing-{run_id}",
+        "CLICKS_TOPIC": f"failing-{run_id}",
+        "OUTPUT_DIR": str(tmp_path / "out"),
+        "EOSFLOW_KAFKA_BROKERS": kafka_endpoint[0],
+    }
+    produce_clicks(kafka_endpoint[0], env["CLICKS_TOPIC"], 2_000)
+    options = RunOptions(
+        until_idle=True,
+        environ=env,
+        state_dir=str(tmp_path / "state"),
+        max_restarts=1,
+        restart_backoff=0.05,
+    )
+    runner = LocalRunner(str(PIPELINES / "failing_map.py"), options)
+    with pytest.raises(
+        JobFailed, match=r"failed after 1 restarts.*ValueError: cannot handle c-7-777"
+    ):
+        runner.run()
+    assert len(runner.restart_causes) == 2
+    assert all("ValueError: cannot handle c-7-777" in c for c in runner.restart_causes)
+
+
+def test_missing_source_topic_is_refused_at_start_up_with_a_fix(
+    kafka_endpoint: tuple[str, str], tmp_path: Path
+) -> None:
+    env = {
+        "JOB_NAME": "missing-topic",
+        "CLICKS_TOPIC": f"no-such-topic-{uuid.uuid4().hex[:8]}",
+        "OUTPUT_DIR": str(tmp_path / "out"),
+        "EOSFLOW_KAFKA_BROKERS": kafka_endpoint[0],
+    }
+    options = RunOptions(until_idle=True, environ=env, state_dir=str(tmp_path / "state"))
+    runner = LocalRunner(str(PIPELINES / "failing_map.py"), options)
+    with pytest.raises(ValueError, match=r"does not exist.*create it"):
+        runner.run()
+    from connectors import KafkaSettings, TopicAdmin
+
+    admin = TopicAdmin(KafkaSettings.from_env(brokers=kafka_endpoint[0]))
+    assert not admin.exists(env["CLICKS_TOPIC"]), "checking must not create the topic"
