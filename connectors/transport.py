@@ -35,7 +35,11 @@ class KafkaWriter:
     """
 
     def __init__(self, settings: KafkaSettings, *, client_id: str) -> None:
-        config = producer_config(settings, overrides={"client.id": client_id})
+        # Delivery callbacks only for failures: a Python callback per record cost about a fifth
+        # of a worker's CPU (py-spy, bench/RESULTS.md).
+        config = producer_config(
+            settings, overrides={"client.id": client_id, "delivery.report.only.error": True}
+        )
         self._producer: Producer = create_producer(config)
         self._failure: KafkaClientError | None = None
 

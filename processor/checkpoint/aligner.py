@@ -246,8 +246,18 @@ class BarrierAligner:
         self._ctx = _Ctx(set(channels), unaligned, newest=restored_checkpoint)
         self._state: _State = _Idle()
 
-    def on_barrier(self, channel: Channel, checkpoint_id: int) -> list[Action]:
-        """Barrier ``checkpoint_id`` was read from ``channel``."""
+    def on_barrier(
+        self, channel: Channel, checkpoint_id: int, *, unaligned: bool | None = None
+    ) -> list[Action]:
+        """Barrier ``checkpoint_id`` was read from ``channel``.
+
+        ``unaligned`` (the barrier's own flag) chooses the mode of a checkpoint this barrier
+        starts; ``None`` keeps the task's default. A final checkpoint is always aligned: in
+        unaligned mode the records still in flight on other channels would belong to an epoch
+        that never commits.
+        """
+        if unaligned is not None:
+            self._ctx.unaligned = unaligned  # read only when a newer checkpoint starts
         self._state, actions = self._state.barrier(self._ctx, channel, checkpoint_id)
         return actions
 

@@ -428,7 +428,9 @@ class LocalRunner:
             # A checkpoint triggered before the drain may not cover everything: take a new one.
             if coordinator.pending is None:
                 self.final_chk = coordinator.trigger_now()
-                self.server.broadcast({"t": "trigger", "chk": self.final_chk})
+                # Aligned even in unaligned mode: records in flight behind an unaligned barrier
+                # would fall into an epoch that never commits (found by bench/throughput.py).
+                self.server.broadcast({"t": "trigger", "chk": self.final_chk, "aligned": True})
                 self._say(f"final checkpoint {self.final_chk} triggered")
             return
         chk = coordinator.due() if self.final_chk is None else None

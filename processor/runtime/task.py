@@ -100,6 +100,7 @@ class Task:
         self.restored_id = 0
         self.aligner: BarrierAligner | None = None
         self.barrier_seen: dict[int, set[TP]] = {}
+        self.barrier_unaligned: dict[int, bool] = {}  # the mode each checkpoint runs in
         # snapshot bookkeeping: checkpoint id -> future / handle / alignment done
         self.uploading: dict[int, Future[SnapshotHandle]] = {}
         self.uploaded: dict[int, SnapshotHandle] = {}
@@ -410,8 +411,10 @@ class Task:
             if ctl.generation != self.generation:
                 return
             self.barrier_seen.setdefault(ctl.checkpoint_id, set()).add(tp)
+            self.barrier_unaligned.setdefault(ctl.checkpoint_id, ctl.unaligned)
             assert self.aligner is not None
-            self._actions(self.aligner.on_barrier(tp, ctl.checkpoint_id))
+            actions = self.aligner.on_barrier(tp, ctl.checkpoint_id, unaligned=ctl.unaligned)
+            self._actions(actions)
             if self.aligner.pending_checkpoint is not None:
                 self.env.fault("mid-alignment")
         elif isinstance(ctl, Watermark):
@@ -453,10 +456,12 @@ class Task:
 
     # -- checkpoints -----------------------------------------------------------------------------
 
-    def trigger(self, checkpoint_id: int) -> None:
-        """Source tasks: the coordinator started ``checkpoint_id``."""
+    def trigger(self, checkpoint_id: int, *, aligned: bool = False) -> None:
+        """Source tasks: the coordinator started ``checkpoint_id`` (``aligned``: even in
+        unaligned mode, as the final checkpoint of a run must be)."""
         if checkpoint_id <= self.restored_id:
             return
+        self.barrier_unaligned[checkpoint_id] = self.env.mode == "unaligned" and not aligned
         self._snapshot(checkpoint_id)
         self._forward_barrier(checkpoint_id)
         self.aligned.add(checkpoint_id)
@@ -464,7 +469,10 @@ class Task:
             self.halted = True
 
     def _forward_barrier(self, checkpoint_id: int) -> None:
-        barrier = Barrier(checkpoint_id, self.generation, self.env.mode == "unaligned")
+        unaligned = self.barrier_unaligned.pop(checkpoint_id, self.env.mode == "unaligned")
+        for old in [c for c in self.barrier_unaligned if c < checkpoint_id]:
+            del self.barrier_unaligned[old]
+        barrier = Barrier(checkpoint_id, self.generation, unaligned)
         for out in self.outputs:
             out.control(barrier)
 

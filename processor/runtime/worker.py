@@ -154,7 +154,7 @@ def _serve(
         kind = msg.get("t")
         if kind == "trigger":
             for task in sources:
-                task.trigger(int(msg["chk"]))
+                task.trigger(int(msg["chk"]), aligned=bool(msg.get("aligned", False)))
         elif kind == "complete":
             chk = int(msg["chk"])
             for task in tasks:
