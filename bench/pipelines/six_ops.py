@@ -52,8 +52,7 @@ def add_user(acc: tuple[Any, ...], click: dict[str, Any]) -> tuple[Any, ...]:
     return (acc[0] + 1, acc[1] + click["amount"], click["page"], click["user"])
 
 
-def tier(acc: list[Any]) -> dict[str, Any]:
-    # after a shuffle the accumulator arrives as a list (values cross channels as JSON)
+def tier(acc: tuple[Any, ...]) -> dict[str, Any]:
     clicks, spend, page, user = acc
     level = "gold" if spend >= 5000 else "silver" if spend >= 1000 else "bronze"
     return {"user": user, "page": page, "tier": level, "clicks": clicks}
