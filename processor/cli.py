@@ -206,9 +206,9 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from processor.runtime.local import job_dir
+    from processor.runtime.local import jobs_dir
 
-    base = job_dir("x").parent
+    base = jobs_dir()
     if args.job:
         path = base / args.job / "status.json"
     else:

@@ -68,10 +68,14 @@ class Endpoints:
         return {ENV_VARS[s]: v for s in SERVICES if (v := self.get(s)) is not None}
 
 
+def state_dir() -> Path:
+    """``$EOSFLOW_STATE_DIR``, default ``~/.eosflow``: dev servers' state, jobs' status and logs."""
+    return Path(os.environ.get("EOSFLOW_STATE_DIR") or str(Path.home() / ".eosflow"))
+
+
 def state_file() -> Path:
     """The file ``eosflow dev up`` writes and every other command reads."""
-    base = os.environ.get("EOSFLOW_STATE_DIR") or str(Path.home() / ".eosflow")
-    return Path(base) / "dev.json"
+    return state_dir() / "dev.json"
 
 
 class DevCluster:

@@ -33,7 +33,6 @@ class TaskEnv:
         self,
         *,
         plan: Plan,
-        worker: int,
         generation: int,
         mode: str,
         writer: Writer,
@@ -45,7 +44,6 @@ class TaskEnv:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.plan = plan
-        self.worker = worker
         self.generation = generation
         self.mode = mode  # aligned | unaligned | sync
         self.writer = writer

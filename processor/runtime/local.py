@@ -29,6 +29,7 @@ from typing import Any, TextIO
 
 from processor.compiler import Plan, compile_flow
 from processor.embedded._process import ServerProcess, spawn
+from processor.embedded.cluster import state_dir
 from processor.errors import ConfigError, EosflowError
 from processor.runtime.control import Connection, ControlServer
 from processor.runtime.coordinator import CheckpointCoordinator
@@ -36,7 +37,15 @@ from processor.runtime.pipeline import load_flow, load_object
 from processor.runtime.worker import FAULT_POINTS
 from processor.snapshot.store import SnapshotHandle, SnapshotStore
 
-__all__ = ["Fault", "JobFailed", "LocalRunner", "RunOptions", "RunResult", "job_dir"]
+__all__ = [
+    "Fault",
+    "JobFailed",
+    "LocalRunner",
+    "RunOptions",
+    "RunResult",
+    "job_dir",
+    "jobs_dir",
+]
 
 log = logging.getLogger(__name__)
 
@@ -123,9 +132,13 @@ class RunResult:
     ready_s: float  # start-up: from run() until every worker of the first generation connected
 
 
-def job_dir(job: str, state_dir: str | None = None) -> Path:
-    base = state_dir or os.environ.get("EOSFLOW_STATE_DIR") or str(Path.home() / ".eosflow")
-    return Path(base) / "jobs" / job
+def jobs_dir(state: str | None = None) -> Path:
+    """Where jobs keep status, worker logs and (by default) checkpoints."""
+    return (Path(state) if state else state_dir()) / "jobs"
+
+
+def job_dir(job: str, state: str | None = None) -> Path:
+    return jobs_dir(state) / job
 
 
 @contextlib.contextmanager
@@ -405,7 +418,15 @@ class LocalRunner:
             if code is not None:
                 return self._cause(w, code)
             if w.conn is not None and w.conn.closed:
-                return self._cause(w, None)
+                # A failing worker closes its connection before it logs the error and exits:
+                # give it a moment, so that the cause names its exit status and error line.
+                code = None
+                if w.proc.popen is not None:
+                    try:
+                        code = w.proc.popen.wait(timeout=2.0)
+                    except subprocess.TimeoutExpired:
+                        code = None
+                return self._cause(w, code)
         return None
 
     def _ready(self) -> bool:

@@ -215,7 +215,8 @@ class Task:
             start = "latest" if starts == {"latest"} else "earliest"
         self.reader.open(positions, start=start)
         self.pos = {tp: o for tp, o in self.reader.positions().items()}
-        self.env.fault("during-recovery" if state is not None else "start")
+        if state is not None:
+            self.env.fault("during-recovery")
         for out in self.outputs:
             out.control(GenerationStart(self.generation))
         log.info(

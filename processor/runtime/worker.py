@@ -75,7 +75,6 @@ def run_worker(spec: dict[str, Any]) -> int:
     uploads = ThreadPoolExecutor(1, thread_name_prefix="snapshot-upload")
     env = TaskEnv(
         plan=plan,
-        worker=worker,
         generation=int(spec["generation"]),
         mode=spec["mode"],
         writer=writer,

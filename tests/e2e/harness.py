@@ -154,5 +154,7 @@ def run_chaos(
     return ChaosRun(result, output, killer.done, fired, logs)
 
 
-def expected(fn: Callable[[Iterator[dict[str, Any]]], Counter[bytes]], records: int, seed: int):  # type: ignore[no-untyped-def]
+def expected(
+    fn: Callable[[Iterator[dict[str, Any]]], Counter[bytes]], records: int, seed: int
+) -> Counter[bytes]:
     return fn(click_events(records, seed=seed))

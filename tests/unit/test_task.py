@@ -148,7 +148,6 @@ def _task(tmp_path: Path, log: Log, mode: str, generation: int = 1) -> Task:
     plan = compile_flow(flow, 2)
     env = TaskEnv(
         plan=plan,
-        worker=0,
         generation=generation,
         mode=mode,
         writer=Writer(log),
