@@ -7,8 +7,8 @@ file system or database is behind them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "SinkWriter",
     "Transport",
     "Writer",
+    "preflight_sink",
 ]
 
 TP = tuple[str, int]
@@ -65,6 +66,12 @@ class SinkContext:
         subtask: this writer's subtask index, ``0 <= subtask < parallelism``.
         parallelism: how many writers the sink step has.
         generation: the job's generation (one more after every global recovery).
+        checkpoint_interval: seconds between checkpoints (``None``: checkpointing off), which
+            bounds how long an epoch's output stays uncommitted.
+        snapshot_url: the job's snapshot store (fsspec URL), a durable place every worker of
+            the job can reach; sinks may stage output under it.
+        fault: crash-test hook; a sink calls ``fault("mid-sink-recover")`` half-way through
+            ``recover`` so tests can kill it there (a no-op outside tests).
     """
 
     job: str
@@ -72,6 +79,9 @@ class SinkContext:
     subtask: int
     parallelism: int
     generation: int
+    checkpoint_interval: float | None = None
+    snapshot_url: str | None = None
+    fault: Callable[[str], None] = field(default=lambda point: None, repr=False, compare=False)
 
 
 @runtime_checkable
@@ -121,6 +131,18 @@ class Sink(Protocol):
 
     def open(self, ctx: SinkContext) -> SinkWriter:
         """A writer for subtask ``ctx.subtask``."""
+
+
+def preflight_sink(sink: Any, *, job: str, checkpoint_interval: float | None) -> None:
+    """Run a sink's optional start-up check, ``sink.preflight(job=, checkpoint_interval=)``.
+
+    Runners call it once before they start workers, so a misconfigured sink (a transaction
+    timeout shorter than the checkpoint interval, a database without prepared transactions)
+    fails the job at start-up with the sink's ``ConfigError`` instead of in a restart loop.
+    """
+    check = getattr(sink, "preflight", None)
+    if check is not None:
+        check(job=job, checkpoint_interval=checkpoint_interval)
 
 
 class Message(Protocol):

@@ -42,6 +42,7 @@ class TaskEnv:
         fault: Callable[[str], None],
         end_offsets: dict[TP, int] | None,
         clock: Callable[[], float] = time.monotonic,
+        checkpoint_interval: float | None = None,
     ) -> None:
         self.plan = plan
         self.generation = generation
@@ -53,6 +54,7 @@ class TaskEnv:
         self.fault = fault
         self.end_offsets = end_offsets
         self.clock = clock
+        self.checkpoint_interval = checkpoint_interval
 
 
 class ChannelOut(Operator):

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from processor.compiler import Plan, compile_flow
+from processor.contracts import preflight_sink
 from processor.embedded._process import ServerProcess, spawn
 from processor.embedded.cluster import state_dir
 from processor.errors import ConfigError, EosflowError
@@ -236,6 +237,7 @@ class LocalRunner:
                 "coordinator": [host, port],
                 "snapshot_url": self.store.url,
                 "mode": "aligned" if self.options.mode == "none" else self.options.mode,
+                "checkpoint_interval": self._interval(),
                 "end_offsets": ends,
                 "source_counts": counts,
                 "transport": self.options.transport,
@@ -320,9 +322,22 @@ class LocalRunner:
 
     # -- main loop -------------------------------------------------------------------------------
 
+    def _interval(self) -> float | None:
+        return None if self.options.mode == "none" else self.options.checkpoint_interval
+
+    def _preflight(self) -> None:
+        """Sinks check their configuration once, before any worker starts (no restart loop)."""
+        with _environment(self.options.environ):
+            for step in self.plan.flow.steps.values():
+                if step.kind == "sink":
+                    preflight_sink(
+                        step.params["sink"], job=self.job, checkpoint_interval=self._interval()
+                    )
+
     def run(self) -> RunResult:
+        self._preflight()
         counts, ends = self._prepare_topics()
-        interval = None if self.options.mode == "none" else self.options.checkpoint_interval
+        interval = self._interval()
         self.coordinator = CheckpointCoordinator(
             self.store,
             self.job,

@@ -125,7 +125,16 @@ class Task:
             if step.kind == "source":
                 self.ops[name] = Operator(step)
             elif step.kind == "sink":
-                ctx = SinkContext(plan.job, name, self.subtask, plan.parallelism, env.generation)
+                ctx = SinkContext(
+                    plan.job,
+                    name,
+                    self.subtask,
+                    plan.parallelism,
+                    env.generation,
+                    checkpoint_interval=env.checkpoint_interval,
+                    snapshot_url=env.store.url,
+                    fault=env.fault,
+                )
                 op = SinkOp(step, step.params["sink"].open(ctx), keyed=steps[step.parents[0]].keyed)
                 self.ops[name] = op
                 self.sinks.append(op)
@@ -479,6 +488,8 @@ class Task:
 
     def _snapshot(self, checkpoint_id: int) -> None:
         self._flush()  # partial aggregates belong to the epoch that ends here
+        if self.sinks:
+            self.env.fault("before-prepare")
         for sink in self.sinks:
             committable = sink.writer.prepare(checkpoint_id)
             if committable is not None:

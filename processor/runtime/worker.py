@@ -35,9 +35,11 @@ log = logging.getLogger(__name__)
 
 FAULT_POINTS = (
     "mid-alignment",
+    "before-prepare",
     "after-snapshot-before-ack",
     "after-completion-before-commit",
     "during-recovery",
+    "mid-sink-recover",
 )
 _STATS_EVERY_S = 1.0
 
@@ -83,6 +85,7 @@ def run_worker(spec: dict[str, Any]) -> int:
         uploads=uploads,
         fault=_fault_hook(worker, spec.get("faults", [])),
         end_offsets=end_offsets,
+        checkpoint_interval=spec.get("checkpoint_interval"),
     )
     tasks = [Task(env, stage, worker) for stage in plan.stages]
     counts = {str(k): int(v) for k, v in spec["source_counts"].items()}

@@ -15,7 +15,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ from clicks import (  # noqa: E402
     produce_clicks,
 )
 
-__all__ = ["expected_running_totals", "expected_window_counts"]
+__all__ = ["canonical", "click_events", "expected_running_totals", "expected_window_counts"]
 
 PIPELINES = Path(__file__).resolve().parent / "pipelines"
 FAULT_LINE = re.compile(r"fault injection: SIGKILL worker=(\d+) point=([\w-]+)")
@@ -113,7 +113,15 @@ def run_chaos(
     random_kills: int = 0,
     workers: int = 2,
     env: dict[str, str] | None = None,
+    read_output: Callable[[dict[str, str]], Iterable[Any]] | None = None,
 ) -> ChaosRun:
+    """Produce ``records`` clicks, run ``pipeline`` (a file in ``tests/e2e/pipelines``) until
+    idle while SIGKILLing workers, and read what it committed.
+
+    The pipeline sees ``JOB_NAME``, ``CLICKS_TOPIC``, ``OUTPUT_DIR``, ``EOSFLOW_KAFKA_BROKERS``
+    and ``env``. ``read_output(job_env)`` returns the committed output items (default: the JSON
+    lines of the file sink in ``OUTPUT_DIR``); they are compared as :func:`canonical` bytes.
+    """
     run_id = uuid.uuid4().hex[:8]
     job_env = {
         "JOB_NAME": f"chaos-{mode}-{run_id}",
@@ -150,7 +158,8 @@ def run_chaos(
     fired = [
         (int(m.group(1)), m.group(2)) for text in logs.values() for m in FAULT_LINE.finditer(text)
     ]
-    output = Counter(canonical(item) for item in read_jsonl(job_env["OUTPUT_DIR"]))
+    items = read_output(job_env) if read_output else read_jsonl(job_env["OUTPUT_DIR"])
+    output = Counter(canonical(item) for item in items)
     return ChaosRun(result, output, killer.done, fired, logs)
 
 
