@@ -29,7 +29,12 @@ from connectors.config import (
 )
 from connectors.offsets import watermarks
 
-__all__ = ["BrokerCapabilities", "probe_broker", "write_aborted_then_committed"]
+__all__ = [
+    "BrokerCapabilities",
+    "broker_transaction_max_timeout",
+    "probe_broker",
+    "write_aborted_then_committed",
+]
 
 log = logging.getLogger(__name__)
 
@@ -260,6 +265,13 @@ def _time_group_join(
         out[0] = time.monotonic() - start if joined.is_set() else None
     finally:
         consumer.close()
+
+
+def broker_transaction_max_timeout(settings: KafkaSettings, *, timeout: float = 10.0) -> int | None:
+    """The broker's ``transaction.max.timeout.ms``, or ``None`` if it does not report it."""
+    raw_admin = create_admin(admin_config(settings))
+    metadata = raw_admin.list_topics(timeout=timeout)
+    return _transaction_max_timeout(raw_admin, metadata, [])
 
 
 def _transaction_max_timeout(raw_admin: object, metadata: object, notes: list[str]) -> int | None:

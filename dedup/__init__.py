@@ -1,6 +1,11 @@
-"""Record-ID deduplication: record IDs, windowed Bloom filters, the Redis ID store, watermark GC.
+"""Record-ID deduplication.
 
-Reserved for the deduplication milestone (see CHANGELOG.md); nothing is exported yet.
+- :mod:`dedup.staged`: readers of a staged Kafka sink drop re-published repeats
+  (:class:`DedupConsumer`, :class:`StagedDeduplicator`).
+
+Windowed Bloom filters, the Redis ID store and watermark GC join this package later (issue 5).
 """
 
-__all__: list[str] = []
+from dedup.staged import DedupConsumer, StagedDeduplicator
+
+__all__ = ["DedupConsumer", "StagedDeduplicator"]
