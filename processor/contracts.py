@@ -71,7 +71,9 @@ class SinkContext:
         snapshot_url: the job's snapshot store (fsspec URL), a durable place every worker of
             the job can reach; sinks may stage output under it.
         fault: crash-test hook; a sink calls ``fault("mid-sink-recover")`` half-way through
-            ``recover`` so tests can kill it there (a no-op outside tests).
+            ``recover`` and ``fault("mid-sink-commit")`` inside ``commit`` once the output is
+            visible but before its own bookkeeping is done, so tests can kill it there (a
+            no-op outside tests).
     """
 
     job: str

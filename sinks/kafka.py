@@ -38,7 +38,6 @@ import os
 import struct
 import time
 from collections.abc import Callable, Sequence
-from functools import partial
 from typing import Any
 
 import fsspec
@@ -83,7 +82,6 @@ HEADER_ID = "eosflow-id"  # "<subtask>.<generation>.<n>.<seq>": unique per sink
 _MODES = ("transactional", "staged")
 _DEFAULT_TIMEOUT_MS = 60_000
 _MAX_SLOTS = 8
-_RETRIES = 5
 Headers = list[tuple[str, str | bytes | None]]
 
 
@@ -117,6 +115,8 @@ class KafkaSink:
         pool_size: transactional ids per subtask kept ready (2 covers one prepared epoch plus
             the open one; more are used while checkpoints keep failing, up to 8).
         producer_config: extra librdkafka producer settings.
+        commit_timeout_s: how long a commit may keep failing with retriable errors before the
+            epoch is treated as aborted and re-published (after fencing the old producer).
 
     Raises:
         ConfigError: unknown mode, missing prefix, non-callable ``key``, bad pool size.
@@ -134,6 +134,7 @@ class KafkaSink:
         transaction_timeout_ms: int = _DEFAULT_TIMEOUT_MS,
         pool_size: int = 2,
         producer_config: dict[str, Any] | None = None,
+        commit_timeout_s: float = 30.0,
     ) -> None:
         if mode not in _MODES:
             raise ConfigError(f"KafkaSink mode {mode!r} is unknown; expected one of {_MODES}")
@@ -156,6 +157,7 @@ class KafkaSink:
         self.transaction_timeout_ms = int(transaction_timeout_ms)
         self.pool_size = pool_size
         self.producer_config = dict(producer_config or {})
+        self.commit_timeout_s = float(commit_timeout_s)
 
     def __repr__(self) -> str:
         return f"KafkaSink({self.topic!r}, mode={self.mode!r}, prefix={self.prefix!r})"
@@ -322,7 +324,7 @@ class KafkaSinkWriter:
         )
         conf["partitioner"] = "murmur2_random"  # as the Java client: same key, same partition
         producer = create_producer(conf)
-        _retrying(lambda: producer.init_transactions(30), f"init_transactions {self._tid(slot)}")
+        _retrying(producer.init_transactions, f"init_transactions {self._tid(slot)}")
         self.producers[slot] = producer
         return producer
 
@@ -448,7 +450,11 @@ class KafkaSinkWriter:
         if self.busy.get(slot) == tag and slot != self.slot:
             producer = self._producer(slot)
             try:
-                _retrying(lambda: producer.commit_transaction(60), f"commit {self._tid(slot)}")
+                _retrying(
+                    producer.commit_transaction,
+                    f"commit {self._tid(slot)}",
+                    self.sink.commit_timeout_s,
+                )
             except KafkaClientError as exc:
                 # The broker aborted the transaction (timeout) or fenced this producer: rescue.
                 log.warning(
@@ -457,6 +463,7 @@ class KafkaSinkWriter:
                 )  # fmt: skip
                 self._rescue(committable, fresh=True)
             del self.busy[slot]
+            self.ctx.fault("mid-sink-commit")  # committed; the engine has not recorded it yet
             return
         self._rescue(committable, fresh=False)
 
@@ -490,7 +497,7 @@ class KafkaSinkWriter:
                 "retention?); its output cannot be re-published"
             )
         self.errors = []
-        _retrying(producer.begin_transaction, f"begin {self._tid(slot)}")
+        _retrying(lambda _t: producer.begin_transaction(), f"begin {self._tid(slot)}")
         for topic, partition, key, value, headers, ts in records:
             while True:
                 try:
@@ -512,7 +519,9 @@ class KafkaSinkWriter:
         producer.flush(60)
         if self.errors:
             self._raise_delivery(f"re-publishing epoch {tag}")
-        _retrying(lambda: producer.commit_transaction(60), f"commit {self._tid(slot)}")
+        _retrying(
+            producer.commit_transaction, f"commit {self._tid(slot)}", self.sink.commit_timeout_s
+        )
         self.republished += expected
         log.warning(
             "sink=%s subtask=%d re-published epoch=%s records=%d (its transaction had aborted)",
@@ -568,19 +577,21 @@ class KafkaSinkWriter:
         self.producers.clear()
 
 
-def _retrying(call: Callable[[], Any], context: str) -> Any:
-    """Run a producer call, retrying what librdkafka calls retriable; classify the rest."""
+def _retrying(call: Callable[[float], Any], context: str, deadline_s: float = 30.0) -> Any:
+    """Run ``call(timeout)``, retrying what librdkafka calls retriable until ``deadline_s``;
+    classify the rest (connectors.errors is the one place that knows the classes)."""
+    deadline = time.monotonic() + deadline_s
     delay = 0.1
-    for attempt in range(_RETRIES + 1):
+    while True:
+        left = deadline - time.monotonic()
         try:
-            return call()
+            return call(max(0.1, min(10.0, left)))
         except KafkaException as exc:
-            if error_class(exc) is ErrorClass.RETRIABLE and attempt < _RETRIES:
+            if error_class(exc) is ErrorClass.RETRIABLE and time.monotonic() + delay < deadline:
                 time.sleep(delay)
                 delay = min(2.0, delay * 2)
                 continue
             raise classify(exc, context=context) from exc
-    raise AssertionError("unreachable")
 
 
 def _read_range(
@@ -656,7 +667,7 @@ def abort_lingering(settings: KafkaSettings, prefix: str, step: str, subtasks: i
     for subtask in range(subtasks):
         for tid in transactional_ids(prefix, step, subtask, _MAX_SLOTS):
             producer = create_producer(producer_config(settings, transactional_id=tid))
-            _retrying(partial(producer.init_transactions, 30), f"init_transactions {tid}")
+            _retrying(producer.init_transactions, f"init_transactions {tid}")
             producer.flush(5)
             done.append(tid)
     return done
@@ -779,6 +790,7 @@ class StagedKafkaSinkWriter:
                 retriable=True,
             )
         self.published += int(committable["count"])
+        self.ctx.fault("mid-sink-commit")  # published, not yet cleaned up: recovery repeats it
         self.fs.rm(name)
 
     def recover(self, pending: Sequence[tuple[int, Any]]) -> None:

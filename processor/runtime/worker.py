@@ -40,6 +40,7 @@ FAULT_POINTS = (
     "after-completion-before-commit",
     "during-recovery",
     "mid-sink-recover",
+    "mid-sink-commit",
 )
 _STATS_EVERY_S = 1.0
 

@@ -155,7 +155,12 @@ def test_a_transaction_aborted_by_the_broker_is_rescued_at_commit(
 ) -> None:
     """The broker aborts the pending transaction: here by fencing its transactional id (what a
     transaction timeout does too; the timeout itself is exercised by the next test)."""
-    sink = KafkaSink(output, transactional_id_prefix=f"p-{output}", settings=kafka_settings)
+    sink = KafkaSink(
+        output,
+        transactional_id_prefix=f"p-{output}",
+        settings=kafka_settings,
+        commit_timeout_s=5,  # a fenced commit on Tansu times out instead of failing at once
+    )
     writer = sink.open(_ctx(output))
     writer.recover([])
     writer.write([{"n": i} for i in range(300)])

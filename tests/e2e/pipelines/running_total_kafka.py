@@ -1,0 +1,44 @@
+"""Crash-test pipeline: the running total with CPU work per click, into a Kafka topic.
+
+Environment: ``OUTPUT_TOPIC`` (must exist), ``SINK_MODE`` (``transactional`` | ``staged``),
+``TXN_PREFIX`` (transactional ids), ``WORK_US`` (spin per record, default 100).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from connectors.serde import JsonSerde
+from processor.dataflow import Dataflow
+from sinks.kafka import KafkaSink
+
+WORK_S = int(os.environ.get("WORK_US", "100")) / 1e6
+
+
+def work(click: Any) -> Any:
+    end = time.perf_counter() + WORK_S
+    while time.perf_counter() < end:
+        pass
+    return click
+
+
+flow = Dataflow(os.environ["JOB_NAME"])
+(
+    flow.source(
+        "clicks", os.environ["CLICKS_TOPIC"], serde=JsonSerde(), timestamp=lambda c: c["ts_ms"]
+    )
+    .map("work", work)
+    .key_by("by-user", lambda c: c["user"])
+    .aggregate("totals", init=lambda: (0, 0), add=lambda a, c: (a[0] + 1, a[1] + c["amount"]))
+    .sink(
+        "out",
+        KafkaSink(
+            os.environ["OUTPUT_TOPIC"],
+            mode=os.environ.get("SINK_MODE", "transactional"),
+            transactional_id_prefix=os.environ.get("TXN_PREFIX"),
+            commit_timeout_s=5,
+        ),
+    )
+)
