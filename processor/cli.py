@@ -25,6 +25,7 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from processor import __version__
 from processor.embedded import ENV_VARS, SERVICES, DevCluster, servers, state_file
@@ -205,6 +206,88 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _kafka_sinks(pipeline: str) -> tuple[str, list[Any]]:
+    """The job name and the transactional Kafka sink steps of a pipeline file."""
+    from processor.runtime.pipeline import load_flow
+
+    flow = load_flow(pipeline)
+    steps = [
+        s
+        for s in flow.steps.values()
+        if s.kind == "sink" and getattr(s.params["sink"], "mode", None) == "transactional"
+    ]
+    return flow.name, steps
+
+
+def _txn_list(args: argparse.Namespace) -> int:
+    from connectors import KafkaSettings
+    from processor.runtime.local import job_dir
+    from processor.snapshot.store import SnapshotStore
+    from sinks.kafka import read_transaction_markers, transactional_ids
+
+    job, steps = _kafka_sinks(args.pipeline)
+    if not steps:
+        print(f"{args.pipeline}: no transactional Kafka sink", file=sys.stderr)
+        return 1
+    settings = KafkaSettings.from_env()
+    store = SnapshotStore((job_dir(job) / "checkpoints").resolve().as_uri())
+    latest = store.latest_completed(job)
+    for step in steps:
+        sink = step.params["sink"]
+        print(f"sink {step.name!r} of job {job!r} -> topic {sink.topic!r}")
+        for subtask in range(args.workers):
+            ids = transactional_ids(sink.prefix, step.name, subtask, sink.pool_size)
+            print(f"  subtask {subtask}: transactional ids {', '.join(ids)} (+ spare slots)")
+        markers = read_transaction_markers(settings, job, step.name)
+        print(f"  {len(markers)} commit markers (last {min(len(markers), args.last)}):")
+        for m in markers[-args.last :]:
+            again = " re-published" if m.get("republished") else ""
+            print(
+                f"    subtask {m.get('subtask', '?')} epoch {m['epoch']} "
+                f"checkpoint {m.get('checkpoint', '?')} records {m.get('count')}{again}"
+            )
+        if latest is None:
+            print("  no completed checkpoint: nothing pending")
+            continue
+        for task, handle in sorted(latest.tasks.items()):
+            state = store.read_task_snapshot(handle)
+            for chk, c in state.get("sinks", {}).get(step.name, []):
+                print(
+                    f"  pending in checkpoint {latest.checkpoint_id}: task {task} epoch "
+                    f"{c['epoch']} (checkpoint {chk}) on {c['tid']}, {c['count']} records; "
+                    "committed or re-published when the job next starts"
+                )
+    return 0
+
+
+def _txn_abort(args: argparse.Namespace) -> int:
+    from connectors import KafkaSettings
+    from processor.runtime.local import job_dir
+    from sinks.kafka import abort_lingering
+
+    job, steps = _kafka_sinks(args.pipeline)
+    status_path = job_dir(job) / "status.json"
+    if status_path.exists() and not args.force:
+        status = json.loads(status_path.read_text())
+        if status["state"] == "running" and _pid_alive(int(status["pid"])):
+            print(
+                f"job {job!r} is running (pid {status['pid']}): aborting its transactions would "
+                "fence its producers and force a recovery. Stop it first, or pass --force",
+                file=sys.stderr,
+            )
+            return 1
+    settings = KafkaSettings.from_env()
+    for step in steps:
+        sink = step.params["sink"]
+        done = abort_lingering(settings, sink.prefix, step.name, args.workers)
+        print(f"sink {step.name!r}: fenced {len(done)} transactional ids (open ones aborted)")
+    print(
+        "Pending epochs of the last checkpoint are re-published from the log when the job "
+        "next starts (their records stay in the partitions until retention deletes them)."
+    )
+    return 0
+
+
 def _status(args: argparse.Namespace) -> int:
     from processor.runtime.local import jobs_dir
 
@@ -314,6 +397,21 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("job", nargs="?", help="job name (default: the most recent)")
     status.add_argument("--json", action="store_true")
     status.set_defaults(func=_status)
+
+    txn = sub.add_parser("txn", help="transactions of a pipeline's Kafka sinks")
+    txn_sub = txn.add_subparsers(dest="txn_command", required=True)
+    for name, func, text in (
+        ("list", _txn_list, "transactional ids, commit markers and pending epochs"),
+        ("abort", _txn_abort, "abort open transactions of the id pool (job stopped)"),
+    ):
+        cmd = txn_sub.add_parser(name, help=text)
+        cmd.add_argument("pipeline", help="the pipeline file of the job")
+        cmd.add_argument("--workers", type=int, default=2, help="the job's parallelism")
+        if name == "list":
+            cmd.add_argument("--last", type=int, default=20, help="markers to show")
+        else:
+            cmd.add_argument("--force", action="store_true", help="even if the job runs")
+        cmd.set_defaults(func=func)
 
     sub.add_parser("version", help="print the version").set_defaults(
         func=lambda _a: print(f"eosflow {__version__}") or 0

@@ -38,6 +38,7 @@ import os
 import struct
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import fsspec
@@ -312,8 +313,12 @@ class KafkaSinkWriter:
     def _producer(self, slot: int, *, fresh: bool = False) -> Producer:
         """The producer of ``slot``; ``fresh``: a new instance (fences and aborts the old one)."""
         producer = self.producers.get(slot)
-        if producer is not None and not fresh:
-            return producer
+        if producer is None or fresh:
+            producer = self.producers[slot] = self._new_producer(slot)
+        return producer
+
+    def _new_producer(self, slot: int) -> Producer:
+        """A producer for ``slot``, initialized: its id's open transaction is aborted."""
         conf = producer_config(
             self.settings,
             transactional_id=self._tid(slot),
@@ -325,7 +330,6 @@ class KafkaSinkWriter:
         conf["partitioner"] = "murmur2_random"  # as the Java client: same key, same partition
         producer = create_producer(conf)
         _retrying(producer.init_transactions, f"init_transactions {self._tid(slot)}")
-        self.producers[slot] = producer
         return producer
 
     def _free_slot(self) -> int:
@@ -468,10 +472,21 @@ class KafkaSinkWriter:
         self._rescue(committable, fresh=False)
 
     def recover(self, pending: Sequence[tuple[int, Any]]) -> None:
-        """Abort whatever the pool's ids left open, then publish every pending epoch once."""
-        slots = max([self.sink.pool_size - 1, *(int(c["slot"]) for _chk, c in pending)], default=0)
-        for slot in range(slots + 1):
-            self._producer(slot, fresh=True)  # init_transactions aborts a lingering transaction
+        """Abort whatever the pool's ids left open, then publish every pending epoch once.
+
+        Every id of the pool (all :data:`_MAX_SLOTS`) is initialized, in parallel: a crash
+        during a streak of failed checkpoints can leave a transaction open on a high slot, and
+        an open transaction holds back every ``read_committed`` reader of its partitions.
+        """
+        keep = {*range(self.sink.pool_size), *(int(c["slot"]) for _chk, c in pending)}
+        self.producers.clear()
+        with ThreadPoolExecutor(_MAX_SLOTS, thread_name_prefix="txn-init") as pool:
+            fresh = dict(
+                zip(range(_MAX_SLOTS), pool.map(self._new_producer, range(_MAX_SLOTS)), strict=True)
+            )
+        for slot, producer in fresh.items():
+            if slot in keep:
+                self.producers[slot] = producer
         for i, (chk, committable) in enumerate(pending):
             self._rescue(committable, fresh=False)
             log.info(
