@@ -28,8 +28,7 @@ __all__ = ["DedupConsumer", "StagedDeduplicator", "record_order"]
 log = logging.getLogger(__name__)
 
 _SINK = "eosflow-sink"
-_SUBTASK = "eosflow-subtask"
-_ID = "eosflow-id"
+_ID = "eosflow-id"  # "<subtask>.<generation>.<n>.<seq>"
 
 
 def record_order(record_id: bytes | str) -> tuple[int, int, int]:
@@ -57,19 +56,18 @@ class StagedDeduplicator:
 
     def accept(self, topic: Any, partition: Any, headers: Any) -> bool:
         """Whether a record with these headers is new (and remember it)."""
-        sink = subtask = record_id = None
+        sink = record_id = None
         for name, value in headers or ():
             if name == _ID:
-                record_id = value
+                record_id = _text(value)
             elif name == _SINK:
                 sink = value
-            elif name == _SUBTASK:
-                subtask = value
-        if record_id is None or sink is None or subtask is None:
+        if record_id is None or sink is None:
             self.foreign += 1
             return True
-        producer = f"{_text(sink)}|{_text(subtask)}|{topic}|{partition}"
-        order = record_order(record_id)
+        subtask, generation, n, seq = record_id.split(".")
+        producer = f"{_text(sink)}|{subtask}|{topic}|{partition}"
+        order = (int(generation), int(n), int(seq))
         high = self.high.get(producer)
         if high is not None and order <= high:
             self.dropped += 1

@@ -3,10 +3,12 @@
 Transactional mode (DESIGN.md, "Sinks: two-phase commit")
     Each sink subtask owns a small pool of stable ``transactional.id``\\ s,
     ``<prefix>-<step>-<subtask>-<slot>``. An epoch's records go into one transaction on a free
-    slot, each with the headers :data:`HEADER_SINK`, :data:`HEADER_SUBTASK`, :data:`HEADER_EPOCH`
-    and :data:`HEADER_ID`. ``prepare`` writes a *marker* record for the epoch into the same
-    transaction (topic ``eosflow.<job>.<step>.txn-markers``, partition = subtask), flushes, and
-    returns the committable: the transactional id, the epoch tag, the record count, the offset
+    slot, each with two headers: :data:`HEADER_SINK` and :data:`HEADER_ID`, which names the sink
+    subtask, the epoch and the record's place in it (two headers, not four: headers are the
+    largest per-record cost of producing from Python, see bench/RESULTS.md). ``prepare`` writes
+    a *marker* record for the epoch into the same transaction (topic
+    ``eosflow.<job>.<step>.txn-markers``, partition = subtask), flushes, and returns the
+    committable: the transactional id, the epoch tag, the record count, the offset
     range the transaction wrote in every partition and the marker's offset. ``commit`` commits
     the transaction. While it is prepared, the next epoch writes on another slot.
 
@@ -77,9 +79,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 HEADER_SINK = "eosflow-sink"  # "<job>/<step>"
-HEADER_SUBTASK = "eosflow-subtask"
-HEADER_EPOCH = "eosflow-epoch"  # "<generation>.<n>"
 HEADER_ID = "eosflow-id"  # "<subtask>.<generation>.<n>.<seq>": unique per sink
+HEADER_SUBTASK = "eosflow-subtask"  # on commit markers
+HEADER_EPOCH = "eosflow-epoch"  # on commit markers: "<generation>.<n>"
 _MODES = ("transactional", "staged")
 _DEFAULT_TIMEOUT_MS = 60_000
 _MAX_SLOTS = 8
@@ -379,16 +381,12 @@ class KafkaSinkWriter:
             return
         producer = self._producer(self.slot) if self.slot is not None else self._begin()
         topic, encode, delivered = self.sink.topic, self.encode, self._delivered
-        base: Headers = [
-            (HEADER_SINK, self.sink_id),
-            (HEADER_SUBTASK, self.subtask_b),
-            (HEADER_EPOCH, self.tag.encode()),
-        ]
+        sink_header = (HEADER_SINK, self.sink_id)
         id_prefix = f"{self.ctx.subtask}.{self.tag}."
         seq = self.seq
         for item in values:
             key, value = encode(item)
-            headers = [*base, (HEADER_ID, f"{id_prefix}{seq}".encode())]
+            headers: Headers = [sink_header, (HEADER_ID, f"{id_prefix}{seq}".encode())]
             seq += 1
             while True:
                 try:
@@ -553,7 +551,7 @@ class KafkaSinkWriter:
         tag = str(committable["epoch"]).encode()
         for msg in _read_range(
             self.settings, topic, int(partition), int(offset), None, read_committed=True
-        ):
+        ):  # markers carry (sink, subtask, epoch) headers
             headers = dict(msg.headers() or [])
             if (
                 headers.get(HEADER_EPOCH) == tag
@@ -564,7 +562,7 @@ class KafkaSinkWriter:
         return False
 
     def _read_epoch(self, committable: Any) -> list[tuple[str, int, Any, Any, Any, int]]:
-        tag = str(committable["epoch"]).encode()
+        prefix = f"{self.ctx.subtask}.{committable['epoch']}.".encode()
         out = []
         for topic, partition, lo, hi in committable["ranges"]:
             for msg in _read_range(
@@ -572,9 +570,10 @@ class KafkaSinkWriter:
             ):
                 headers = msg.headers() or []
                 h = dict(headers)
+                record_id = h.get(HEADER_ID)
                 if (
-                    h.get(HEADER_EPOCH) == tag
-                    and h.get(HEADER_SUBTASK) == self.subtask_b
+                    record_id is not None
+                    and record_id.startswith(prefix)
                     and h.get(HEADER_SINK) == self.sink_id
                 ):
                     _ts_type, ts = msg.timestamp()
@@ -778,15 +777,11 @@ class StagedKafkaSinkWriter:
                 producer_config(self.settings, overrides=self.sink.producer_config)
             )
         producer, topic = self.producer, self.sink.topic
-        base: Headers = [
-            (HEADER_SINK, f"{self.ctx.job}/{self.ctx.step}".encode()),
-            (HEADER_SUBTASK, str(self.ctx.subtask).encode()),
-            (HEADER_EPOCH, tag.encode()),
-        ]
+        sink_header = (HEADER_SINK, f"{self.ctx.job}/{self.ctx.step}".encode())
         id_prefix = f"{self.ctx.subtask}.{tag}."
         self.errors = []
         for seq, (partition, key, value) in enumerate(self._load(name)):
-            headers = [*base, (HEADER_ID, f"{id_prefix}{seq}".encode())]
+            headers: Headers = [sink_header, (HEADER_ID, f"{id_prefix}{seq}".encode())]
             while True:
                 try:
                     producer.produce(
