@@ -7,12 +7,25 @@ after a restart.
 
 - :class:`FileSink`: JSON lines or raw lines in part files, renamed into place atomically on
   commit. :func:`read_committed_lines` and :func:`read_jsonl` read what was committed.
+  Avro container files with ``format="avro"`` (:func:`read_avro`).
+- :class:`KafkaSink`: transactional (``read_committed`` readers see each record once) or staged
+  (readers drop re-published repeats with :class:`dedup.DedupConsumer`); docs/sinks.md.
 - :class:`ConsoleSink`: prints on commit; for development (a terminal is not transactional).
 
-Transactional Kafka, PostgreSQL, Redis and dead-letter sinks join this package later.
+``sinks.postgres.PostgresSink`` and ``sinks.redis_sink.RedisSink`` are imported from their
+modules (their client libraries load only when used).
 """
 
 from sinks.console import ConsoleSink
-from sinks.files import FileSink, read_committed_lines, read_jsonl
+from sinks.files import FileSink, read_avro, read_committed, read_committed_lines, read_jsonl
+from sinks.kafka import KafkaSink
 
-__all__ = ["ConsoleSink", "FileSink", "read_committed_lines", "read_jsonl"]
+__all__ = [
+    "ConsoleSink",
+    "FileSink",
+    "KafkaSink",
+    "read_avro",
+    "read_committed",
+    "read_committed_lines",
+    "read_jsonl",
+]

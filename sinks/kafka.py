@@ -548,9 +548,29 @@ class KafkaSinkWriter:
     def _committed(self, committable: Any) -> bool:
         """Whether a committed marker of the epoch exists at or after the recorded marker."""
         topic, partition, offset = committable["marker"]
+        try:
+            found = self._marker_in(committable, read_committed=True)
+        except _StalledRead:
+            # Every id of this subtask's pool was fenced, so nothing of ours is open: a last
+            # stable offset stuck below the marker is a broker fault. Seen on Tansu after
+            # crashes, whose read_committed shows aborted records anyway, so reading
+            # uncommitted answers what its readers see.
+            log.warning(
+                "sink=%s subtask=%d: the last stable offset of %s[%s] does not advance past "
+                "%s although this subtask's transactional ids are fenced; deciding on "
+                "read_uncommitted (right for brokers whose read_committed shows aborted "
+                "records, such as Tansu; on Apache Kafka this means another producer holds an "
+                "open transaction in the marker topic)",
+                self.ctx.step, self.ctx.subtask, topic, partition, offset,
+            )  # fmt: skip
+            found = self._marker_in(committable, read_committed=False)
+        return found
+
+    def _marker_in(self, committable: Any, *, read_committed: bool) -> bool:
+        topic, partition, offset = committable["marker"]
         tag = str(committable["epoch"]).encode()
         for msg in _read_range(
-            self.settings, topic, int(partition), int(offset), None, read_committed=True
+            self.settings, topic, int(partition), int(offset), None, read_committed=read_committed
         ):  # markers carry (sink, subtask, epoch) headers
             headers = dict(msg.headers() or [])
             if (
@@ -608,6 +628,10 @@ def _retrying(call: Callable[[float], Any], context: str, deadline_s: float = 30
             raise classify(exc, context=context) from exc
 
 
+class _StalledRead(KafkaClientError):
+    """A read to the end delivered nothing, not even the end of the partition, for a while."""
+
+
 def _read_range(
     settings: KafkaSettings,
     topic: str,
@@ -617,6 +641,7 @@ def _read_range(
     *,
     read_committed: bool,
     timeout: float = 30.0,
+    stall_s: float = 5.0,
 ) -> list[Any]:
     """Records of ``topic[partition]`` from ``start`` to ``end`` (exclusive; ``None``: to the
     end a reader of that isolation level can reach)."""
@@ -631,8 +656,18 @@ def _read_range(
     try:
         consumer.assign([TopicPartition(topic, partition, start)])
         deadline = time.monotonic() + timeout
+        last_progress = time.monotonic()
         while time.monotonic() < deadline:
-            for msg in consumer.consume(1000, 0.2):
+            msgs = consumer.consume(1000, 0.2)
+            if msgs:
+                last_progress = time.monotonic()
+            elif end is None and time.monotonic() - last_progress > stall_s:
+                raise _StalledRead(
+                    f"reading {topic}[{partition}] from {start}: no record and no end of "
+                    f"partition for {stall_s}s",
+                    retriable=True,
+                )
+            for msg in msgs:
                 err = msg.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
