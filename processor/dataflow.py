@@ -21,6 +21,12 @@ values are what the user functions return. Aggregations emit ``(key, result)`` r
 
 Values that cross a shuffle (the input of a keyed aggregation) are encoded with orjson: they must
 be JSON-like (dict, list, str, int, float, bool, None); tuples come back as lists.
+
+Bad records are data, not crashes: with ``Dataflow(name, dead_letters=sink)`` (or
+``flow.dead_letters(sink)``), a record that fails to decode, or whose user function raises, goes to
+that sink with the cause and where it came from, inside the same epoch as everything else
+(docs/engine.md, "Dead letters"). Without one, undecodable records are counted, logged and skipped,
+and a user function that raises fails the job.
 """
 
 from __future__ import annotations
@@ -34,9 +40,11 @@ from typing import Any
 from processor.contracts import Serde, Sink
 from processor.errors import DefinitionError
 
-__all__ = ["Dataflow", "KeyedStream", "Sliding", "Step", "Stream", "Tumbling"]
+__all__ = ["DEAD_LETTERS", "Dataflow", "KeyedStream", "Sliding", "Step", "Stream", "Tumbling"]
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}\Z")
+#: The step name of the dead-letter destination (reserved: no step may use it).
+DEAD_LETTERS = "dead-letters"
 
 
 def _ms(what: str, value: timedelta) -> int:
@@ -104,9 +112,15 @@ class Step:
 
 
 class Dataflow:
-    """A graph of named steps. Build it with :meth:`source` and the stream methods."""
+    """A graph of named steps. Build it with :meth:`source` and the stream methods.
 
-    def __init__(self, name: str) -> None:
+    Args:
+        name: the job name (kebab-case; it names topics and checkpoint directories).
+        dead_letters: where records that fail to decode or whose user function raises go (see
+            :meth:`dead_letters`); ``None``: they are skipped (decode) or fail the job (function).
+    """
+
+    def __init__(self, name: str, *, dead_letters: Sink | None = None) -> None:
         if not isinstance(name, str) or not _NAME.match(name):
             raise DefinitionError(
                 f"dataflow name {name!r} is not valid: use lowercase letters, digits and '-', "
@@ -115,15 +129,50 @@ class Dataflow:
             )
         self.name = name
         self.steps: dict[str, Step] = {}
+        self.dead_letter_sink: Sink | None = None
+        if dead_letters is not None:
+            self.dead_letters(dead_letters)
 
     def __repr__(self) -> str:
         return f"Dataflow({self.name!r}, steps={list(self.steps)})"
+
+    def dead_letters(self, sink: Sink) -> None:
+        """Route bad records to ``sink``: records whose value fails to decode, and records for
+        which a user function raises (``map``, ``filter``, ``flat_map``, ``key_by``, a source's
+        ``timestamp``, an aggregation's ``init``/``add``/``merge``/``reduce`` function).
+
+        Each goes to ``sink`` as one dict ``{"step", "task", "error_type", "cause", "topic",
+        "partition", "offset", "key", "value", "ts_ms"}`` (undecodable bytes as ``value_b64``,
+        plus ``value_utf8`` when they are UTF-8), written in the epoch that read the record and
+        committed with it: exactly once, like any sink's output. Every task of the job opens its
+        own writer (step ``dead-letters``; see docs/engine.md, "Dead letters").
+
+        Raises:
+            DefinitionError: ``sink`` is not a :class:`~processor.contracts.Sink`, or the
+                dataflow already has a dead-letter destination.
+        """
+        if not isinstance(sink, Sink):
+            raise DefinitionError(
+                f"dataflow {self.name!r}: dead-letter destination {sink!r} does not implement "
+                "processor.contracts.Sink (use one of eosflow's sinks, e.g. sinks.FileSink)"
+            )
+        if self.dead_letter_sink is not None:
+            raise DefinitionError(
+                f"dataflow {self.name!r} already sends dead letters to "
+                f"{self.dead_letter_sink!r}: give one dead-letter destination"
+            )
+        self.dead_letter_sink = sink
 
     def _add(self, step: Step) -> Step:
         if not isinstance(step.name, str) or not _NAME.match(step.name):
             raise DefinitionError(
                 f"step name {step.name!r} is not valid: use lowercase kebab-case (letters, "
                 "digits, '-'), at most 63 characters; names key the state in snapshots"
+            )
+        if step.name == DEAD_LETTERS:
+            raise DefinitionError(
+                f"step name {DEAD_LETTERS!r} is reserved for the dataflow's dead-letter "
+                "destination (its writers' state is kept under that name): choose another name"
             )
         if step.name in self.steps:
             raise DefinitionError(

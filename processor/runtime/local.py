@@ -327,12 +327,20 @@ class LocalRunner:
 
     def _preflight(self) -> None:
         """Sinks check their configuration once, before any worker starts (no restart loop)."""
+        flow = self.plan.flow
+        sinks = [s.params["sink"] for s in flow.steps.values() if s.kind == "sink"]
+        if flow.dead_letter_sink is not None:
+            sinks.append(flow.dead_letter_sink)
+        else:
+            log.warning(
+                "job=%s has no dead-letter destination: records that fail to decode are "
+                "counted, logged and skipped, and a user function that raises fails the job; "
+                "give Dataflow(..., dead_letters=<sink>) to keep them",
+                self.job,
+            )
         with _environment(self.options.environ):
-            for step in self.plan.flow.steps.values():
-                if step.kind == "sink":
-                    preflight_sink(
-                        step.params["sink"], job=self.job, checkpoint_interval=self._interval()
-                    )
+            for sink in sinks:
+                preflight_sink(sink, job=self.job, checkpoint_interval=self._interval())
 
     def run(self) -> RunResult:
         self._preflight()
@@ -517,6 +525,15 @@ class LocalRunner:
                 out += int(st["sunk"])
         return rin, out, lag
 
+    def _bad_counts(self) -> tuple[int, int]:
+        """Dead letters routed and bad records skipped, over every task of this generation."""
+        dead = bad = 0
+        for w in self.workers:
+            for st in w.stats.values():
+                dead += int(st.get("dead", 0))
+                bad += int(st.get("bad", 0))
+        return dead, bad
+
     def _say(self, text: str) -> None:
         if self.options.progress is not None:
             elapsed = time.monotonic() - self._started
@@ -533,6 +550,8 @@ class LocalRunner:
         self._last_in = (now, rin)
         st = self.coordinator.stats
         lag_text = f" lag={lag:,}" if self.options.until_idle else ""
+        dead, bad = self._bad_counts()
+        lag_text += (f" dead={dead:,}" if dead else "") + (f" skipped={bad:,}" if bad else "")
         self._say(
             f"gen={self.generation} in={rin:,} ({rate:,.0f}/s) out={out:,}{lag_text} "
             f"checkpoint={st.last_completed} ({st.last_duration_s * 1000:.0f} ms) "
@@ -542,6 +561,7 @@ class LocalRunner:
 
     def _status(self, state: str) -> None:
         rin, out, lag = self._counters()
+        dead, bad = self._bad_counts()
         st = self.coordinator.stats
         status = {
             "job": self.job,
@@ -569,6 +589,8 @@ class LocalRunner:
             "records_in": rin,
             "records_out": out,
             "source_lag": lag,
+            "dead_letters": dead,
+            "bad_records_skipped": bad,
             "tasks": {k: v for w in self.workers for k, v in w.stats.items()},
             "snapshot_url": self.store.url,
         }

@@ -4,24 +4,35 @@ A record is ``(key, value, ts_ms)`` (``key`` is ``None`` on unkeyed streams). Ev
 takes a batch and returns the batch it emits; the task pushes that into the operator's children
 (fusion is just this call chain). Stateful operators implement ``snapshot``/``restore``.
 
+Failing user functions: every operator runs its batch as one comprehension or loop, as fast as
+Python allows. Only when a user function raises and the task gave the operator an ``on_error``
+handler (the dataflow has a dead-letter destination) does it fall back to a per-record loop that
+hands each failing record to the handler and keeps the others. Without a handler the exception
+propagates unchanged (the task fails). Stateless operators re-run the whole batch in the slow path
+(user functions are deterministic); stateful ones resume after the failing record, never applying
+a record twice, and apply each record atomically (all of its windows or none).
+
 Invariants:
     ``snapshot()`` returns a value the task may serialize later, on another thread, while the
     operator keeps running: it copies the operator's containers, and accumulators are treated as
     immutable values (``add``/``merge`` return new values; the built-in ones do).
     Processing is deterministic for a given input sequence per channel and watermark sequence.
+    With an ``on_error`` handler, ``process`` returns what it would return for the batch without
+    the failing records, and the state is what those records alone would have made it.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeAlias
 
 from processor.dataflow import Sliding, Step
 
 __all__ = [
     "Aggregate",
     "Combiner",
+    "ErrorHandler",
     "Filter",
     "FlatMap",
     "KeyBy",
@@ -42,10 +53,22 @@ MIN_WATERMARK = -(2**63)
 MAX_WATERMARK = 2**63 - 1
 
 
+#: ``handler(operator, batch, index, exc)``: ``batch[index]`` made a user function raise ``exc``.
+ErrorHandler: TypeAlias = "Callable[[Operator, list[Record], int, Exception], None]"
+
+
 class Operator:
-    """Base: a stateless pass-through (``union``)."""
+    """Base: a stateless pass-through (``union``).
+
+    Attributes:
+        keeps_index: output record ``i`` comes from input record ``i`` whenever no record of the
+            batch failed (the task uses it to find where a failing record came from).
+        on_error: the dead-letter handler, or ``None``: a failing user function raises.
+    """
 
     stateful = False
+    keeps_index = True
+    on_error: ErrorHandler | None = None
 
     def __init__(self, step: Step) -> None:
         self.name = step.name
@@ -54,6 +77,21 @@ class Operator:
 
     def process(self, batch: list[Record]) -> list[Record]:
         return batch
+
+    def _per_record(
+        self, batch: list[Record], apply: Callable[[Record], list[Record]], start: int = 0
+    ) -> list[Record]:
+        """The slow path: ``apply`` each record from ``start`` on; a record whose ``apply``
+        raises goes to the handler. ``apply`` must change state only when it returns."""
+        handler = self.on_error
+        assert handler is not None
+        out: list[Record] = []
+        for i in range(start, len(batch)):
+            try:
+                out += apply(batch[i])
+            except Exception as exc:
+                handler(self, batch, i, exc)
+        return out
 
     def on_watermark(self, watermark: int) -> list[Record]:
         """Event time reached ``watermark``: what fires."""
@@ -74,49 +112,79 @@ Passthrough = Operator
 
 
 class Map(Operator):
+    keeps_index = True
+
     def __init__(self, step: Step) -> None:
         super().__init__(step)
         self.fn: Callable[[Any], Any] = step.params["fn"]
 
     def process(self, batch: list[Record]) -> list[Record]:
         fn = self.fn
-        return [(k, fn(v), t) for k, v, t in batch]
+        try:
+            return [(k, fn(v), t) for k, v, t in batch]
+        except Exception:
+            if self.on_error is None:
+                raise
+        return self._per_record(batch, lambda r: [(r[0], fn(r[1]), r[2])])
 
 
 class Filter(Operator):
+    keeps_index = False
+
     def __init__(self, step: Step) -> None:
         super().__init__(step)
         self.fn: Callable[[Any], bool] = step.params["fn"]
 
     def process(self, batch: list[Record]) -> list[Record]:
         fn = self.fn
-        return [r for r in batch if fn(r[1])]
+        try:
+            return [r for r in batch if fn(r[1])]
+        except Exception:
+            if self.on_error is None:
+                raise
+        return self._per_record(batch, lambda r: [r] if fn(r[1]) else [])
 
 
 class FlatMap(Operator):
+    keeps_index = False
+
     def __init__(self, step: Step) -> None:
         super().__init__(step)
         self.fn: Callable[[Any], Any] = step.params["fn"]
 
     def process(self, batch: list[Record]) -> list[Record]:
         fn = self.fn
-        return [(k, out, t) for k, v, t in batch for out in fn(v)]
+        try:
+            return [(k, out, t) for k, v, t in batch for out in fn(v)]
+        except Exception:
+            if self.on_error is None:
+                raise
+        # A generator may raise half-way: a record's outputs are collected before any is kept.
+        return self._per_record(batch, lambda r: [(r[0], out, r[2]) for out in fn(r[1])])
 
 
 class KeyBy(Operator):
+    keeps_index = True
+
     def __init__(self, step: Step) -> None:
         super().__init__(step)
         self.fn: Callable[[Any], Any] = step.params["fn"]
 
     def process(self, batch: list[Record]) -> list[Record]:
         fn = self.fn
-        return [(fn(v), v, t) for _k, v, t in batch]
+        try:
+            return [(fn(v), v, t) for _k, v, t in batch]
+        except Exception:
+            if self.on_error is None:
+                raise
+        return self._per_record(batch, lambda r: [(fn(r[1]), r[1], r[2])])
 
 
 class Aggregate(Operator):
     """Unwindowed keyed aggregation: emits the running result after every record."""
 
     stateful = True
+    keeps_index = True
 
     def __init__(self, step: Step) -> None:
         super().__init__(step)
@@ -128,11 +196,27 @@ class Aggregate(Operator):
         state, add, init = self.state, self.add, self.init
         out: list[Record] = []
         append = out.append
-        for k, v, t in batch:
-            acc = add(state[k] if k in state else init(), v)
-            state[k] = acc
-            append((k, acc, t))
-        return out
+        try:
+            for k, v, t in batch:
+                acc = add(state[k] if k in state else init(), v)
+                state[k] = acc
+                append((k, acc, t))
+            return out
+        except Exception as exc:
+            if self.on_error is None:
+                raise
+            # One output per input so far: the failing record is batch[len(out)]; the ones
+            # before it are applied and must not be applied again.
+            failed = len(out)
+            self.on_error(self, batch, failed, exc)
+        return out + self._per_record(batch, self._apply, failed + 1)
+
+    def _apply(self, record: Record) -> list[Record]:
+        k, v, t = record
+        state = self.state
+        acc = self.add(state[k] if k in state else self.init(), v)
+        state[k] = acc
+        return [(k, acc, t)]
 
     def snapshot(self) -> Any:
         return dict(self.state)
@@ -157,6 +241,7 @@ class WindowedAggregate(Operator):
     """
 
     stateful = True
+    keeps_index = False
 
     def __init__(self, step: Step, *, merged_input: bool = False) -> None:
         super().__init__(step)
@@ -183,20 +268,52 @@ class WindowedAggregate(Operator):
         return bucket
 
     def process(self, batch: list[Record]) -> list[Record]:
+        i = 0  # the record being applied (read by the except clause: where to resume)
+        try:
+            if self.merged_input:
+                merge = self.merge
+                assert merge is not None
+                for i, (k, (start, partial), _t) in enumerate(batch):  # noqa: B007
+                    bucket = self._open(start)
+                    if bucket is not None:
+                        bucket[k] = merge(bucket[k], partial) if k in bucket else partial
+            elif self.size == self.window.slide_ms:  # tumbling: one window, atomic per record
+                add, init, size = self.add, self.init, self.size
+                for i, (k, v, t) in enumerate(batch):  # noqa: B007
+                    bucket = self._open(t - t % size)
+                    if bucket is not None:
+                        bucket[k] = add(bucket[k] if k in bucket else init(), v)
+            else:
+                apply = self._apply
+                for i, record in enumerate(batch):  # noqa: B007
+                    apply(record)
+            return []
+        except Exception as exc:
+            if self.on_error is None:
+                raise
+            self.on_error(self, batch, i, exc)  # batch[:i] are applied: resume after i
+        self._per_record(batch, self._apply, i + 1)
+        return []
+
+    def _apply(self, record: Record) -> list[Record]:
+        """One record, all of its windows or none (an ``add`` may fail for one window only)."""
+        k, v, t = record
         if self.merged_input:
             merge = self.merge
             assert merge is not None
-            for k, (start, partial), _t in batch:
-                bucket = self._open(start)
-                if bucket is not None:
-                    bucket[k] = merge(bucket[k], partial) if k in bucket else partial
+            start, partial = v
+            bucket = self._open(start)
+            if bucket is not None:
+                bucket[k] = merge(bucket[k], partial) if k in bucket else partial
             return []
-        add, init, window = self.add, self.init, self.window
-        for k, v, t in batch:
-            for start in _windows(t, window):
-                bucket = self._open(start)
-                if bucket is not None:
-                    bucket[k] = add(bucket[k] if k in bucket else init(), v)
+        add, init = self.add, self.init
+        updates = []
+        for start in _windows(t, self.window):
+            bucket = self._open(start)
+            if bucket is not None:
+                updates.append((bucket, add(bucket[k] if k in bucket else init(), v)))
+        for bucket, acc in updates:
+            bucket[k] = acc
         return []
 
     def on_watermark(self, watermark: int) -> list[Record]:
@@ -229,6 +346,8 @@ class Combiner(Operator):
     watermarks), so it has no state to snapshot.
     """
 
+    keeps_index = False
+
     def __init__(self, step: Step) -> None:
         super().__init__(step)
         p = step.params
@@ -239,10 +358,34 @@ class Combiner(Operator):
 
     def process(self, batch: list[Record]) -> list[Record]:
         partials, add, init, window = self.partials, self.add, self.init, self.window
-        for k, v, t in batch:
-            for start in _windows(t, window):
-                pk = (k, start)
-                partials[pk] = add(partials[pk] if pk in partials else init(), v)
+        i = 0  # the record being applied (read by the except clause: where to resume)
+        try:
+            if window.size_ms == window.slide_ms:  # tumbling: one window, atomic per record
+                size = window.size_ms
+                for i, (k, v, t) in enumerate(batch):  # noqa: B007
+                    pk = (k, t - t % size)
+                    partials[pk] = add(partials[pk] if pk in partials else init(), v)
+            else:
+                apply = self._apply
+                for i, record in enumerate(batch):  # noqa: B007
+                    apply(record)
+            return []
+        except Exception as exc:
+            if self.on_error is None:
+                raise
+            self.on_error(self, batch, i, exc)
+        self._per_record(batch, self._apply, i + 1)
+        return []
+
+    def _apply(self, record: Record) -> list[Record]:
+        k, v, t = record
+        partials, add, init = self.partials, self.add, self.init
+        updates = []
+        for start in _windows(t, self.window):
+            pk = (k, start)
+            updates.append((pk, add(partials[pk] if pk in partials else init(), v)))
+        for pk, acc in updates:
+            partials[pk] = acc
         return []
 
     def flush(self) -> list[Record]:
@@ -255,6 +398,8 @@ class Combiner(Operator):
 
 class SinkOp(Operator):
     """Hands values to a :class:`~processor.contracts.SinkWriter` (keyed: ``(key, value)``)."""
+
+    keeps_index = False
 
     def __init__(self, step: Step, writer: Any, *, keyed: bool) -> None:
         super().__init__(step)

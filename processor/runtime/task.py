@@ -14,10 +14,19 @@ is in one of three modes until it is live again:
   until ``GenerationStart`` of the current generation;
 * live (no entry).
 
+Dead letters (:mod:`processor.runtime.dead_letters`): with a dead-letter destination, every task
+opens its own writer of it and treats it like a sink (prepare at the barrier, committable in the
+snapshot, commit on completion, recover on restart). Records that fail to decode, and records
+whose user function raises (operators call :meth:`Task._on_error` from their slow path), go there
+with the cause. Where the failing record was read is found only when a failure happens: the task
+remembers which messages the batch being pushed came from, and operators that emit one output per
+input (``keeps_index``) keep the index of a record equal to its index in that batch.
+
 Invariants:
     ``self.pos[tp]`` is the offset after the last record of ``tp`` that went through the
     operators (or was deliberately dropped); records of a paused channel that were fetched
     anyway are stashed, never processed early, and replayed in order on resume.
+    Dead letters are written to their writer before the barrier of the epoch that read them.
 """
 
 from __future__ import annotations
@@ -40,9 +49,11 @@ from processor.checkpoint.aligner import (
     TakeSnapshot,
 )
 from processor.compiler import Stage
-from processor.contracts import Message, SinkContext
+from processor.contracts import Message, SinkContext, SinkWriter
+from processor.dataflow import DEAD_LETTERS
 from processor.errors import DeserializationError, EosflowError
 from processor.runtime.channels import ChannelOut, TaskEnv
+from processor.runtime.dead_letters import DeadLetters, Origins, channel_origins, source_origins
 from processor.runtime.operators import (
     MAX_WATERMARK,
     MIN_WATERMARK,
@@ -70,6 +81,11 @@ log = logging.getLogger(__name__)
 TP = tuple[str, int]
 _REPLAY, _DROP = 1, 2
 _WATERMARK_EVERY_S = 0.2
+#: Without a dead-letter destination, these source failures are skipped (counted and logged).
+_SKIPPABLE = (DeserializationError, KeyError, TypeError, ValueError)
+#: How an operator's input indexes map onto the pushed batch: ``True`` the same, a list
+#: ``input index -> batch index``, ``False`` unknown.
+_Index = bool | list[int]
 
 
 class Task:
@@ -105,10 +121,15 @@ class Task:
         self.uploading: dict[int, Future[SnapshotHandle]] = {}
         self.uploaded: dict[int, SnapshotHandle] = {}
         self.aligned: set[int] = set()
-        self.sink_pending: dict[str, list[tuple[int, Any]]] = {s.name: [] for s in self.sinks}
+        self.sink_pending: dict[str, list[tuple[int, Any]]] = {n: [] for n, _w in self.committers}
         self.halted = False  # sync mode: a source stops between trigger and completion
         self._last_wm_emit = 0.0
         self.batch_size = 500
+        # Where the batch being pushed came from, and how the input of the operator now
+        # processing maps onto it (read only when a record fails; see _push and _on_error).
+        self._origins: Origins | None = None
+        self._index: _Index = False
+        self._dropped: list[int] | None = None
 
     # -- construction ----------------------------------------------------------------------------
 
@@ -143,6 +164,24 @@ class Task:
             for parent in step.parents:
                 if parent in self.ops:  # parents in other stages arrive through channels
                     self.ops[parent].children.append(self.ops[name])
+        self.dead: DeadLetters | None = None
+        self.committers: list[tuple[str, SinkWriter]] = [(s.name, s.writer) for s in self.sinks]
+        if plan.flow.dead_letter_sink is not None:
+            # One writer per task; its index is unique over the job's tasks (stage-major), so
+            # writers of different stages never share output names.
+            P = plan.parallelism
+            ctx = SinkContext(
+                plan.job,
+                DEAD_LETTERS,
+                plan.stages.index(stage) * P + self.subtask,
+                len(plan.stages) * P,
+                env.generation,
+                checkpoint_interval=env.checkpoint_interval,
+                snapshot_url=env.store.url,
+                fault=env.fault,
+            )
+            self.dead = DeadLetters(plan.flow.dead_letter_sink.open(ctx), self.name)
+            self.committers.append((DEAD_LETTERS, self.dead.writer))
         for edge in stage.outputs:
             out = ChannelOut(edge, self.subtask, plan.parallelism, env.writer)
             self.outputs.append(out)
@@ -153,6 +192,9 @@ class Task:
                 self.combiners.append(combiner)
                 head = combiner
             self.ops[edge.src_step].children.append(head)
+        if self.dead is not None:
+            for operator in [*self.ops.values(), *self.combiners]:
+                operator.on_error = self._on_error
         # entry operator per input: source topic or channel topic
         self.entry: dict[str, Operator] = {}
         for name in stage.sources:
@@ -200,13 +242,12 @@ class Task:
             self.max_ts = dict(state["max_ts"])
             self.watermark = state["watermark"]
             seen = set(state["barrier_seen"])
-            for sink in self.sinks:
-                pending = list(state["sinks"].get(sink.name, []))
-                sink.writer.recover(pending)
+            for name, writer in self.committers:
+                writer.recover(list(state["sinks"].get(name, [])))
         else:
             seen = set()
-            for sink in self.sinks:
-                sink.writer.recover([])
+            for _name, writer in self.committers:
+                writer.recover([])
         if not self.is_source:
             for tp in tps:
                 replay = state is not None and tp not in seen and positions[tp] is not None
@@ -235,8 +276,8 @@ class Task:
 
     def close(self) -> None:
         self.reader.close()
-        for sink in self.sinks:
-            sink.writer.close()
+        for _name, writer in self.committers:
+            writer.close()
 
     # -- the data path ---------------------------------------------------------------------------
 
@@ -262,20 +303,34 @@ class Task:
                     self._channel_batch(msgs)
                     self._resume_pending()
                 self._flush()
+                if self.dead is not None:
+                    self.dead.flush()
                 per_record = (clock() - began) / len(msgs)
                 target = int(budget_s / 4 / per_record) if per_record > 0 else max_records
                 self.batch_size = max(16, min(max_records, target))
                 total += len(msgs)
             if self.is_source:
                 self._source_watermark()
+                if self.dead is not None:
+                    self.dead.flush()
             if not msgs or self.halted or clock() - start >= budget_s:
                 return total
 
-    def _push(self, op: Operator, batch: list[Record]) -> None:
+    def _push(self, op: Operator, batch: list[Record], index: _Index = False) -> None:
+        """``index``: ``True`` when ``batch[i]`` came from the ``i``-th record that
+        ``self._origins`` knows (see :data:`_Index`). Costs nothing per record: the mapping is
+        only built when an operator that keeps indexes dropped a failing record."""
+        self._index, self._dropped = index, None
         out = op.process(batch)
         if out:
+            if not op.keeps_index:
+                index = False
+            elif self._dropped is not None and index is not False:
+                dropped = set(self._dropped)
+                kept = [i for i in range(len(batch)) if i not in dropped]
+                index = kept if index is True else [index[i] for i in kept]
             for child in op.children:
-                self._push(child, out)
+                self._push(child, out, index)
 
     def _flush(self) -> None:
         for combiner in self.combiners:
@@ -283,10 +338,22 @@ class Task:
             if out:
                 self._push(combiner.children[0], out)
 
+    def _on_error(self, op: Operator, batch: list[Record], index: int, exc: Exception) -> None:
+        """An operator's user function raised on ``batch[index]``: a dead letter."""
+        assert self.dead is not None
+        if self._dropped is None:
+            self._dropped = []
+        self._dropped.append(index)
+        where, origin = self._index, None
+        if where is not False and self._origins is not None:
+            origin = self._origins(index if where is True else where[index])
+        self.dead.function_failed(op.name, batch[index], exc, origin)
+
     def _source_batch(self, msgs: list[Message]) -> None:
         params = self.source_params
         by_topic: dict[str, list[Record]] = {}
         max_ts = self.max_ts
+        failed: set[int] = set()  # id() of the messages that did not enter the operators
         for m in msgs:
             topic: Any = m.topic()
             serde, ts_fn, lag_ms = params[topic]
@@ -297,7 +364,10 @@ class Task:
                         value, topic=topic, partition=m.partition(), offset=m.offset()
                     )
                 ts = int(ts_fn(value)) if ts_fn is not None else m.timestamp()[1]
-            except (DeserializationError, KeyError, TypeError, ValueError) as exc:
+            except Exception as exc:
+                if self.dead is None and not isinstance(exc, _SKIPPABLE):
+                    raise
+                failed.add(id(m))
                 self._bad_record(m, exc)
                 continue
             tp = (topic, m.partition())
@@ -309,18 +379,36 @@ class Task:
             batch.append((None, value, ts))
         self.records_in += len(msgs)
         for topic, batch in by_topic.items():
+            self._origins = source_origins(msgs, topic, failed)
             for child in self.entry[topic].children:
-                self._push(child, batch)
+                self._push(child, batch, True)
+        self._origins = None
         self.pos = self.reader.positions()
 
     def _bad_record(self, m: Message, exc: Exception) -> None:
-        # Dead-letter routing lands with the sinks issue; until then a bad record is counted and
-        # logged with its location, never dropped silently and never a crash loop.
+        """A source record that did not decode, or whose ``timestamp`` function raised."""
+        topic: Any = m.topic()
+        if self.dead is not None:
+            serde = self.source_params[topic][0]
+            value: Any = m.value()
+            decoded = not isinstance(exc, DeserializationError)
+            if decoded and serde is not None:  # the timestamp function raised: decode again
+                try:
+                    value = serde.deserialize(
+                        value, topic=topic, partition=m.partition(), offset=m.offset()
+                    )
+                except Exception:
+                    decoded = False
+            self.dead.source_record(self.entry[topic].name, m, exc, value, decoded=decoded)
+            return
+        # No dead-letter destination: counted and logged with its location, never dropped
+        # silently and never a crash loop.
         self.bad_records += 1
         if self.bad_records <= 20 or self.bad_records % 10_000 == 0:
             log.error(
-                "bad record skipped task=%s topic=%s partition=%s offset=%s count=%d error=%r",
-                self.name, m.topic(), m.partition(), m.offset(), self.bad_records, str(exc),
+                "bad record skipped (no dead-letter destination: Dataflow(..., dead_letters=)) "
+                "task=%s topic=%s partition=%s offset=%s count=%d error=%r",
+                self.name, topic, m.partition(), m.offset(), self.bad_records, str(exc),
             )  # fmt: skip
 
     def _source_watermark(self) -> None:
@@ -358,6 +446,7 @@ class Task:
         buckets: dict[str, list[Record]] = {}
         loads = orjson.loads
         n = 0
+        after: Message | None = None  # the buckets hold records after this message
         for m in msgs:
             topic: Any = m.topic()
             tp = (topic, m.partition())
@@ -378,7 +467,8 @@ class Task:
                 n += 1
                 continue
             # slow path: a control record, or a channel still recovering
-            self._drain(buckets)
+            self._drain(buckets, msgs, after, m)
+            after = m
             pos[tp] = offset + 1
             ctl = decode_control(headers)
             mode = modes.get(tp)
@@ -387,17 +477,27 @@ class Task:
                     self.stale_dropped += 1
                     continue
                 k, v, t = loads(m.value())  # type: ignore[arg-type]
-                self._push(entry[topic], [(tuple(k) if type(k) is list else k, v, t)])
+                self._origins = lambda _i, m=m: m
+                self._push(entry[topic], [(tuple(k) if type(k) is list else k, v, t)], True)
                 n += 1
             else:
                 self._control(tp, ctl, mode)
-        self._drain(buckets)
+        self._drain(buckets, msgs, after, None)
+        self._origins = None
         self.records_in += n
 
-    def _drain(self, buckets: dict[str, list[Record]]) -> None:
+    def _drain(
+        self,
+        buckets: dict[str, list[Record]],
+        msgs: list[Message],
+        after: Message | None,
+        until: Message | None,
+    ) -> None:
+        """Pushes the buckets, filled from the messages between ``after`` and ``until``."""
         for topic, batch in buckets.items():
             if batch:
-                self._push(self.entry[topic], batch)
+                self._origins = channel_origins(msgs, after, until, topic, self.blocked, self.modes)
+                self._push(self.entry[topic], batch, True)
         buckets.clear()
 
     def _control(self, tp: TP, ctl: Any, mode: int | None) -> None:
@@ -488,12 +588,14 @@ class Task:
 
     def _snapshot(self, checkpoint_id: int) -> None:
         self._flush()  # partial aggregates belong to the epoch that ends here
-        if self.sinks:
+        if self.dead is not None:
+            self.dead.flush()  # so do dead letters (the combiner flush may add some)
+        if self.committers:
             self.env.fault("before-prepare")
-        for sink in self.sinks:
-            committable = sink.writer.prepare(checkpoint_id)
+        for name, writer in self.committers:
+            committable = writer.prepare(checkpoint_id)
             if committable is not None:
-                self.sink_pending[sink.name].append((checkpoint_id, committable))
+                self.sink_pending[name].append((checkpoint_id, committable))
         seen = self.barrier_seen.pop(checkpoint_id, set())
         for old in [c for c in self.barrier_seen if c < checkpoint_id]:
             del self.barrier_seen[old]
@@ -542,14 +644,14 @@ class Task:
     def complete(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` completed: commit the sinks' epochs up to it."""
         self.halted = False
-        for sink in self.sinks:
-            pending = self.sink_pending[sink.name]
+        for name, writer in self.committers:
+            pending = self.sink_pending[name]
             due = [(c, x) for c, x in pending if c <= checkpoint_id]
             if due:
                 self.env.fault("after-completion-before-commit")
             for chk, committable in due:
-                sink.writer.commit(chk, committable)
-            self.sink_pending[sink.name] = [(c, x) for c, x in pending if c > checkpoint_id]
+                writer.commit(chk, committable)
+            self.sink_pending[name] = [(c, x) for c, x in pending if c > checkpoint_id]
         for chk in [c for c in self.uploaded if c <= checkpoint_id]:
             del self.uploaded[chk]
 
@@ -574,6 +676,7 @@ class Task:
             "out": out,
             "sunk": sunk,
             "bad": self.bad_records,
+            "dead": self.dead.count if self.dead is not None else 0,
             "late": late,
             "stale": self.stale_dropped,
             "lag": lag,

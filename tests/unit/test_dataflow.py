@@ -120,3 +120,23 @@ def test_union_of_sources_merges_stages_and_union_after_shuffle_uses_forward_cha
     assert {e.src_step for e in forward} == {"count", "k2"}
     assert set(plan.stage_of("mixed").inputs) == set(forward)
     assert "forward" in plan.describe()
+
+
+def test_dead_letter_destination_is_validated_like_a_sink_when_given() -> None:
+    with pytest.raises(DefinitionError, match=r"dead-letter destination .* processor\.contracts"):
+        Dataflow("job", dead_letters=object())  # type: ignore[arg-type]
+    sink = _Sink()
+    flow = Dataflow("job", dead_letters=sink)
+    assert flow.dead_letter_sink is sink
+    with pytest.raises(DefinitionError, match="already sends dead letters"):
+        flow.dead_letters(_Sink())
+    later = _flow()
+    assert later.dead_letter_sink is None
+    later.dead_letters(sink)
+    assert later.dead_letter_sink is sink
+
+
+def test_step_name_dead_letters_is_reserved_when_added() -> None:
+    flow = _flow()
+    with pytest.raises(DefinitionError, match="reserved for the dataflow's dead-letter"):
+        flow.source("clicks", "t").sink("dead-letters", _Sink())
