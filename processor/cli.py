@@ -324,6 +324,11 @@ def _status(args: argparse.Namespace) -> int:
         f"records    in {status['records_in']:,}  out {status['records_out']:,}  "
         f"source lag {status['source_lag']:,}"
     )
+    if status.get("dead_letters") or status.get("bad_records_skipped"):
+        print(
+            f"bad input  {status.get('dead_letters', 0):,} dead letters, "
+            f"{status.get('bad_records_skipped', 0):,} skipped (no dead-letter sink)"
+        )
     for w in status["workers"]:
         print(f"worker {w['worker']}   pid {w['pid']}  connected {w['connected']}")
     for cause in status["restart_causes"]:

@@ -12,8 +12,8 @@ after a restart.
   (readers drop re-published repeats with :class:`dedup.DedupConsumer`); docs/sinks.md.
 - :class:`ConsoleSink`: prints on commit; for development (a terminal is not transactional).
 
-``sinks.postgres.PostgresSink`` and ``sinks.redis_sink.RedisSink`` are imported from their
-modules (their client libraries load only when used).
+- ``sinks.redis_sink.RedisSink`` (epoch-guarded Lua commits) and ``sinks.postgres.PostgresSink``
+  (``PREPARE TRANSACTION`` / ``COMMIT PREPARED``) are imported from their modules.
 """
 
 from sinks.console import ConsoleSink
