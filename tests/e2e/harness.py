@@ -35,7 +35,13 @@ from clicks import (  # noqa: E402
     produce_clicks,
 )
 
-__all__ = ["canonical", "click_events", "expected_running_totals", "expected_window_counts"]
+__all__ = [
+    "canonical",
+    "chaos_seed",
+    "click_events",
+    "expected_running_totals",
+    "expected_window_counts",
+]
 
 PIPELINES = Path(__file__).resolve().parent / "pipelines"
 FAULT_LINE = re.compile(r"fault injection: SIGKILL worker=(\d+) point=([\w-]+)")
@@ -48,6 +54,13 @@ class ChaosRun:
     random_kills: list[tuple[float, int]]
     faults_fired: list[tuple[int, str]]
     logs: dict[str, str] = field(default_factory=dict)
+
+
+def chaos_seed() -> int:
+    """The seed of a chaos test: ``EOSFLOW_CHAOS_SEED`` to rerun one, else random (printed)."""
+    seed = int(os.environ.get("EOSFLOW_CHAOS_SEED") or random.SystemRandom().randrange(10**6))
+    print(f"chaos seed={seed}")
+    return seed
 
 
 def assert_exactly_once(want: Counter[bytes], got: Counter[bytes], *, seed: int) -> None:

@@ -9,7 +9,6 @@ Each test prints its seed; rerun one with ``EOSFLOW_CHAOS_SEED=<seed>``.
 from __future__ import annotations
 
 import base64
-import os
 import random
 import uuid
 from collections import Counter
@@ -24,6 +23,7 @@ from processor.runtime.local import Fault
 from sinks import read_jsonl
 from tests.e2e.harness import (
     assert_exactly_once,
+    chaos_seed,
     click_events,
     expected,
     expected_running_totals,
@@ -48,12 +48,6 @@ KINDS = {
     "no-user": ("by-user", "KeyError"),
     "no-amount": ("totals", "KeyError"),
 }
-
-
-def _seed() -> int:
-    seed = int(os.environ.get("EOSFLOW_CHAOS_SEED") or random.SystemRandom().randrange(10**6))
-    print(f"chaos seed={seed}")
-    return seed
 
 
 def _malformed(kind: str, bad_id: str, click: dict[str, Any]) -> bytes:
@@ -137,7 +131,7 @@ def _bad_id(entry: dict[str, Any]) -> str:
 def test_every_malformed_record_is_dead_lettered_exactly_once_when_workers_are_killed(
     kafka_endpoint: tuple[str, str], tmp_path: Path, mode: str
 ) -> None:
-    seed = _seed()
+    seed = chaos_seed()
     records, bad = 60_000, 600
     topic = f"dead-letters-{uuid.uuid4().hex[:8]}"
     where = produce_with_malformed(kafka_endpoint[0], topic, records, bad, seed=seed)

@@ -5,8 +5,6 @@ Each test prints its seed; rerun one with ``EOSFLOW_CHAOS_SEED=<seed>``.
 
 from __future__ import annotations
 
-import os
-import random
 from pathlib import Path
 
 import pytest
@@ -14,6 +12,7 @@ import pytest
 from processor.runtime.local import Fault
 from tests.e2e.harness import (
     assert_exactly_once,
+    chaos_seed,
     expected,
     expected_running_totals,
     expected_window_counts,
@@ -30,17 +29,11 @@ NAMED = [
 ]
 
 
-def _seed() -> int:
-    seed = int(os.environ.get("EOSFLOW_CHAOS_SEED") or random.SystemRandom().randrange(10**6))
-    print(f"chaos seed={seed}")
-    return seed
-
-
 @pytest.mark.parametrize("mode", ["aligned", "unaligned"])
 def test_output_is_exactly_once_when_workers_are_killed_at_every_protocol_point_and_randomly(
     kafka_endpoint: tuple[str, str], tmp_path: Path, mode: str
 ) -> None:
-    seed = _seed()
+    seed = chaos_seed()
     records = 200_000
     run = run_chaos(
         "running_total_work.py",
@@ -66,7 +59,7 @@ def test_windowed_count_is_exactly_once_when_workers_are_killed_randomly(
     kafka_endpoint: tuple[str, str], tmp_path: Path
 ) -> None:
     """Windows, watermarks and the pre-shuffle combiner survive restarts."""
-    seed = _seed()
+    seed = chaos_seed()
     records = 100_000
     run = run_chaos(
         "windowed_count_work.py",

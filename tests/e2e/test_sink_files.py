@@ -10,8 +10,6 @@ Each test prints its seed; rerun one with ``EOSFLOW_CHAOS_SEED=<seed>``.
 
 from __future__ import annotations
 
-import os
-import random
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -24,6 +22,7 @@ from sinks.files import read_avro
 from tests.e2e.harness import (
     ChaosRun,
     assert_exactly_once,
+    chaos_seed,
     expected,
     expected_running_totals,
     run_chaos,
@@ -41,12 +40,6 @@ NAMED = [
 ]
 if "mid-sink-commit" in FAULT_POINTS:  # the sink calls it after the first part's rename
     NAMED.append(Fault(5, 0, "mid-sink-commit", 3))
-
-
-def _seed() -> int:
-    seed = int(os.environ.get("EOSFLOW_CHAOS_SEED") or random.SystemRandom().randrange(10**6))
-    print(f"chaos seed={seed}")
-    return seed
 
 
 def read_output(job_env: dict[str, str]) -> Iterable[Any]:
@@ -87,7 +80,7 @@ def _run(
 def test_avro_output_is_exactly_once_when_workers_are_killed_at_every_sink_point_and_randomly(
     kafka_endpoint: tuple[str, str], tmp_path: Path
 ) -> None:
-    seed = _seed()
+    seed = chaos_seed()
     run = _run(
         tmp_path, kafka_endpoint[0], records=60_000, seed=seed, kills=2, env={"WORK_US": "100"}
     )
@@ -102,7 +95,7 @@ def test_rotated_avro_parts_are_exactly_once_when_workers_are_killed_many_times(
 ) -> None:
     """Bigger run: part files rotated at 64 KiB (committables naming several files), null
     codec, eight random kills on top of the named ones."""
-    seed = _seed()
+    seed = chaos_seed()
     _run(
         tmp_path,
         kafka_endpoint[0],

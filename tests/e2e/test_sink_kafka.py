@@ -12,8 +12,6 @@ on every broker.
 
 from __future__ import annotations
 
-import os
-import random
 import uuid
 from pathlib import Path
 from typing import Any
@@ -25,7 +23,13 @@ from connectors import KafkaSettings
 from connectors.admin import TopicAdmin
 from processor.runtime.local import Fault
 from sinks.kafka import HEADER_ID, read_transaction_markers
-from tests.e2e.harness import assert_exactly_once, expected, expected_running_totals, run_chaos
+from tests.e2e.harness import (
+    assert_exactly_once,
+    chaos_seed,
+    expected,
+    expected_running_totals,
+    run_chaos,
+)
 from tests.integration.test_sinks_kafka import read_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
@@ -40,12 +44,6 @@ SINK_FAULTS = [
 ]
 
 
-def _seed() -> int:
-    seed = int(os.environ.get("EOSFLOW_CHAOS_SEED") or random.SystemRandom().randrange(10**6))
-    print(f"chaos seed={seed}")
-    return seed
-
-
 def _decoded(msgs: list[Any]) -> list[Any]:
     return [[m.key().decode(), orjson.loads(m.value())] for m in msgs]
 
@@ -58,7 +56,7 @@ def test_kafka_sink_output_is_exactly_once_under_kills_at_every_sink_protocol_po
     tmp_path: Path,
     mode: str,
 ) -> None:
-    seed = _seed()
+    seed = chaos_seed()
     records = 60_000
     topic = f"chaos-out-{uuid.uuid4().hex[:8]}"
     TopicAdmin(kafka_settings).ensure_topic(topic, 3)

@@ -10,8 +10,6 @@ per user (a replayed epoch would count twice).
 from __future__ import annotations
 
 import importlib
-import os
-import random
 import re
 import uuid
 from collections.abc import Iterator
@@ -26,6 +24,7 @@ from processor.runtime.local import Fault
 from tests.e2e.harness import (
     ChaosRun,
     assert_exactly_once,
+    chaos_seed,
     click_events,
     expected,
     expected_running_totals,
@@ -44,12 +43,6 @@ NAMED = [
     Fault(3, 0, "during-recovery", 1),
     Fault(4, 1, "mid-sink-recover", 1),
 ]
-
-
-def _seed() -> int:
-    seed = int(os.environ.get("EOSFLOW_CHAOS_SEED") or random.SystemRandom().randrange(10**6))
-    print(f"chaos seed={seed}")
-    return seed
 
 
 @pytest.fixture
@@ -141,7 +134,7 @@ def _assert_redis_state(
 def test_redis_state_is_exactly_once_when_workers_are_killed_at_every_protocol_point(
     kafka_endpoint: tuple[str, str], redis_url: str, client: redis.Redis, tmp_path: Path
 ) -> None:
-    seed, records = _seed(), 100_000
+    seed, records = chaos_seed(), 100_000
     run, prefix = _run(
         redis_url, client, kafka_endpoint[0], tmp_path,
         records=records, seed=seed, mode="aligned", faults=NAMED, random_kills=2, self_kills=2,
@@ -158,7 +151,7 @@ def test_redis_state_is_exactly_once_when_workers_are_killed_at_every_protocol_p
 def test_redis_state_is_exactly_once_when_workers_are_killed_often(
     kafka_endpoint: tuple[str, str], redis_url: str, client: redis.Redis, tmp_path: Path, mode: str
 ) -> None:
-    seed, records = _seed(), 300_000
+    seed, records = chaos_seed(), 300_000
     run, prefix = _run(
         redis_url, client, kafka_endpoint[0], tmp_path,
         records=records, seed=seed, mode=mode, faults=NAMED, random_kills=6, self_kills=4,

@@ -9,14 +9,14 @@ one part file per epoch) and ``WORK_US`` (CPU spin per click, default 100).
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
+
+from running_total_work import work  # the same CPU work per click
 
 from connectors.serde import JsonSerde
 from processor.dataflow import Dataflow
 from sinks.files import FileSink
 
-WORK_S = int(os.environ.get("WORK_US", "100")) / 1e6
 MAX_PART_BYTES = int(os.environ["MAX_PART_BYTES"]) if os.environ.get("MAX_PART_BYTES") else None
 
 SCHEMA = {
@@ -29,13 +29,6 @@ SCHEMA = {
         {"name": "amount", "type": "long"},
     ],
 }
-
-
-def work(click: Any) -> Any:
-    end = time.perf_counter() + WORK_S
-    while time.perf_counter() < end:
-        pass
-    return click
 
 
 def to_record(keyed: tuple[str, tuple[int, int]]) -> dict[str, Any]:

@@ -7,22 +7,12 @@ Environment: ``OUTPUT_TOPIC`` (must exist), ``SINK_MODE`` (``transactional`` | `
 from __future__ import annotations
 
 import os
-import time
-from typing import Any
+
+from running_total_work import work  # the same CPU work per click
 
 from connectors.serde import JsonSerde
 from processor.dataflow import Dataflow
 from sinks.kafka import KafkaSink
-
-WORK_S = int(os.environ.get("WORK_US", "100")) / 1e6
-
-
-def work(click: Any) -> Any:
-    end = time.perf_counter() + WORK_S
-    while time.perf_counter() < end:
-        pass
-    return click
-
 
 flow = Dataflow(os.environ["JOB_NAME"])
 (
