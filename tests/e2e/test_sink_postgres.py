@@ -10,8 +10,6 @@ generator, never from the engine. Each test prints its seed; rerun one with
 
 from __future__ import annotations
 
-import os
-import random
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +23,7 @@ from processor.runtime.local import Fault
 from tests.e2e.harness import (
     ChaosRun,
     assert_exactly_once,
+    chaos_seed,
     click_events,
     expected,
     expected_running_totals,
@@ -44,12 +43,6 @@ NAMED = [
     Fault(3, 1, "mid-sink-recover", 1),
     Fault(4, 0, "during-recovery", 1),
 ]
-
-
-def _seed() -> int:
-    seed = int(os.environ.get("EOSFLOW_CHAOS_SEED") or random.SystemRandom().randrange(10**6))
-    print(f"chaos seed={seed}")
-    return seed
 
 
 def _expected_totals(records: int, seed: int) -> dict[str, tuple[int, int]]:
@@ -139,7 +132,7 @@ def _check(run: ChaosRun, dsn: str, tables: tuple[str, str], *, records: int, se
 def test_postgres_output_is_exactly_once_when_workers_are_killed_at_every_protocol_point(
     postgres_dsn: str, kafka_endpoint: tuple[str, str], tmp_path: Path, tables: tuple[str, str]
 ) -> None:
-    seed = _seed()
+    seed = chaos_seed()
     records = 60_000
     run = _run(
         postgres_dsn,
@@ -169,7 +162,7 @@ def test_postgres_output_is_exactly_once_when_workers_are_killed_often_in_a_long
     tables: tuple[str, str],
     mode: str,
 ) -> None:
-    seed = _seed()
+    seed = chaos_seed()
     records = 200_000
     run = _run(
         postgres_dsn,

@@ -13,22 +13,15 @@ per click (default 100) stretch the run so that SIGKILLs land while records are 
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
+
+from running_total_work import work  # the same CPU work per click
 
 from connectors.serde import JsonSerde
 from processor.dataflow import Dataflow
 from sinks.postgres import PostgresSink
 
-WORK_S = int(os.environ.get("WORK_US", "100")) / 1e6
 COLUMNS = {"user_id": "text", "clicks": "bigint", "amount": "bigint"}
-
-
-def work(click: Any) -> Any:
-    end = time.perf_counter() + WORK_S
-    while time.perf_counter() < end:
-        pass
-    return click
 
 
 def as_row(item: Any) -> tuple[str, int, int]:
