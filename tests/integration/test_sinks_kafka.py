@@ -174,7 +174,6 @@ def test_a_transaction_aborted_by_the_broker_is_rescued_at_commit(
         assert writer.republished == 300
 
 
-@pytest.mark.slow
 def test_a_transaction_the_broker_times_out_is_rescued(
     kafka_settings: KafkaSettings, broker_caps: Any, output: str
 ) -> None:
