@@ -25,6 +25,7 @@ from typing import Any
 from connectors import KafkaSettings
 from connectors.admin import TopicAdmin
 from connectors.config import create_producer, producer_config
+from connectors.transport import produce_waiting
 from processor.contracts import SinkContext
 from processor.embedded import servers
 from sinks.kafka import KafkaSink
@@ -43,12 +44,7 @@ def run_plain(settings: KafkaSettings, topic: str, data: list[Any], epoch: int) 
     start = time.perf_counter()
     for i in range(0, len(data), epoch):
         for key, value in data[i : i + epoch]:
-            while True:
-                try:
-                    producer.produce(topic, orjson.dumps(value), key.encode())
-                    break
-                except BufferError:
-                    producer.poll(0.05)
+            produce_waiting(producer, topic, orjson.dumps(value), key.encode())
         producer.flush(60)
     return time.perf_counter() - start
 

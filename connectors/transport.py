@@ -19,11 +19,26 @@ from connectors.errors import classify
 from connectors.reader import PartitionReader
 from processor.errors import ConfigError, KafkaClientError
 
-__all__ = ["KafkaTransport", "KafkaWriter", "from_env"]
+__all__ = [
+    "KafkaTransport",
+    "KafkaWriter",
+    "from_env",
+    "produce_waiting",
+]
 
 log = logging.getLogger(__name__)
 
 TP = tuple[str, int]
+
+
+def produce_waiting(producer: Any, topic: str, value: bytes, key: Any = None, **kw: Any) -> None:
+    """``producer.produce(...)``, waiting for room while librdkafka's local queue is full."""
+    while True:
+        try:
+            producer.produce(topic, value, key, **kw)
+            return
+        except BufferError:  # local queue full: serve delivery reports, then retry
+            producer.poll(0.05)
 
 
 class KafkaWriter:

@@ -23,7 +23,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_END, Consumer, KafkaError, TopicPartition
 
-__all__ = ["DedupConsumer", "StagedDeduplicator", "record_order"]
+__all__ = ["DedupConsumer", "StagedDeduplicator", "parse_record_id"]
 
 log = logging.getLogger(__name__)
 
@@ -31,11 +31,11 @@ _SINK = "eosflow-sink"
 _ID = "eosflow-id"  # "<subtask>.<generation>.<n>.<seq>"
 
 
-def record_order(record_id: bytes | str) -> tuple[int, int, int]:
-    """``(generation, n, seq)`` of an ID ``<subtask>.<generation>.<n>.<seq>``."""
+def parse_record_id(record_id: bytes | str) -> tuple[str, tuple[int, int, int]]:
+    """``(subtask, (generation, n, seq))`` of an ID ``<subtask>.<generation>.<n>.<seq>``."""
     text = record_id.decode() if isinstance(record_id, bytes) else record_id
-    _subtask, generation, n, seq = text.split(".")
-    return int(generation), int(n), int(seq)
+    subtask, generation, n, seq = text.split(".")
+    return subtask, (int(generation), int(n), int(seq))
 
 
 class StagedDeduplicator:
@@ -59,15 +59,14 @@ class StagedDeduplicator:
         sink = record_id = None
         for name, value in headers or ():
             if name == _ID:
-                record_id = _text(value)
+                record_id = value
             elif name == _SINK:
                 sink = value
         if record_id is None or sink is None:
             self.foreign += 1
             return True
-        subtask, generation, n, seq = record_id.split(".")
+        subtask, order = parse_record_id(record_id)
         producer = f"{_text(sink)}|{subtask}|{topic}|{partition}"
-        order = (int(generation), int(n), int(seq))
         high = self.high.get(producer)
         if high is not None and order <= high:
             self.dropped += 1

@@ -221,7 +221,7 @@ def _kafka_sinks(pipeline: str) -> tuple[str, list[Any]]:
 
 def _txn_list(args: argparse.Namespace) -> int:
     from connectors import KafkaSettings
-    from processor.runtime.local import job_dir
+    from processor.runtime.local import default_snapshot_url, job_dir
     from processor.snapshot.store import SnapshotStore
     from sinks.kafka import read_transaction_markers, transactional_ids
 
@@ -230,7 +230,9 @@ def _txn_list(args: argparse.Namespace) -> int:
         print(f"{args.pipeline}: no transactional Kafka sink", file=sys.stderr)
         return 1
     settings = KafkaSettings.from_env()
-    store = SnapshotStore((job_dir(job) / "checkpoints").resolve().as_uri())
+    status_path = job_dir(job) / "status.json"  # the URL the job last ran with, if recorded
+    status = json.loads(status_path.read_text()) if status_path.exists() else {}
+    store = SnapshotStore(status.get("snapshot_url") or default_snapshot_url(job))
     latest = store.latest_completed(job)
     for step in steps:
         sink = step.params["sink"]

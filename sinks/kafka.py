@@ -57,6 +57,7 @@ from connectors.config import (
 )
 from connectors.errors import ErrorClass, classify, error_class
 from connectors.serde import JsonSerde
+from connectors.transport import produce_waiting
 from processor.contracts import Serde, SinkContext
 from processor.errors import ConfigError, EosflowError, KafkaClientError
 
@@ -73,6 +74,7 @@ __all__ = [
     "murmur2",
     "murmur2_partition",
     "read_transaction_markers",
+    "transactional_id",
     "transactional_ids",
 ]
 
@@ -93,9 +95,14 @@ def marker_topic(job: str, step: str) -> str:
     return f"eosflow.{job}.{step}.txn-markers"
 
 
+def transactional_id(prefix: str, step: str, subtask: int, slot: int) -> str:
+    """The ``transactional.id`` of ``slot`` in the pool of one sink subtask."""
+    return f"{prefix}-{step}-{subtask}-{slot}"
+
+
 def transactional_ids(prefix: str, step: str, subtask: int, slots: int) -> list[str]:
     """The stable ``transactional.id`` pool of one sink subtask."""
-    return [f"{prefix}-{step}-{subtask}-{slot}" for slot in range(slots)]
+    return [transactional_id(prefix, step, subtask, slot) for slot in range(slots)]
 
 
 class KafkaSink:
@@ -310,7 +317,8 @@ class KafkaSinkWriter:
     # -- producers -------------------------------------------------------------------------------
 
     def _tid(self, slot: int) -> str:
-        return f"{self.sink.prefix}-{self.ctx.step}-{self.ctx.subtask}-{slot}"
+        assert self.sink.prefix is not None
+        return transactional_id(self.sink.prefix, self.ctx.step, self.ctx.subtask, slot)
 
     def _producer(self, slot: int, *, fresh: bool = False) -> Producer:
         """The producer of ``slot``; ``fresh``: a new instance (fences and aborts the old one)."""
@@ -388,12 +396,7 @@ class KafkaSinkWriter:
             key, value = encode(item)
             headers: Headers = [sink_header, (HEADER_ID, f"{id_prefix}{seq}".encode())]
             seq += 1
-            while True:
-                try:
-                    producer.produce(topic, value, key, headers=headers, on_delivery=delivered)
-                    break
-                except BufferError:
-                    producer.poll(0.05)
+            produce_waiting(producer, topic, value, key, headers=headers, on_delivery=delivered)
         self.seq = seq
         producer.poll(0)
         if self.errors:
@@ -411,14 +414,7 @@ class KafkaSinkWriter:
             {"job": self.ctx.job, "step": self.ctx.step, "subtask": self.ctx.subtask,
              "epoch": self.tag, "checkpoint": checkpoint_id, "count": self.seq}
         )  # fmt: skip
-        producer.produce(
-            self.markers,
-            marker,
-            self.subtask_b,
-            partition=self.marker_partition,
-            headers=self._marker_headers(self.tag),
-            on_delivery=self._delivered,
-        )
+        self._produce_marker(producer, marker, self.tag, self._delivered)
         left = producer.flush(60)
         if left:
             raise KafkaClientError(
@@ -440,12 +436,20 @@ class KafkaSinkWriter:
         self.slot = None
         return committable
 
-    def _marker_headers(self, tag: str) -> Headers:
-        return [
+    def _produce_marker(
+        self, producer: Producer, marker: bytes, tag: str, on_delivery: Callable[..., None]
+    ) -> None:
+        """The epoch's commit marker, inside the open transaction; its headers name (sink,
+        subtask, epoch), which is what :meth:`_marker_in` looks for."""
+        headers: Headers = [
             (HEADER_SINK, self.sink_id),
             (HEADER_SUBTASK, self.subtask_b),
             (HEADER_EPOCH, tag.encode()),
         ]
+        produce_waiting(
+            producer, self.markers, marker, self.subtask_b, partition=self.marker_partition,
+            headers=headers, on_delivery=on_delivery,
+        )  # fmt: skip
 
     def commit(self, checkpoint_id: int, committable: Any) -> None:
         slot, tag = int(committable["slot"]), str(committable["epoch"])
@@ -512,23 +516,12 @@ class KafkaSinkWriter:
         self.errors = []
         _retrying(lambda _t: producer.begin_transaction(), f"begin {self._tid(slot)}")
         for topic, partition, key, value, headers, ts in records:
-            while True:
-                try:
-                    producer.produce(
-                        topic, value, key, partition=partition, headers=headers, timestamp=ts,
-                        on_delivery=self._delivered_rescue,
-                    )  # fmt: skip
-                    break
-                except BufferError:
-                    producer.poll(0.05)
-        producer.produce(
-            self.markers,
-            orjson.dumps({"epoch": tag, "republished": True, "count": expected}),
-            self.subtask_b,
-            partition=self.marker_partition,
-            headers=self._marker_headers(tag),
-            on_delivery=self._delivered_rescue,
-        )
+            produce_waiting(
+                producer, topic, value, key, partition=partition, headers=headers, timestamp=ts,
+                on_delivery=self._delivered_rescue,
+            )  # fmt: skip
+        marker = orjson.dumps({"epoch": tag, "republished": True, "count": expected})
+        self._produce_marker(producer, marker, tag, self._delivered_rescue)
         producer.flush(60)
         if self.errors:
             self._raise_delivery(f"re-publishing epoch {tag}")
@@ -817,15 +810,10 @@ class StagedKafkaSinkWriter:
         self.errors = []
         for seq, (partition, key, value) in enumerate(self._load(name)):
             headers: Headers = [sink_header, (HEADER_ID, f"{id_prefix}{seq}".encode())]
-            while True:
-                try:
-                    producer.produce(
-                        topic, value, key, partition=partition, headers=headers,
-                        on_delivery=self._delivered,
-                    )  # fmt: skip
-                    break
-                except BufferError:
-                    producer.poll(0.05)
+            produce_waiting(
+                producer, topic, value, key, partition=partition, headers=headers,
+                on_delivery=self._delivered,
+            )  # fmt: skip
         left = producer.flush(60)
         if left or self.errors:
             detail = self.errors[0].str() if self.errors else f"{left} undelivered"

@@ -44,6 +44,7 @@ __all__ = [
     "LocalRunner",
     "RunOptions",
     "RunResult",
+    "default_snapshot_url",
     "job_dir",
     "jobs_dir",
 ]
@@ -142,6 +143,11 @@ def job_dir(job: str, state: str | None = None) -> Path:
     return jobs_dir(state) / job
 
 
+def default_snapshot_url(job: str, state: str | None = None) -> str:
+    """Where a job keeps its checkpoints unless ``--snapshot-url`` says otherwise."""
+    return (job_dir(job, state) / "checkpoints").resolve().as_uri()
+
+
 @contextlib.contextmanager
 def _environment(extra: dict[str, str]) -> Iterator[None]:
     """``os.environ`` plus ``extra`` while the pipeline file is loaded in this process."""
@@ -179,7 +185,7 @@ class LocalRunner:
         self.job = self.plan.job
         self.dir = job_dir(self.job, options.state_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
-        url = options.snapshot_url or (self.dir / "checkpoints").resolve().as_uri()
+        url = options.snapshot_url or default_snapshot_url(self.job, options.state_dir)
         self.store = SnapshotStore(url)
         self.workers: list[_Worker] = []
         self.restarts = 0

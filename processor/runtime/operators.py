@@ -78,6 +78,21 @@ class Operator:
     def process(self, batch: list[Record]) -> list[Record]:
         return batch
 
+    def _guarded(
+        self,
+        batch: list[Record],
+        fast: Callable[[list[Record]], list[Record]],
+        one: Callable[[Record], list[Record]],
+    ) -> list[Record]:
+        """A stateless operator's batch: ``fast`` (one comprehension); if a user function raises
+        and there is a handler, the batch again record by record with ``one``."""
+        try:
+            return fast(batch)
+        except Exception:
+            if self.on_error is None:
+                raise
+        return self._per_record(batch, one)
+
     def _per_record(
         self, batch: list[Record], apply: Callable[[Record], list[Record]], start: int = 0
     ) -> list[Record]:
@@ -120,12 +135,11 @@ class Map(Operator):
 
     def process(self, batch: list[Record]) -> list[Record]:
         fn = self.fn
-        try:
-            return [(k, fn(v), t) for k, v, t in batch]
-        except Exception:
-            if self.on_error is None:
-                raise
-        return self._per_record(batch, lambda r: [(r[0], fn(r[1]), r[2])])
+        return self._guarded(
+            batch,
+            lambda b: [(k, fn(v), t) for k, v, t in b],
+            lambda r: [(r[0], fn(r[1]), r[2])],
+        )
 
 
 class Filter(Operator):
@@ -137,12 +151,9 @@ class Filter(Operator):
 
     def process(self, batch: list[Record]) -> list[Record]:
         fn = self.fn
-        try:
-            return [r for r in batch if fn(r[1])]
-        except Exception:
-            if self.on_error is None:
-                raise
-        return self._per_record(batch, lambda r: [r] if fn(r[1]) else [])
+        return self._guarded(
+            batch, lambda b: [r for r in b if fn(r[1])], lambda r: [r] if fn(r[1]) else []
+        )
 
 
 class FlatMap(Operator):
@@ -154,13 +165,12 @@ class FlatMap(Operator):
 
     def process(self, batch: list[Record]) -> list[Record]:
         fn = self.fn
-        try:
-            return [(k, out, t) for k, v, t in batch for out in fn(v)]
-        except Exception:
-            if self.on_error is None:
-                raise
         # A generator may raise half-way: a record's outputs are collected before any is kept.
-        return self._per_record(batch, lambda r: [(r[0], out, r[2]) for out in fn(r[1])])
+        return self._guarded(
+            batch,
+            lambda b: [(k, out, t) for k, v, t in b for out in fn(v)],
+            lambda r: [(r[0], out, r[2]) for out in fn(r[1])],
+        )
 
 
 class KeyBy(Operator):
@@ -172,12 +182,11 @@ class KeyBy(Operator):
 
     def process(self, batch: list[Record]) -> list[Record]:
         fn = self.fn
-        try:
-            return [(fn(v), v, t) for _k, v, t in batch]
-        except Exception:
-            if self.on_error is None:
-                raise
-        return self._per_record(batch, lambda r: [(fn(r[1]), r[1], r[2])])
+        return self._guarded(
+            batch,
+            lambda b: [(fn(v), v, t) for _k, v, t in b],
+            lambda r: [(fn(r[1]), r[1], r[2])],
+        )
 
 
 class Aggregate(Operator):

@@ -146,16 +146,7 @@ class Task:
             if step.kind == "source":
                 self.ops[name] = Operator(step)
             elif step.kind == "sink":
-                ctx = SinkContext(
-                    plan.job,
-                    name,
-                    self.subtask,
-                    plan.parallelism,
-                    env.generation,
-                    checkpoint_interval=env.checkpoint_interval,
-                    snapshot_url=env.store.url,
-                    fault=env.fault,
-                )
+                ctx = self._sink_context(name, self.subtask, plan.parallelism)
                 op = SinkOp(step, step.params["sink"].open(ctx), keyed=steps[step.parents[0]].keyed)
                 self.ops[name] = op
                 self.sinks.append(op)
@@ -170,16 +161,8 @@ class Task:
             # One writer per task; its index is unique over the job's tasks (stage-major), so
             # writers of different stages never share output names.
             P = plan.parallelism
-            ctx = SinkContext(
-                plan.job,
-                DEAD_LETTERS,
-                plan.stages.index(stage) * P + self.subtask,
-                len(plan.stages) * P,
-                env.generation,
-                checkpoint_interval=env.checkpoint_interval,
-                snapshot_url=env.store.url,
-                fault=env.fault,
-            )
+            index = plan.stages.index(stage) * P + self.subtask
+            ctx = self._sink_context(DEAD_LETTERS, index, len(plan.stages) * P)
             self.dead = DeadLetters(plan.flow.dead_letter_sink.open(ctx), self.name)
             self.committers.append((DEAD_LETTERS, self.dead.writer))
         for edge in stage.outputs:
@@ -209,6 +192,19 @@ class Task:
                 p["timestamp"],
                 p["max_out_of_orderness_ms"],
             )
+
+    def _sink_context(self, step: str, subtask: int, parallelism: int) -> SinkContext:
+        env = self.env
+        return SinkContext(
+            self.plan.job,
+            step,
+            subtask,
+            parallelism,
+            env.generation,
+            checkpoint_interval=env.checkpoint_interval,
+            snapshot_url=env.store.url,
+            fault=env.fault,
+        )
 
     def input_partitions(self, source_counts: dict[str, int]) -> list[TP]:
         P, i = self.plan.parallelism, self.subtask

@@ -83,7 +83,7 @@ def test_avro_output_is_exactly_once_when_workers_are_killed_at_every_sink_point
 ) -> None:
     seed = chaos_seed()
     run = _run(
-        tmp_path, kafka_endpoint[0], records=60_000, seed=seed, kills=2, env={"WORK_US": "100"}
+        tmp_path, kafka_endpoint[0], records=60_000, seed=seed, kills=2, env={"WORK_US": "300"}
     )
     parts = sorted((tmp_path / "output").glob("part-*.avro"))
     assert parts, "no part file was committed"

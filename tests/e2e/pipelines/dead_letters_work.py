@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from running_total_work import work
+from spin import work
 
 from connectors.serde import JsonSerde
 from processor.dataflow import Dataflow

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from running_total_work import work  # the same CPU work per click
+from spin import work  # the same CPU work per click
 
 from connectors.serde import JsonSerde
 from processor.dataflow import Dataflow

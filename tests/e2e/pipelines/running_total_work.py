@@ -7,22 +7,12 @@ run over several seconds, so SIGKILLs land while records are in flight.
 from __future__ import annotations
 
 import os
-import time
-from typing import Any
+
+from spin import work
 
 from connectors.serde import JsonSerde
 from processor.dataflow import Dataflow
 from sinks import FileSink
-
-WORK_S = int(os.environ.get("WORK_US", "100")) / 1e6
-
-
-def work(click: Any) -> Any:
-    end = time.perf_counter() + WORK_S
-    while time.perf_counter() < end:
-        pass
-    return click
-
 
 flow = Dataflow(os.environ["JOB_NAME"])
 (

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 
-from running_total_work import work
+from spin import work
 
 from connectors.serde import JsonSerde
 from processor.dataflow import Dataflow, Tumbling
