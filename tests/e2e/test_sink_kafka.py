@@ -40,7 +40,7 @@ SINK_FAULTS = [
     Fault(2, 1, "after-completion-before-commit", 2),
     Fault(3, 0, "mid-sink-recover", 1),
     Fault(4, 1, "during-recovery", 1),
-    Fault(5, 0, "mid-sink-commit", 2),
+    Fault(5, 0, "mid-sink-commit", 1),
 ]
 
 
@@ -81,7 +81,12 @@ def test_kafka_sink_output_is_exactly_once_under_kills_at_every_sink_protocol_po
         interval=0.5,
         faults=SINK_FAULTS,
         random_kills=2,
-        env={"OUTPUT_TOPIC": topic, "SINK_MODE": mode, "TXN_PREFIX": f"chaos-{topic}"},
+        env={
+            "OUTPUT_TOPIC": topic,
+            "SINK_MODE": mode,
+            "TXN_PREFIX": f"chaos-{topic}",
+            "WORK_US": "300",  # long enough for every named fault and the random kills
+        },
         read_output=read_output,
     )
     print(f"seed={seed} restarts={run.result.restarts} random kills={run.random_kills}")
