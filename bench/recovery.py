@@ -79,10 +79,10 @@ class _Monitor(threading.Thread):
         if runner.final_chk is not None or any(w.drained for w in runner.workers):
             self.error = "the input was drained before the kill: raise --recovery-records"
             return
-        old = {w.proc.pid for w in runner.workers}
+        old = {w.pid for w in runner.workers}
         before = runner.coordinator.stats.last_completed
         generation = runner.generation
-        os.kill(runner.workers[self.victim].proc.pid, signal.SIGKILL)
+        os.kill(runner.workers[self.victim].pid, signal.SIGKILL)
         killed = time.monotonic()
         found = self.found
         found.update(victim=self.victim, last_completed_before_kill=before)
@@ -92,7 +92,7 @@ class _Monitor(threading.Thread):
             return (
                 runner.generation > generation
                 and len(workers) == runner.options.workers
-                and not {w.proc.pid for w in workers} & old
+                and not {w.pid for w in workers} & old
             )
 
         if self._wait(lambda: runner.restarts > 0, self.timeout):

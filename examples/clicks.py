@@ -105,6 +105,11 @@ def run_example(
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--checkpoint-interval", type=float, default=1.0, help="seconds")
     parser.add_argument("--mode", default="aligned", choices=["aligned", "unaligned", "sync"])
+    parser.add_argument(
+        "--runner", default="local", choices=["local", "spark"],
+        help="spark: the workers run as a Spark barrier job (needs Java 17)",
+    )  # fmt: skip
+    parser.add_argument("--master", help="Spark master (default local[WORKERS])")
     args = parser.parse_args()
     with servers(["kafka"]) as endpoints:
         assert endpoints.kafka_brokers is not None
@@ -127,7 +132,12 @@ def run_example(
             state_dir=f"{work}/state",
             progress=sys.stdout,
         )
-        result = LocalRunner(pipeline, options).run()
+        if args.runner == "spark":
+            from processor.runtime.spark import SparkOptions, SparkRunner
+
+            result = SparkRunner(pipeline, options, SparkOptions(master=args.master)).run()
+        else:
+            result = LocalRunner(pipeline, options).run()
     got = Counter(canonical(item) for item in read_jsonl(os.environ["OUTPUT_DIR"]))
     want = expected(click_events(args.records, users=args.users))
     missing, extra = compare_outputs(want, got)

@@ -8,7 +8,7 @@
     eosflow dev down                                   stop them by PID, remove their directories
     eosflow probe [--json]                             what the broker in use can do
     eosflow run PIPELINE.py [--workers N] [--checkpoint-interval 1s] [--mode aligned|unaligned]
-                [--until-idle]                         run a job on the local runner
+                [--until-idle] [--runner local|spark]  run a job (local processes or Spark)
     eosflow status [JOB] [--json]                      a running (or the last) job's progress
     eosflow version
 
@@ -159,11 +159,12 @@ def parse_duration(text: str) -> float:
 
 def _run(args: argparse.Namespace) -> int:
     from processor.runtime.local import Fault, JobFailed, LocalRunner, RunOptions
+    from processor.runtime.runner import Runner
 
-    if args.runner != "local":
+    if args.runner == "local" and (args.master or args.conf or args.control_host):
         print(
-            f"eosflow: error: runner {args.runner!r} is not available in this version; use "
-            "--runner local",
+            "eosflow: error: --master, --conf and --control-host are Spark settings; add "
+            "--runner spark",
             file=sys.stderr,
         )
         return 2
@@ -182,7 +183,18 @@ def _run(args: argparse.Namespace) -> int:
             progress=sys.stderr,
             log_level="DEBUG" if args.verbose > 1 else "INFO",
         )
-        runner = LocalRunner(args.pipeline, options)
+        runner: Runner
+        if args.runner == "spark":
+            from processor.runtime.spark import SparkOptions, SparkRunner
+
+            spark = SparkOptions(
+                master=args.master,
+                conf=SparkOptions.parse_conf(args.conf),
+                control_host=args.control_host,
+            )
+            runner = SparkRunner(args.pipeline, options, spark)
+        else:
+            runner = LocalRunner(args.pipeline, options)
         if args.explain:
             print(runner.plan.describe())
             return 0
@@ -372,8 +384,23 @@ def _parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run a pipeline file")
     run.add_argument("pipeline", help="a Python file that defines `flow = Dataflow(...)`")
-    run.add_argument("--runner", default="local", choices=["local", "spark"])
-    run.add_argument("--workers", type=int, default=2, help="worker processes (parallelism)")
+    run.add_argument(
+        "--runner", default="local", choices=["local", "spark"],
+        help="local: one process per worker (default); spark: one Spark barrier job",
+    )  # fmt: skip
+    run.add_argument("--workers", type=int, default=2, help="workers (the job's parallelism)")
+    run.add_argument(
+        "--master", help="Spark master: local[N], spark://HOST:7077, k8s://... (default: the "
+        "one spark-submit gave, else local[WORKERS])",
+    )  # fmt: skip
+    run.add_argument(
+        "--conf", action="append", default=[], metavar="KEY=VALUE",
+        help="a Spark setting, e.g. spark.archives=env.tar.gz#environment (repeatable)",
+    )  # fmt: skip
+    run.add_argument(
+        "--control-host", help="Spark: the driver address executors connect to for checkpoint "
+        "control (default: loopback on local[N], else spark.driver.host)",
+    )  # fmt: skip
     run.add_argument(
         "--checkpoint-interval", type=parse_duration, default=1.0, metavar="DURATION",
         help="time between checkpoints, e.g. 500ms, 1s (default 1s)",

@@ -1,14 +1,9 @@
 """The local runner: the coordinator in this process, one OS process per worker.
 
-It compiles the pipeline, creates the channel topics, starts ``N`` workers, triggers checkpoints
-on the interval, and supervises: when a worker dies, every worker is killed (SIGKILL, reaped, so
-no zombie producer can write after the new generation's markers), a new generation starts from
-the latest completed checkpoint, with exponential backoff, up to ``max_restarts`` times. Each
-restart is logged with its cause (exit status and the worker's last error line).
-
-``until_idle`` runs a bounded job: it ends when every source partition reached the end offset it
-had when the job started, the sources drained their watermark, and a final checkpoint committed.
-SIGINT/SIGTERM stop the job the same way: final checkpoint, commits, then the workers exit.
+Workers are started as ``python -m processor.runtime.worker SPEC.json`` in their own process
+groups, with output in ``<job dir>/worker-N.log``. Stopping a generation SIGKILLs every worker
+and reaps it, so no zombie producer can write after the new generation's markers. The rest
+(coordinator loop, supervision, reporting) is :class:`processor.runtime.runner.Runner`.
 """
 
 from __future__ import annotations
@@ -20,23 +15,20 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
-from processor.compiler import Plan, compile_flow
-from processor.contracts import preflight_sink
 from processor.embedded._process import ServerProcess, spawn
-from processor.embedded.cluster import state_dir
-from processor.errors import ConfigError, EosflowError
-from processor.runtime.control import Connection, ControlServer
-from processor.runtime.coordinator import CheckpointCoordinator
-from processor.runtime.pipeline import load_flow, load_object
-from processor.runtime.worker import FAULT_POINTS
-from processor.snapshot.store import SnapshotHandle, SnapshotStore
+from processor.runtime.runner import (
+    Fault,
+    JobFailed,
+    Runner,
+    RunOptions,
+    RunResult,
+    default_snapshot_url,
+    job_dir,
+    jobs_dir,
+)
 
 __all__ = [
     "Fault",
@@ -47,246 +39,79 @@ __all__ = [
     "default_snapshot_url",
     "job_dir",
     "jobs_dir",
+    "run_local",
 ]
 
 log = logging.getLogger(__name__)
 
-MODES = ("aligned", "unaligned", "sync", "none")
 
+class LocalRunner(Runner):
+    """Runs ``pipeline`` (a file path) with :class:`RunOptions`, one OS process per worker."""
 
-class JobFailed(EosflowError):
-    """The job exhausted its restarts (the message holds the last cause)."""
-
-
-@dataclass(frozen=True)
-class Fault:
-    """SIGKILL worker ``worker`` the ``nth`` time it reaches ``point``, in start ``attempt``
-    (0: the first start, 1: after the first restart...)."""
-
-    attempt: int
-    worker: int
-    point: str
-    nth: int = 1
-
-    @classmethod
-    def parse(cls, text: str) -> Fault:
-        parts = text.split(":")
-        try:
-            attempt, worker, point = int(parts[0]), int(parts[1]), parts[2]
-            nth = int(parts[3]) if len(parts) > 3 else 1
-        except (IndexError, ValueError):
-            raise ConfigError(
-                f"fault {text!r}: expected ATTEMPT:WORKER:POINT[:N], e.g. 0:1:mid-alignment:2"
-            ) from None
-        if point not in FAULT_POINTS:
-            raise ConfigError(f"fault {text!r}: unknown point {point!r}; use one of {FAULT_POINTS}")
-        return cls(attempt, worker, point, nth)
-
-
-@dataclass
-class RunOptions:
-    """How to run a job. Durations in seconds."""
-
-    workers: int = 2
-    checkpoint_interval: float = 1.0
-    mode: str = "aligned"
-    until_idle: bool = False
-    snapshot_url: str | None = None
-    checkpoint_timeout: float = 60.0
-    keep_checkpoints: int = 3
-    max_restarts: int = 10
-    restart_backoff: float = 0.5
-    max_backoff: float = 10.0
-    faults: list[Fault] = field(default_factory=list)
-    transport: str = "connectors.transport:from_env"
-    environ: dict[str, str] = field(default_factory=dict)
-    state_dir: str | None = None
-    progress: TextIO | None = None
-    progress_every: float = 2.0
-    max_records: int = 5000
-    log_level: str = "INFO"
-
-    def validate(self) -> None:
-        if self.mode not in MODES:
-            raise ConfigError(f"mode {self.mode!r}: choose one of {MODES}")
-        if self.workers < 1:
-            raise ConfigError(f"workers must be at least 1, got {self.workers}")
-        if self.checkpoint_interval <= 0:
-            raise ConfigError(
-                f"checkpoint interval must be positive, got {self.checkpoint_interval}s"
-            )
-        if self.checkpoint_timeout <= self.checkpoint_interval / 10:
-            raise ConfigError("checkpoint timeout is too short for the interval; raise it")
-
-
-@dataclass
-class RunResult:
-    job: str
-    generation: int
-    restarts: int
-    checkpoints: int
-    last_checkpoint: int
-    records_in: int
-    records_out: int
-    seconds: float
-    restart_causes: list[str]
-    checkpoint_durations: list[float]
-    ready_s: float  # start-up: from run() until every worker of the first generation connected
-
-
-def jobs_dir(state: str | None = None) -> Path:
-    """Where jobs keep status, worker logs and (by default) checkpoints."""
-    return (Path(state) if state else state_dir()) / "jobs"
-
-
-def job_dir(job: str, state: str | None = None) -> Path:
-    return jobs_dir(state) / job
-
-
-def default_snapshot_url(job: str, state: str | None = None) -> str:
-    """Where a job keeps its checkpoints unless ``--snapshot-url`` says otherwise."""
-    return (job_dir(job, state) / "checkpoints").resolve().as_uri()
-
-
-@contextlib.contextmanager
-def _environment(extra: dict[str, str]) -> Iterator[None]:
-    """``os.environ`` plus ``extra`` while the pipeline file is loaded in this process."""
-    saved = {k: os.environ.get(k) for k in extra}
-    os.environ.update(extra)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-@dataclass
-class _Worker:
-    index: int
-    proc: ServerProcess
-    conn: Connection | None = None
-    log_offset: int = 0
-    drained: bool = False
-    stats: dict[str, Any] = field(default_factory=dict)
-
-
-class LocalRunner:
-    """Runs ``pipeline`` (a file path) with :class:`RunOptions`."""
+    runner = "local"
 
     def __init__(self, pipeline: str | Path, options: RunOptions) -> None:
-        options.validate()
-        self.pipeline = str(Path(pipeline).resolve())
-        self.options = options
-        with _environment(options.environ):  # the workers see the same variables
-            self.plan: Plan = compile_flow(load_flow(self.pipeline), options.workers)
-        self.job = self.plan.job
-        self.dir = job_dir(self.job, options.state_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        url = options.snapshot_url or default_snapshot_url(self.job, options.state_dir)
-        self.store = SnapshotStore(url)
-        self.workers: list[_Worker] = []
-        self.restarts = 0
-        self.restart_causes: list[str] = []
-        self.generation = 0
-        self.stopping: str | None = None
-        self.final_chk: int | None = None
-        self.committed: dict[int, set[str]] = {}
-        self.totals: dict[str, dict[str, Any]] = {}
-        self._started = time.monotonic()
-        self._progress_next = 0.0
-        self._last_in = (0.0, 0)
-        self.ready_s: float | None = None
+        super().__init__(pipeline, options)
+        self.procs: list[ServerProcess] = []
+        self.log_offsets: list[int] = []
 
-    # -- setup -----------------------------------------------------------------------------------
-
-    def _prepare_topics(self) -> tuple[dict[str, int], list[list[Any]] | None]:
-        transport = load_object(self.options.transport)(self._worker_env())
-        steps = self.plan.flow.steps
-        topics = [s.params["topic"] for s in steps.values() if s.kind == "source"]
-        counts = {t: transport.partition_count(t) for t in topics}
-        P = self.plan.parallelism
-        transport.ensure_topics({e.topic: P * P for e in self.plan.edges})
-        ends = None
-        if self.options.until_idle:
-            saved = self.dir / "end_offsets.json"
-            tps = [(t, p) for t in topics for p in range(counts[t])]
-            found = transport.end_offsets(tps)
-            ends = [[t, p, found[(t, p)]] for t, p in tps]
-            saved.write_text(json.dumps(ends))
-        return counts, ends
-
-    def _worker_env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update(self.options.environ)
-        return env
-
-    # -- workers ---------------------------------------------------------------------------------
-
-    def _spawn_all(self, counts: dict[str, int], ends: list[list[Any]] | None) -> None:
-        self.generation = self.store.next_generation(self.job)
-        self.coordinator.start_generation(self.generation)
-        latest = self.store.latest_completed(self.job)
-        restore = latest.checkpoint_id if latest else 0
-        host, port = self.server.address
-        attempt = self.restarts
-        self.workers = []
-        for i in range(self.options.workers):
-            spec = {
-                "pipeline": self.pipeline,
-                "worker": i,
-                "workers": self.options.workers,
-                "generation": self.generation,
-                "restore": restore,
-                "coordinator": [host, port],
-                "snapshot_url": self.store.url,
-                "mode": "aligned" if self.options.mode == "none" else self.options.mode,
-                "checkpoint_interval": self._interval(),
-                "end_offsets": ends,
-                "source_counts": counts,
-                "transport": self.options.transport,
-                "max_records": self.options.max_records,
-                "log_level": self.options.log_level,
-                "faults": [
-                    [f.point, f.nth]
-                    for f in self.options.faults
-                    if f.attempt == attempt and f.worker == i
-                ],
-            }
+    def _launch(self, specs: list[dict[str, Any]]) -> None:
+        env = self._worker_env()
+        self.procs, self.log_offsets = [], []
+        for spec in specs:
+            i = spec["worker"]
             spec_path = self.dir / f"worker-{i}.spec.json"
             spec_path.write_text(json.dumps(spec))
-            log_path = self.dir / f"worker-{i}.log"
-            offset = log_path.stat().st_size if log_path.exists() else 0
+            log_path = Path(spec["log_path"])
+            self.log_offsets.append(log_path.stat().st_size if log_path.exists() else 0)
             proc = spawn(
                 f"worker-{i}",
                 [sys.executable, "-m", "processor.runtime.worker", str(spec_path)],
                 log_path=log_path,
                 owned=True,
-                env=self._worker_env(),
+                env=env,
             )
-            self.workers.append(_Worker(i, proc, log_offset=offset))
-        log.info(
-            "started generation=%d workers=%d restore_checkpoint=%d",
-            self.generation, len(self.workers), restore,
-        )  # fmt: skip
+            self.procs.append(proc)
+            self.workers[i].pid = proc.pid
 
-    def _kill_all(self) -> None:
-        for w in self.workers:
-            popen = w.proc.popen
-            if popen is not None and popen.poll() is None:
+    def _stop_workers(self) -> None:
+        for proc in self.procs:
+            if proc.popen is not None and proc.popen.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(w.proc.pid, signal.SIGKILL)
-        for w in self.workers:
-            if w.proc.popen is not None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+        for proc in self.procs:
+            if proc.popen is not None:
                 try:
-                    w.proc.popen.wait(timeout=30)
+                    proc.popen.wait(timeout=30)
                 except subprocess.TimeoutExpired:
-                    log.error("worker=%d pid=%d did not die", w.index, w.proc.pid)
-        self.server.drop_all()
+                    log.error("%s pid=%d did not die", proc.name, proc.pid)
 
-    def _cause(self, w: _Worker, code: int | None) -> str:
+    def _await_exit(self, timeout: float) -> None:
+        for proc in self.procs:
+            if proc.popen is not None:
+                try:
+                    proc.popen.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    log.error("%s did not stop; killing", proc.name)
+
+    def _dead_worker(self) -> str | None:
+        for w, proc in zip(self.workers, self.procs, strict=True):
+            code = proc.popen.poll() if proc.popen is not None else None
+            if code is not None:
+                return self._cause(w.index, code)
+            if w.conn is not None and w.conn.closed:
+                # A failing worker closes its connection before it logs the error and exits:
+                # give it a moment, so that the cause names its exit status and error line.
+                code = None
+                if proc.popen is not None:
+                    try:
+                        code = proc.popen.wait(timeout=2.0)
+                    except subprocess.TimeoutExpired:
+                        code = None
+                return self._cause(w.index, code)
+        return None
+
+    def _cause(self, index: int, code: int | None) -> str:
         status = (
             f"killed by signal {signal.Signals(-code).name}"
             if code is not None and code < 0
@@ -294,334 +119,20 @@ class LocalRunner:
             if code is not None
             else "lost its coordinator connection"
         )
+        proc = self.procs[index]
         try:  # only this attempt's lines: the log file is shared by every generation
-            with open(w.proc.log_path, "rb") as f:
-                f.seek(w.log_offset)
+            with open(proc.log_path, "rb") as f:
+                f.seek(self.log_offsets[index])
                 text = f.read().decode(errors="replace")
         except OSError:
             text = ""
-        tail = [ln for ln in text.splitlines()[-200:] if "ERROR" in ln or "CRITICAL" in ln]
-        last = tail[-1].split(": ", 1)[-1] if tail else ""
-        return f"worker {w.index} {status}" + (f" ({last})" if last else "")
+        return f"worker {index} {status}" + last_error(text)
 
-    def _recover(self, cause: str, counts: dict[str, int], ends: list[list[Any]] | None) -> None:
-        self.restarts += 1
-        self.restart_causes.append(cause)
-        self._kill_all()
-        if self.restarts > self.options.max_restarts:
-            raise JobFailed(
-                f"job {self.job!r} failed after {self.options.max_restarts} restarts; last "
-                f"cause: {cause}. Worker logs: {self.dir}/worker-*.log"
-            )
-        backoff = min(
-            self.options.max_backoff, self.options.restart_backoff * 2 ** min(self.restarts - 1, 8)
-        )
-        log.warning(
-            "restart=%d/%d cause=%r backoff_s=%.1f recovery=global",
-            self.restarts, self.options.max_restarts, cause, backoff,
-        )  # fmt: skip
-        self._say(f"restart {self.restarts}: {cause}; global recovery in {backoff:.1f}s")
-        time.sleep(backoff)
-        self.final_chk = None
-        self.committed.clear()
-        self._spawn_all(counts, ends)
 
-    # -- main loop -------------------------------------------------------------------------------
-
-    def _interval(self) -> float | None:
-        return None if self.options.mode == "none" else self.options.checkpoint_interval
-
-    def _preflight(self) -> None:
-        """Sinks check their configuration once, before any worker starts (no restart loop)."""
-        flow = self.plan.flow
-        sinks = [s.params["sink"] for s in flow.steps.values() if s.kind == "sink"]
-        if flow.dead_letter_sink is not None:
-            sinks.append(flow.dead_letter_sink)
-        else:
-            log.warning(
-                "job=%s has no dead-letter destination: records that fail to decode are "
-                "counted, logged and skipped, and a user function that raises fails the job; "
-                "give Dataflow(..., dead_letters=<sink>) to keep them",
-                self.job,
-            )
-        with _environment(self.options.environ):
-            for sink in sinks:
-                preflight_sink(sink, job=self.job, checkpoint_interval=self._interval())
-
-    def run(self) -> RunResult:
-        self._preflight()
-        counts, ends = self._prepare_topics()
-        interval = self._interval()
-        self.coordinator = CheckpointCoordinator(
-            self.store,
-            self.job,
-            self.plan.task_names(),
-            interval_s=interval,
-            timeout_s=self.options.checkpoint_timeout,
-            keep=self.options.keep_checkpoints,
-        )
-        self.server = ControlServer()
-        handlers = self._install_signals()
-        try:
-            self._spawn_all(counts, ends)
-            while True:
-                self._pump()
-                failed = self._failed_worker()
-                if failed is not None:
-                    self._recover(failed, counts, ends)
-                    continue
-                if self._finished():
-                    break
-                self._drive()
-                self._report()
-            self._status("finished")
-            return self._result()
-        finally:
-            self._restore_signals(handlers)
-            self._kill_all()
-            self.server.close()
-
-    def _install_signals(self) -> dict[int, Any]:
-        def stop(signum: int, _frame: Any) -> None:
-            if self.stopping is None:
-                self.stopping = signal.Signals(signum).name
-                self._say(f"{self.stopping}: stopping after a final checkpoint (again to abort)")
-            else:
-                raise KeyboardInterrupt
-
-        old: dict[int, Any] = {}
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            # not the main thread (tests drive the runner from threads): no signal handling
-            with contextlib.suppress(ValueError):
-                old[sig] = signal.signal(sig, stop)
-        return old
-
-    def _restore_signals(self, old: dict[int, Any]) -> None:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
-
-    def _pump(self, timeout: float = 0.05) -> None:
-        """Handle the workers' messages (waits up to ``timeout`` for the first)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            try:
-                conn, msg = self.server.inbox.get(timeout=max(0.0, left))
-            except Exception:  # queue.Empty
-                return
-            self._handle(conn, msg)
-            if self.server.inbox.empty():
-                return
-
-    def _handle(self, conn: Connection, msg: dict[str, Any] | None) -> None:
-        if msg is None:
-            return
-        kind = msg.get("t")
-        if kind == "hello":
-            if msg.get("generation") != self.generation:
-                conn.send({"t": "stop"})  # a worker of an older generation: not ours any more
-                return
-            i = int(msg["worker"])
-            conn.worker = i
-            self.workers[i].conn = conn
-        elif kind == "ack":
-            path, size, checksum = msg["handle"]
-            handle = SnapshotHandle(path, int(size), str(checksum))
-            if self.coordinator.on_ack(int(msg["chk"]), str(msg["task"]), handle):
-                self.server.broadcast({"t": "complete", "chk": int(msg["chk"])})
-        elif kind == "decline":
-            chk = self.coordinator.decline(int(msg["chk"]), str(msg["task"]), str(msg["reason"]))
-            if chk is not None:
-                self.server.broadcast({"t": "abort", "chk": chk, "reason": msg["reason"]})
-        elif kind == "committed":
-            self.committed.setdefault(int(msg["chk"]), set()).add(str(msg["task"]))
-        elif kind == "stats":
-            w = self.workers[int(msg["worker"])] if conn.worker is not None else None
-            if w is not None and w.conn is conn:
-                w.stats = msg["tasks"]
-                w.drained = bool(msg["drained"])
-
-    def _failed_worker(self) -> str | None:
-        for w in self.workers:
-            code = w.proc.popen.poll() if w.proc.popen is not None else None
-            if code is not None:
-                return self._cause(w, code)
-            if w.conn is not None and w.conn.closed:
-                # A failing worker closes its connection before it logs the error and exits:
-                # give it a moment, so that the cause names its exit status and error line.
-                code = None
-                if w.proc.popen is not None:
-                    try:
-                        code = w.proc.popen.wait(timeout=2.0)
-                    except subprocess.TimeoutExpired:
-                        code = None
-                return self._cause(w, code)
-        return None
-
-    def _ready(self) -> bool:
-        ready = all(w.conn is not None for w in self.workers)
-        if ready and self.ready_s is None:
-            self.ready_s = time.monotonic() - self._started
-        return ready
-
-    def _drive(self) -> None:
-        if not self._ready():
-            return
-        coordinator = self.coordinator
-        aborted = coordinator.expired()
-        if aborted is not None:
-            self.server.broadcast({"t": "abort", "chk": aborted, "reason": "timeout"})
-        wants_final = self.stopping is not None or (
-            self.options.until_idle and all(w.drained for w in self.workers)
-        )
-        if wants_final and self.final_chk is None:
-            # A checkpoint triggered before the drain may not cover everything: take a new one.
-            if coordinator.pending is None:
-                self.final_chk = coordinator.trigger_now()
-                # Aligned even in unaligned mode: records in flight behind an unaligned barrier
-                # would fall into an epoch that never commits (found by bench/throughput.py).
-                self.server.broadcast({"t": "trigger", "chk": self.final_chk, "aligned": True})
-                self._say(f"final checkpoint {self.final_chk} triggered")
-            return
-        chk = coordinator.due() if self.final_chk is None else None
-        if chk is not None:
-            self.server.broadcast({"t": "trigger", "chk": chk})
-        if (
-            self.final_chk is not None
-            and coordinator.pending is None
-            and coordinator.stats.last_completed < self.final_chk
-        ):  # the final checkpoint was aborted: take another
-            self.final_chk = None
-
-    def _finished(self) -> bool:
-        if self.final_chk is None:
-            return False
-        done = self.committed.get(self.final_chk, set())
-        if len(done) < len(self.coordinator.tasks):
-            return False
-        self.server.broadcast({"t": "stop"})
-        for w in self.workers:
-            if w.proc.popen is not None:
-                try:
-                    w.proc.popen.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    log.error("worker=%d did not stop; killing", w.index)
-        deadline = time.monotonic() + 2.0  # read the workers' final counters up to their EOF
-        while time.monotonic() < deadline and any(
-            w.conn is not None and not w.conn.closed for w in self.workers
-        ):
-            self._pump(0.05)
-        while not self.server.inbox.empty():
-            self._handle(*self.server.inbox.get_nowait())
-        self._report(force=True)
-        return True
-
-    # -- reporting -------------------------------------------------------------------------------
-
-    def _counters(self) -> tuple[int, int, int]:
-        """Records read by source tasks, handed to sinks, source lag."""
-        sources = {s.name for s in self.plan.stages if s.sources}
-        rin = out = lag = 0
-        for w in self.workers:
-            for task, st in w.stats.items():
-                stage = task.rsplit(".", 1)[0]
-                if stage in sources:
-                    rin += int(st["in"])
-                    lag += int(st["lag"])
-                out += int(st["sunk"])
-        return rin, out, lag
-
-    def _bad_counts(self) -> tuple[int, int]:
-        """Dead letters routed and bad records skipped, over every task of this generation."""
-        dead = bad = 0
-        for w in self.workers:
-            for st in w.stats.values():
-                dead += int(st.get("dead", 0))
-                bad += int(st.get("bad", 0))
-        return dead, bad
-
-    def _say(self, text: str) -> None:
-        if self.options.progress is not None:
-            elapsed = time.monotonic() - self._started
-            print(f"[{elapsed:7.1f}s] {self.job}: {text}", file=self.options.progress, flush=True)
-
-    def _report(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now < self._progress_next:
-            return
-        self._progress_next = now + self.options.progress_every
-        rin, out, lag = self._counters()
-        then, before = self._last_in
-        rate = (rin - before) / (now - then) if now > then and rin >= before else 0.0
-        self._last_in = (now, rin)
-        st = self.coordinator.stats
-        lag_text = f" lag={lag:,}" if self.options.until_idle else ""
-        dead, bad = self._bad_counts()
-        lag_text += (f" dead={dead:,}" if dead else "") + (f" skipped={bad:,}" if bad else "")
-        self._say(
-            f"gen={self.generation} in={rin:,} ({rate:,.0f}/s) out={out:,}{lag_text} "
-            f"checkpoint={st.last_completed} ({st.last_duration_s * 1000:.0f} ms) "
-            f"restarts={self.restarts}"
-        )
-        self._status("running")
-
-    def _status(self, state: str) -> None:
-        rin, out, lag = self._counters()
-        dead, bad = self._bad_counts()
-        st = self.coordinator.stats
-        status = {
-            "job": self.job,
-            "state": state,
-            "pid": os.getpid(),
-            "updated_ms": int(time.time() * 1000),
-            "uptime_s": round(time.monotonic() - self._started, 1),
-            "generation": self.generation,
-            "restarts": self.restarts,
-            "restart_causes": self.restart_causes[-10:],
-            "mode": self.options.mode,
-            "workers": [
-                {"worker": w.index, "pid": w.proc.pid, "connected": w.conn is not None}
-                for w in self.workers
-            ],
-            "checkpoint": {
-                "last_completed": st.last_completed,
-                "last_duration_ms": int(st.last_duration_s * 1000),
-                "completed": st.completed,
-                "aborted": st.aborted,
-                "pending": self.coordinator.pending.checkpoint_id
-                if self.coordinator.pending
-                else None,
-            },
-            "records_in": rin,
-            "records_out": out,
-            "source_lag": lag,
-            "dead_letters": dead,
-            "bad_records_skipped": bad,
-            "tasks": {k: v for w in self.workers for k, v in w.stats.items()},
-            "snapshot_url": self.store.url,
-        }
-        path = self.dir / "status.json"
-        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".status-")
-        with os.fdopen(fd, "w") as f:
-            json.dump(status, f, indent=1)
-        os.replace(tmp, path)
-
-    def _result(self) -> RunResult:
-        rin, out, _ = self._counters()
-        st = self.coordinator.stats
-        return RunResult(
-            job=self.job,
-            generation=self.generation,
-            restarts=self.restarts,
-            checkpoints=st.completed,
-            last_checkpoint=st.last_completed,
-            records_in=rin,
-            records_out=out,
-            seconds=time.monotonic() - self._started,
-            restart_causes=list(self.restart_causes),
-            checkpoint_durations=list(st.durations),
-            ready_s=self.ready_s if self.ready_s is not None else float("nan"),
-        )
+def last_error(text: str) -> str:
+    """`` (the last ERROR/CRITICAL message)`` of a worker's log text, or ``""``."""
+    tail = [ln for ln in text.splitlines()[-200:] if "ERROR" in ln or "CRITICAL" in ln]
+    return f" ({tail[-1].split(': ', 1)[-1]})" if tail else ""
 
 
 def run_local(pipeline: str | Path, **options: Any) -> RunResult:

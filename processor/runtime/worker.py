@@ -1,12 +1,12 @@
 """A worker: subtask ``i`` of every stage, in one process, driven by the coordinator.
 
-Started by a runner as ``python -m processor.runtime.worker SPEC.json``; the same loop runs in a
-Spark task. The loop polls each task in turn, serves the coordinator's messages between batches
-(trigger, complete, abort, stop) and acknowledges snapshots as their uploads finish.
+Started by the local runner as ``python -m processor.runtime.worker SPEC.json``; the same loop
+runs in a Spark task (:mod:`processor.runtime.spark`). The loop polls each task in turn, serves
+the coordinator's messages between batches (trigger, complete, abort, stop) and acknowledges
+snapshots as their uploads finish.
 
 Fault injection (for crash tests): the spec's ``faults`` lists ``[point, n]`` pairs; the worker
-SIGKILLs itself the ``n``-th time it reaches ``point``. Points: ``mid-alignment``,
-``after-snapshot-before-ack``, ``after-completion-before-commit``, ``during-recovery``.
+SIGKILLs itself the ``n``-th time it reaches ``point`` (one of :data:`FAULT_POINTS`).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 import traceback
@@ -29,7 +30,7 @@ from processor.runtime.pipeline import load_flow, load_object
 from processor.runtime.task import Task, TaskEnv
 from processor.snapshot.store import SnapshotStore
 
-__all__ = ["FAULT_POINTS", "main", "run_worker"]
+__all__ = ["FAULT_POINTS", "log_format", "main", "run_logged", "run_worker"]
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +97,16 @@ def run_worker(spec: dict[str, Any]) -> int:
             state = store.read_task_snapshot(manifest.tasks[task.name])
         task.open(state, counts)
     sources = [t for t in tasks if t.is_source]
-    client.send({"t": "hello", "worker": worker, "generation": env.generation, "pid": os.getpid()})
+    client.send(
+        {
+            "t": "hello",
+            "worker": worker,
+            "generation": env.generation,
+            "token": spec.get("token"),
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+        }
+    )
     max_records = int(spec.get("max_records", 5000))
     idle = False
     next_stats = 0.0
@@ -172,25 +182,31 @@ def _serve(
     return None
 
 
+def log_format(worker: int) -> str:
+    return f"%(asctime)s worker-{worker} %(levelname)s %(name)s: %(message)s"
+
+
+def run_logged(spec: dict[str, Any]) -> int:
+    """:func:`run_worker`, logging a failure as one ERROR line (the runner quotes it as the
+    restart cause) and its traceback on stderr."""
+    try:
+        return run_worker(spec)
+    except Exception as exc:
+        log.error("worker=%s failed: %s: %s", spec.get("worker"), type(exc).__name__, exc)
+        log.debug("traceback", exc_info=True)
+        sys.stderr.write(traceback.format_exc())
+        return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         print("usage: python -m processor.runtime.worker SPEC.json", file=sys.stderr)
         return 2
     spec = json.loads(Path(args[0]).read_text())
-    logging.basicConfig(
-        level=spec.get("log_level", "INFO"),
-        format=f"%(asctime)s worker-{spec['worker']} %(levelname)s %(name)s: %(message)s",
-    )
+    logging.basicConfig(level=spec.get("log_level", "INFO"), format=log_format(spec["worker"]))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the runner decides when workers stop
-    try:
-        return run_worker(spec)
-    except Exception as exc:
-        # One line the runner can quote as the restart cause, then the traceback.
-        log.error("worker=%s failed: %s: %s", spec.get("worker"), type(exc).__name__, exc)
-        log.debug("traceback", exc_info=True)
-        sys.stderr.write(traceback.format_exc())
-        return 1
+    return run_logged(spec)
 
 
 if __name__ == "__main__":

@@ -106,8 +106,11 @@ class _Killer(threading.Thread):
             if runner.restarts != attempt or runner.final_chk is not None:
                 continue
             victim = self.rng.randrange(len(workers))
+            pid = workers[victim].pid
+            if pid is None:
+                continue
             try:
-                os.kill(workers[victim].proc.pid, signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 continue
             self.done.append((round(time.monotonic() - started, 2), victim))

@@ -1,0 +1,620 @@
+"""What every runner shares: the coordinator loop, supervision and reporting.
+
+A runner compiles the pipeline, creates the channel topics, starts ``N`` workers of a
+generation, triggers checkpoints on the interval, and supervises: when a worker dies, every
+worker of the generation is stopped (so no zombie can write after the new generation's
+markers), a new generation starts from the latest completed checkpoint, with exponential
+backoff, up to ``max_restarts`` times. Each restart is logged with its cause.
+
+How workers are started, watched and stopped is the subclass's business
+(:class:`processor.runtime.local.LocalRunner`: OS processes;
+:class:`processor.runtime.spark.SparkRunner`: one Spark barrier job). Both speak to the
+coordinator over the same TCP control plane (:mod:`processor.runtime.control`).
+
+``until_idle`` runs a bounded job: it ends when every source partition reached the end offset it
+had when the job started, the sources drained their watermark, and a final checkpoint committed.
+SIGINT/SIGTERM stop the job the same way: final checkpoint, commits, then the workers exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import secrets
+import signal
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from processor.compiler import Plan, compile_flow
+from processor.contracts import preflight_sink
+from processor.embedded.cluster import state_dir
+from processor.errors import ConfigError, EosflowError
+from processor.runtime.control import Connection, ControlServer
+from processor.runtime.coordinator import CheckpointCoordinator
+from processor.runtime.pipeline import load_flow, load_object
+from processor.runtime.worker import FAULT_POINTS
+from processor.snapshot.store import SnapshotHandle, SnapshotStore
+
+__all__ = [
+    "Fault",
+    "JobFailed",
+    "RunOptions",
+    "RunResult",
+    "Runner",
+    "WorkerHandle",
+    "default_snapshot_url",
+    "job_dir",
+    "jobs_dir",
+]
+
+log = logging.getLogger(__name__)
+
+MODES = ("aligned", "unaligned", "sync", "none")
+
+
+class JobFailed(EosflowError):
+    """The job exhausted its restarts (the message holds the last cause)."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    """SIGKILL worker ``worker`` the ``nth`` time it reaches ``point``, in start ``attempt``
+    (0: the first start, 1: after the first restart...)."""
+
+    attempt: int
+    worker: int
+    point: str
+    nth: int = 1
+
+    @classmethod
+    def parse(cls, text: str) -> Fault:
+        parts = text.split(":")
+        try:
+            attempt, worker, point = int(parts[0]), int(parts[1]), parts[2]
+            nth = int(parts[3]) if len(parts) > 3 else 1
+        except (IndexError, ValueError):
+            raise ConfigError(
+                f"fault {text!r}: expected ATTEMPT:WORKER:POINT[:N], e.g. 0:1:mid-alignment:2"
+            ) from None
+        if point not in FAULT_POINTS:
+            raise ConfigError(f"fault {text!r}: unknown point {point!r}; use one of {FAULT_POINTS}")
+        return cls(attempt, worker, point, nth)
+
+
+@dataclass
+class RunOptions:
+    """How to run a job. Durations in seconds."""
+
+    workers: int = 2
+    checkpoint_interval: float = 1.0
+    mode: str = "aligned"
+    until_idle: bool = False
+    snapshot_url: str | None = None
+    checkpoint_timeout: float = 60.0
+    keep_checkpoints: int = 3
+    max_restarts: int = 10
+    restart_backoff: float = 0.5
+    max_backoff: float = 10.0
+    faults: list[Fault] = field(default_factory=list)
+    transport: str = "connectors.transport:from_env"
+    environ: dict[str, str] = field(default_factory=dict)
+    state_dir: str | None = None
+    progress: TextIO | None = None
+    progress_every: float = 2.0
+    max_records: int = 5000
+    log_level: str = "INFO"
+
+    def validate(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"mode {self.mode!r}: choose one of {MODES}")
+        if self.workers < 1:
+            raise ConfigError(f"workers must be at least 1, got {self.workers}")
+        if self.checkpoint_interval <= 0:
+            raise ConfigError(
+                f"checkpoint interval must be positive, got {self.checkpoint_interval}s"
+            )
+        if self.checkpoint_timeout <= self.checkpoint_interval / 10:
+            raise ConfigError("checkpoint timeout is too short for the interval; raise it")
+
+
+@dataclass
+class RunResult:
+    job: str
+    generation: int
+    restarts: int
+    checkpoints: int
+    last_checkpoint: int
+    records_in: int
+    records_out: int
+    seconds: float
+    restart_causes: list[str]
+    checkpoint_durations: list[float]
+    ready_s: float  # start-up: from run() until every worker of the first generation connected
+
+
+def jobs_dir(state: str | None = None) -> Path:
+    """Where jobs keep status, worker logs and (by default) checkpoints."""
+    return (Path(state) if state else state_dir()) / "jobs"
+
+
+def job_dir(job: str, state: str | None = None) -> Path:
+    return jobs_dir(state) / job
+
+
+def default_snapshot_url(job: str, state: str | None = None) -> str:
+    """Where a job keeps its checkpoints unless ``--snapshot-url`` says otherwise."""
+    return (job_dir(job, state) / "checkpoints").resolve().as_uri()
+
+
+@contextlib.contextmanager
+def _environment(extra: dict[str, str]) -> Iterator[None]:
+    """``os.environ`` plus ``extra`` while the pipeline file is loaded in this process."""
+    saved = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@dataclass
+class WorkerHandle:
+    """The runner's view of one worker of the current generation."""
+
+    index: int
+    pid: int | None = None  # the worker's process id (from its hello on Spark)
+    host: str | None = None
+    conn: Connection | None = None
+    drained: bool = False
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+class Runner:
+    """Runs ``pipeline`` (a file path) with :class:`RunOptions`; subclasses start the workers.
+
+    Subclasses implement :meth:`_launch`, :meth:`_dead_worker`, :meth:`_stop_workers` and
+    :meth:`_await_exit`, and may override :meth:`_start` / :meth:`_close` for their own
+    resources.
+    """
+
+    runner = "base"
+
+    def __init__(self, pipeline: str | Path, options: RunOptions) -> None:
+        options.validate()
+        self.pipeline = str(Path(pipeline).resolve())
+        self.options = options
+        with _environment(options.environ):  # the workers see the same variables
+            self.plan: Plan = compile_flow(load_flow(self.pipeline), options.workers)
+        self.job = self.plan.job
+        self.dir = job_dir(self.job, options.state_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        url = options.snapshot_url or default_snapshot_url(self.job, options.state_dir)
+        self.store = SnapshotStore(url)
+        self.workers: list[WorkerHandle] = []
+        # Only workers given this token are heard: the control port may be reachable by others.
+        self.token = secrets.token_hex(16)
+        self.bind: tuple[str, int] = ("127.0.0.1", 0)  # the control plane's listening address
+        self.advertise: str | None = None  # the host workers connect to (default: bind host)
+        self.restarts = 0
+        self.restart_causes: list[str] = []
+        self.generation = 0
+        self.stopping: str | None = None
+        self.final_chk: int | None = None
+        self.committed: dict[int, set[str]] = {}
+        self.totals: dict[str, dict[str, Any]] = {}
+        self._started = time.monotonic()
+        self._progress_next = 0.0
+        self._last_in = (0.0, 0)
+        self.ready_s: float | None = None
+
+    # -- setup -----------------------------------------------------------------------------------
+
+    def _prepare_topics(self) -> tuple[dict[str, int], list[list[Any]] | None]:
+        transport = load_object(self.options.transport)(self._worker_env())
+        steps = self.plan.flow.steps
+        topics = [s.params["topic"] for s in steps.values() if s.kind == "source"]
+        counts = {t: transport.partition_count(t) for t in topics}
+        P = self.plan.parallelism
+        transport.ensure_topics({e.topic: P * P for e in self.plan.edges})
+        ends = None
+        if self.options.until_idle:
+            saved = self.dir / "end_offsets.json"
+            tps = [(t, p) for t in topics for p in range(counts[t])]
+            found = transport.end_offsets(tps)
+            ends = [[t, p, found[(t, p)]] for t, p in tps]
+            saved.write_text(json.dumps(ends))
+        return counts, ends
+
+    def _worker_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(self.options.environ)
+        return env
+
+    # -- workers ---------------------------------------------------------------------------------
+
+    def _spawn_all(self, counts: dict[str, int], ends: list[list[Any]] | None) -> None:
+        self.generation = self.store.next_generation(self.job)
+        self.coordinator.start_generation(self.generation)
+        latest = self.store.latest_completed(self.job)
+        restore = latest.checkpoint_id if latest else 0
+        host, port = self.advertised
+        attempt = self.restarts
+        specs = []
+        for i in range(self.options.workers):
+            specs.append(
+                {
+                    "pipeline": self.pipeline,
+                    "worker": i,
+                    "workers": self.options.workers,
+                    "generation": self.generation,
+                    "token": self.token,
+                    "restore": restore,
+                    "coordinator": [host, port],
+                    "snapshot_url": self.store.url,
+                    "mode": "aligned" if self.options.mode == "none" else self.options.mode,
+                    "checkpoint_interval": self._interval(),
+                    "end_offsets": ends,
+                    "source_counts": counts,
+                    "transport": self.options.transport,
+                    "max_records": self.options.max_records,
+                    "log_level": self.options.log_level,
+                    "log_path": str(self.dir / f"worker-{i}.log"),
+                    "faults": [
+                        [f.point, f.nth]
+                        for f in self.options.faults
+                        if f.attempt == attempt and f.worker == i
+                    ],
+                }
+            )
+        self.workers = [WorkerHandle(i) for i in range(self.options.workers)]
+        self._launch(specs)
+        log.info(
+            "started runner=%s generation=%d workers=%d restore_checkpoint=%d",
+            self.runner, self.generation, len(self.workers), restore,
+        )  # fmt: skip
+
+    # -- what a runner implements ----------------------------------------------------------------
+
+    def _start(self) -> None:
+        """Acquire the runner's resources (before the first generation)."""
+
+    def _close(self) -> None:
+        """Release them (after the last)."""
+
+    def _launch(self, specs: list[dict[str, Any]]) -> None:
+        """Start one worker per spec (JSON-able dicts); ``self.workers`` is already set."""
+        raise NotImplementedError
+
+    def _dead_worker(self) -> str | None:
+        """The cause, if a worker of the current generation died or lost its connection."""
+        raise NotImplementedError
+
+    def _stop_workers(self) -> None:
+        """Stop every worker of the current generation and wait until none can write."""
+        raise NotImplementedError
+
+    def _await_exit(self, timeout: float) -> None:
+        """Wait for the workers to exit after they were told to stop."""
+        raise NotImplementedError
+
+    def _kill_all(self) -> None:
+        self._stop_workers()
+        self.server.drop_all()
+
+    def _recover(self, cause: str, counts: dict[str, int], ends: list[list[Any]] | None) -> None:
+        self.restarts += 1
+        self.restart_causes.append(cause)
+        self._kill_all()
+        if self.restarts > self.options.max_restarts:
+            raise JobFailed(
+                f"job {self.job!r} failed after {self.options.max_restarts} restarts; last "
+                f"cause: {cause}. Worker logs: {self.dir}/worker-*.log"
+            )
+        backoff = min(
+            self.options.max_backoff, self.options.restart_backoff * 2 ** min(self.restarts - 1, 8)
+        )
+        log.warning(
+            "restart=%d/%d runner=%s cause=%r backoff_s=%.1f recovery=global",
+            self.restarts, self.options.max_restarts, self.runner, cause, backoff,
+        )  # fmt: skip
+        self._say(f"restart {self.restarts}: {cause}; global recovery in {backoff:.1f}s")
+        time.sleep(backoff)
+        self.final_chk = None
+        self.committed.clear()
+        self._spawn_all(counts, ends)
+
+    # -- main loop -------------------------------------------------------------------------------
+
+    def _interval(self) -> float | None:
+        return None if self.options.mode == "none" else self.options.checkpoint_interval
+
+    def _preflight(self) -> None:
+        """Sinks check their configuration once, before any worker starts (no restart loop)."""
+        flow = self.plan.flow
+        sinks = [s.params["sink"] for s in flow.steps.values() if s.kind == "sink"]
+        if flow.dead_letter_sink is not None:
+            sinks.append(flow.dead_letter_sink)
+        else:
+            log.warning(
+                "job=%s has no dead-letter destination: records that fail to decode are "
+                "counted, logged and skipped, and a user function that raises fails the job; "
+                "give Dataflow(..., dead_letters=<sink>) to keep them",
+                self.job,
+            )
+        with _environment(self.options.environ):
+            for sink in sinks:
+                preflight_sink(sink, job=self.job, checkpoint_interval=self._interval())
+
+    def run(self) -> RunResult:
+        self._preflight()
+        counts, ends = self._prepare_topics()
+        interval = self._interval()
+        self.coordinator = CheckpointCoordinator(
+            self.store,
+            self.job,
+            self.plan.task_names(),
+            interval_s=interval,
+            timeout_s=self.options.checkpoint_timeout,
+            keep=self.options.keep_checkpoints,
+        )
+        handlers = self._install_signals()
+        try:
+            self._start()
+            self.server = ControlServer(*self.bind)
+            port = self.server.address[1]
+            self.advertised = (self.advertise or self.bind[0], port)
+            self._spawn_all(counts, ends)
+            while True:
+                self._pump()
+                failed = self._dead_worker()
+                if failed is not None:
+                    self._recover(failed, counts, ends)
+                    continue
+                if self._finished():
+                    break
+                self._drive()
+                self._report()
+            self._status("finished")
+            return self._result()
+        finally:
+            self._restore_signals(handlers)
+            if hasattr(self, "server"):
+                self._kill_all()
+                self.server.close()
+            self._close()
+
+    def _install_signals(self) -> dict[int, Any]:
+        def stop(signum: int, _frame: Any) -> None:
+            if self.stopping is None:
+                self.stopping = signal.Signals(signum).name
+                self._say(f"{self.stopping}: stopping after a final checkpoint (again to abort)")
+            else:
+                raise KeyboardInterrupt
+
+        old: dict[int, Any] = {}
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            # not the main thread (tests drive the runner from threads): no signal handling
+            with contextlib.suppress(ValueError):
+                old[sig] = signal.signal(sig, stop)
+        return old
+
+    def _restore_signals(self, old: dict[int, Any]) -> None:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+    def _pump(self, timeout: float = 0.05) -> None:
+        """Handle the workers' messages (waits up to ``timeout`` for the first)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                conn, msg = self.server.inbox.get(timeout=max(0.0, left))
+            except Exception:  # queue.Empty
+                return
+            self._handle(conn, msg)
+            if self.server.inbox.empty():
+                return
+
+    def _handle(self, conn: Connection, msg: dict[str, Any] | None) -> None:
+        if msg is None:
+            return
+        kind = msg.get("t")
+        if kind == "hello":
+            if msg.get("token") != self.token:
+                log.error("control connection from %s without this job's token: closed", conn.peer)
+                conn.close()
+                return
+            if msg.get("generation") != self.generation:
+                conn.send({"t": "stop"})  # a worker of an older generation: not ours any more
+                return
+            i = int(msg["worker"])
+            conn.worker = i
+            hello = self.workers[i]
+            hello.conn, hello.pid, hello.host = conn, msg.get("pid"), msg.get("host")
+        elif kind == "ack":
+            path, size, checksum = msg["handle"]
+            handle = SnapshotHandle(path, int(size), str(checksum))
+            if self.coordinator.on_ack(int(msg["chk"]), str(msg["task"]), handle):
+                self.server.broadcast({"t": "complete", "chk": int(msg["chk"])})
+        elif kind == "decline":
+            chk = self.coordinator.decline(int(msg["chk"]), str(msg["task"]), str(msg["reason"]))
+            if chk is not None:
+                self.server.broadcast({"t": "abort", "chk": chk, "reason": msg["reason"]})
+        elif kind == "committed":
+            self.committed.setdefault(int(msg["chk"]), set()).add(str(msg["task"]))
+        elif kind == "stats":
+            w = self.workers[int(msg["worker"])] if conn.worker is not None else None
+            if w is not None and w.conn is conn:
+                w.stats = msg["tasks"]
+                w.drained = bool(msg["drained"])
+
+    def _ready(self) -> bool:
+        ready = all(w.conn is not None for w in self.workers)
+        if ready and self.ready_s is None:
+            self.ready_s = time.monotonic() - self._started
+        return ready
+
+    def _drive(self) -> None:
+        if not self._ready():
+            return
+        coordinator = self.coordinator
+        aborted = coordinator.expired()
+        if aborted is not None:
+            self.server.broadcast({"t": "abort", "chk": aborted, "reason": "timeout"})
+        wants_final = self.stopping is not None or (
+            self.options.until_idle and all(w.drained for w in self.workers)
+        )
+        if wants_final and self.final_chk is None:
+            # A checkpoint triggered before the drain may not cover everything: take a new one.
+            if coordinator.pending is None:
+                self.final_chk = coordinator.trigger_now()
+                # Aligned even in unaligned mode: records in flight behind an unaligned barrier
+                # would fall into an epoch that never commits (found by bench/throughput.py).
+                self.server.broadcast({"t": "trigger", "chk": self.final_chk, "aligned": True})
+                self._say(f"final checkpoint {self.final_chk} triggered")
+            return
+        chk = coordinator.due() if self.final_chk is None else None
+        if chk is not None:
+            self.server.broadcast({"t": "trigger", "chk": chk})
+        if (
+            self.final_chk is not None
+            and coordinator.pending is None
+            and coordinator.stats.last_completed < self.final_chk
+        ):  # the final checkpoint was aborted: take another
+            self.final_chk = None
+
+    def _finished(self) -> bool:
+        if self.final_chk is None:
+            return False
+        done = self.committed.get(self.final_chk, set())
+        if len(done) < len(self.coordinator.tasks):
+            return False
+        self.server.broadcast({"t": "stop"})
+        self._await_exit(30.0)
+        deadline = time.monotonic() + 2.0  # read the workers' final counters up to their EOF
+        while time.monotonic() < deadline and any(
+            w.conn is not None and not w.conn.closed for w in self.workers
+        ):
+            self._pump(0.05)
+        while not self.server.inbox.empty():
+            self._handle(*self.server.inbox.get_nowait())
+        self._report(force=True)
+        return True
+
+    # -- reporting -------------------------------------------------------------------------------
+
+    def _counters(self) -> tuple[int, int, int]:
+        """Records read by source tasks, handed to sinks, source lag."""
+        sources = {s.name for s in self.plan.stages if s.sources}
+        rin = out = lag = 0
+        for w in self.workers:
+            for task, st in w.stats.items():
+                stage = task.rsplit(".", 1)[0]
+                if stage in sources:
+                    rin += int(st["in"])
+                    lag += int(st["lag"])
+                out += int(st["sunk"])
+        return rin, out, lag
+
+    def _bad_counts(self) -> tuple[int, int]:
+        """Dead letters routed and bad records skipped, over every task of this generation."""
+        dead = bad = 0
+        for w in self.workers:
+            for st in w.stats.values():
+                dead += int(st.get("dead", 0))
+                bad += int(st.get("bad", 0))
+        return dead, bad
+
+    def _say(self, text: str) -> None:
+        if self.options.progress is not None:
+            elapsed = time.monotonic() - self._started
+            print(f"[{elapsed:7.1f}s] {self.job}: {text}", file=self.options.progress, flush=True)
+
+    def _report(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now < self._progress_next:
+            return
+        self._progress_next = now + self.options.progress_every
+        rin, out, lag = self._counters()
+        then, before = self._last_in
+        rate = (rin - before) / (now - then) if now > then and rin >= before else 0.0
+        self._last_in = (now, rin)
+        st = self.coordinator.stats
+        lag_text = f" lag={lag:,}" if self.options.until_idle else ""
+        dead, bad = self._bad_counts()
+        lag_text += (f" dead={dead:,}" if dead else "") + (f" skipped={bad:,}" if bad else "")
+        self._say(
+            f"gen={self.generation} in={rin:,} ({rate:,.0f}/s) out={out:,}{lag_text} "
+            f"checkpoint={st.last_completed} ({st.last_duration_s * 1000:.0f} ms) "
+            f"restarts={self.restarts}"
+        )
+        self._status("running")
+
+    def _status(self, state: str) -> None:
+        rin, out, lag = self._counters()
+        dead, bad = self._bad_counts()
+        st = self.coordinator.stats
+        status = {
+            "job": self.job,
+            "state": state,
+            "pid": os.getpid(),
+            "updated_ms": int(time.time() * 1000),
+            "uptime_s": round(time.monotonic() - self._started, 1),
+            "generation": self.generation,
+            "restarts": self.restarts,
+            "restart_causes": self.restart_causes[-10:],
+            "mode": self.options.mode,
+            "runner": self.runner,
+            "workers": [
+                {"worker": w.index, "pid": w.pid, "host": w.host, "connected": w.conn is not None}
+                for w in self.workers
+            ],
+            "checkpoint": {
+                "last_completed": st.last_completed,
+                "last_duration_ms": int(st.last_duration_s * 1000),
+                "completed": st.completed,
+                "aborted": st.aborted,
+                "pending": self.coordinator.pending.checkpoint_id
+                if self.coordinator.pending
+                else None,
+            },
+            "records_in": rin,
+            "records_out": out,
+            "source_lag": lag,
+            "dead_letters": dead,
+            "bad_records_skipped": bad,
+            "tasks": {k: v for w in self.workers for k, v in w.stats.items()},
+            "snapshot_url": self.store.url,
+        }
+        path = self.dir / "status.json"
+        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".status-")
+        with os.fdopen(fd, "w") as f:
+            json.dump(status, f, indent=1)
+        os.replace(tmp, path)
+
+    def _result(self) -> RunResult:
+        rin, out, _ = self._counters()
+        st = self.coordinator.stats
+        return RunResult(
+            job=self.job,
+            generation=self.generation,
+            restarts=self.restarts,
+            checkpoints=st.completed,
+            last_checkpoint=st.last_completed,
+            records_in=rin,
+            records_out=out,
+            seconds=time.monotonic() - self._started,
+            restart_causes=list(self.restart_causes),
+            checkpoint_durations=list(st.durations),
+            ready_s=self.ready_s if self.ready_s is not None else float("nan"),
+        )
