@@ -25,15 +25,24 @@ from processor.errors import ServerNotFoundError
 
 ROOT = Path(__file__).resolve().parent.parent
 KAFKA_IMAGE = "confluentinc/cp-kafka:7.6.0"  # testcontainers' own default: Apache Kafka 3.6
+NO_JAVA = "Spark needs a Java runtime: install OpenJDK 17 (apt-get install openjdk-17-jre-headless)"
 NO_DOCKER = "no Docker engine answers 'docker info' (the docker CLI alone is not enough)"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tier markers follow the folder: tests/integration -> integration, tests/e2e -> chaos."""
+    no_java = None if java_available() else pytest.mark.skip(reason=NO_JAVA)
     for item in items:
         parts = Path(str(item.fspath)).parts
         if "integration" in parts:
             item.add_marker(pytest.mark.integration)
+        if no_java is not None and item.get_closest_marker("spark") is not None:
+            item.add_marker(no_java)
+
+
+def java_available() -> bool:
+    home = os.environ.get("JAVA_HOME")
+    return shutil.which("java") is not None or bool(home and Path(home, "bin", "java").exists())
 
 
 def docker_engine_available() -> bool:

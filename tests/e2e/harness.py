@@ -1,4 +1,4 @@
-"""Runs a job on the local runner while killing its workers, and checks the committed output.
+"""Runs a job (local or Spark runner) while killing its workers, and checks the committed output.
 
 The expectation is computed from the click generator alone (``examples/clicks.py``), never by
 the engine; :func:`assert_exactly_once` compares the committed output with it as a multiset.
@@ -20,7 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from processor.runtime.local import Fault, LocalRunner, RunOptions, RunResult
+from processor.runtime.runner import Runner
 from sinks import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,12 +39,16 @@ from clicks import (  # noqa: E402
 )
 
 __all__ = [
+    "RUNNERS",
     "canonical",
     "chaos_seed",
     "click_events",
     "expected_running_totals",
     "expected_window_counts",
 ]
+
+# Parametrize a crash test over runners: the local runner always, Spark (marked) in CI too.
+RUNNERS = [pytest.param("local"), pytest.param("spark", marks=pytest.mark.spark)]
 
 PIPELINES = Path(__file__).resolve().parent / "pipelines"
 FAULT_LINE = re.compile(r"fault injection: SIGKILL worker=(\d+) point=([\w-]+)")
@@ -78,13 +85,15 @@ def assert_exactly_once(want: Counter[bytes], got: Counter[bytes], *, seed: int)
 class _Killer(threading.Thread):
     """SIGKILLs a random worker at random moments once ``start_after`` restarts happened."""
 
-    def __init__(
-        self, runner: LocalRunner, *, kills: int, start_after: int, rng: random.Random
-    ) -> None:
+    def __init__(self, runner: Runner, *, kills: int, start_after: int, rng: random.Random) -> None:
         super().__init__(name="chaos-killer", daemon=True)
         self.runner, self.kills, self.start_after, self.rng = runner, kills, start_after, rng
         self.done: list[tuple[float, int]] = []
         self.stop = threading.Event()
+
+    @staticmethod
+    def _live(workers: list[Any]) -> bool:
+        return bool(workers) and all(w.conn is not None and not w.conn.closed for w in workers)
 
     def run(self) -> None:
         started = time.monotonic()
@@ -94,8 +103,7 @@ class _Killer(threading.Thread):
             attempt = runner.restarts
             if (
                 attempt < self.start_after + len(self.done)
-                or not workers
-                or not all(w.conn is not None for w in workers)
+                or not self._live(workers)
                 or runner.final_chk is not None
             ):
                 time.sleep(0.01)
@@ -103,7 +111,14 @@ class _Killer(threading.Thread):
             # A random moment while this generation runs: 0.1-1.2 s after it connected.
             if self.stop.wait(self.rng.uniform(0.1, 1.2)):
                 return
-            if runner.restarts != attempt or runner.final_chk is not None:
+            # Still the same generation, every worker connected: not one being torn down (the
+            # Spark runner keeps the old handles while it cancels the old job).
+            if (
+                runner.restarts != attempt
+                or runner.final_chk is not None
+                or workers != list(runner.workers)
+                or not self._live(workers)
+            ):
                 continue
             victim = self.rng.randrange(len(workers))
             pid = workers[victim].pid
@@ -129,10 +144,12 @@ def run_chaos(
     random_kills: int = 0,
     workers: int = 2,
     env: dict[str, str] | None = None,
+    runner: str = "local",
     read_output: Callable[[dict[str, str]], Iterable[Any]] | None = None,
 ) -> ChaosRun:
     """Produce ``records`` clicks, run ``pipeline`` (a file in ``tests/e2e/pipelines``) until
-    idle while SIGKILLing workers, and read what it committed.
+    idle while SIGKILLing workers, and read what it committed. ``runner``: ``local`` or
+    ``spark`` (``local[workers]``; a random kill SIGKILLs the task's Python process).
 
     The pipeline sees ``JOB_NAME``, ``CLICKS_TOPIC``, ``OUTPUT_DIR``, ``EOSFLOW_KAFKA_BROKERS``
     and ``env``. ``read_output(job_env)`` returns the committed output items (default: the JSON
@@ -162,15 +179,21 @@ def run_chaos(
         progress=sys.stderr,
         progress_every=1.0,
     )
-    runner = LocalRunner(str(PIPELINES / pipeline), options)
-    killer = _Killer(runner, kills=random_kills, start_after=len(faults), rng=random.Random(seed))
+    job: Runner
+    if runner == "spark":
+        from processor.runtime.spark import SparkRunner
+
+        job = SparkRunner(str(PIPELINES / pipeline), options)
+    else:
+        job = LocalRunner(str(PIPELINES / pipeline), options)
+    killer = _Killer(job, kills=random_kills, start_after=len(faults), rng=random.Random(seed))
     killer.start()
     try:
-        result = runner.run()
+        result = job.run()
     finally:
         killer.stop.set()
         killer.join(5)
-    logs = {p.name: p.read_text(errors="replace") for p in runner.dir.glob("worker-*.log")}
+    logs = {p.name: p.read_text(errors="replace") for p in job.dir.glob("worker-*.log")}
     fired = [
         (int(m.group(1)), m.group(2)) for text in logs.values() for m in FAULT_LINE.finditer(text)
     ]

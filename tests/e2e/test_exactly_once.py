@@ -11,6 +11,7 @@ import pytest
 
 from processor.runtime.local import Fault
 from tests.e2e.harness import (
+    RUNNERS,
     assert_exactly_once,
     chaos_seed,
     expected,
@@ -55,8 +56,9 @@ def test_output_is_exactly_once_when_workers_are_killed_at_every_protocol_point_
     assert_exactly_once(expected(expected_running_totals, records, seed), run.output, seed=seed)
 
 
+@pytest.mark.parametrize("runner", RUNNERS)
 def test_windowed_count_is_exactly_once_when_workers_are_killed_randomly(
-    kafka_endpoint: tuple[str, str], tmp_path: Path
+    kafka_endpoint: tuple[str, str], tmp_path: Path, runner: str
 ) -> None:
     """Windows, watermarks and the pre-shuffle combiner survive restarts."""
     seed = chaos_seed()
@@ -69,6 +71,7 @@ def test_windowed_count_is_exactly_once_when_workers_are_killed_randomly(
         seed=seed,
         mode="aligned",
         random_kills=3,
+        runner=runner,
     )
     print(f"seed={seed} random kills: {run.random_kills}")
     assert len(run.random_kills) == 3

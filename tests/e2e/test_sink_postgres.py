@@ -21,6 +21,7 @@ from psycopg import sql
 
 from processor.runtime.local import Fault
 from tests.e2e.harness import (
+    RUNNERS,
     ChaosRun,
     assert_exactly_once,
     chaos_seed,
@@ -90,6 +91,7 @@ def _run(
     faults: list[Fault],
     random_kills: int,
     work_us: int,
+    runner: str = "local",
 ) -> ChaosRun:
     append, upsert = tables
     run = run_chaos(
@@ -109,6 +111,7 @@ def _run(
             "WORK_US": str(work_us),
         },
         read_output=lambda _env: [[u, [c, a]] for u, c, a in _select(dsn, append)],
+        runner=runner,
     )
     print(f"seed={seed} random kills (s after start, worker): {run.random_kills}")
     print(f"restarts={run.result.restarts} causes={run.result.restart_causes}")
@@ -129,8 +132,13 @@ def _check(run: ChaosRun, dsn: str, tables: tuple[str, str], *, records: int, se
     assert left == [], f"seed={seed}: prepared transactions of the job left behind: {left}"
 
 
+@pytest.mark.parametrize("runner", RUNNERS)
 def test_postgres_output_is_exactly_once_when_workers_are_killed_at_every_protocol_point(
-    postgres_dsn: str, kafka_endpoint: tuple[str, str], tmp_path: Path, tables: tuple[str, str]
+    postgres_dsn: str,
+    kafka_endpoint: tuple[str, str],
+    tmp_path: Path,
+    tables: tuple[str, str],
+    runner: str,
 ) -> None:
     seed = chaos_seed()
     records = 60_000
@@ -145,6 +153,7 @@ def test_postgres_output_is_exactly_once_when_workers_are_killed_at_every_protoc
         faults=NAMED,
         random_kills=2,
         work_us=300,
+        runner=runner,
     )
     fired = {point for _w, point in run.faults_fired}
     assert fired == {f.point for f in NAMED}, f"seed={seed}: named faults fired: {fired}"
