@@ -26,11 +26,21 @@ from pathlib import Path
 from typing import Any
 
 from processor.runtime.local import LocalRunner, RunOptions
+from processor.runtime.runner import Runner
 
-__all__ = ["broker_cpu_s", "check_output", "drop_channel_topics", "run_job"]
+__all__ = ["broker_cpu_s", "check_output", "drop_channel_topics", "make_runner", "run_job"]
 
 
-def drop_channel_topics(runner: LocalRunner) -> None:
+def make_runner(kind: str, pipeline: Path, options: RunOptions) -> Runner:
+    """``local`` or ``spark`` (``local[workers]``)."""
+    if kind == "spark":
+        from processor.runtime.spark import SparkRunner
+
+        return SparkRunner(pipeline, options)
+    return LocalRunner(pipeline, options)
+
+
+def drop_channel_topics(runner: Runner) -> None:
     """Deletes the job's channel topics: the embedded broker keeps everything in memory, and a
     broker that grows run after run would bias the later runs of the schedule."""
     from connectors import KafkaSettings, TopicAdmin
@@ -118,10 +128,12 @@ def run_job(
     records: int,
     workers: int = 2,
     progress: Any = None,
+    runner: str = "local",
 ) -> dict[str, Any]:
     """Runs ``pipeline`` until idle; returns the measurements of the run.
 
-    ``interval`` is ignored (and may be ``None``) in mode ``none``.
+    ``interval`` is ignored (and may be ``None``) in mode ``none``. On ``runner="spark"`` the
+    worker CPU is not measured (the workers are the JVM's children, reaped by it): ``None``.
     """
     options = RunOptions(
         workers=workers,
@@ -133,18 +145,21 @@ def run_job(
         progress=progress,
     )
     load = os.getloadavg()[0]
-    runner = LocalRunner(pipeline, options)  # applies options.environ while loading the pipeline
+    job = make_runner(runner, pipeline, options)  # applies options.environ while loading
     cpu_before = _cpu()
-    result = runner.run()
+    result = job.run()
     cpu_after = _cpu()
     with contextlib.suppress(Exception):  # cleanup only; a failure here must not lose the run
-        drop_channel_topics(runner)
+        drop_channel_topics(job)
     steady = result.seconds - result.ready_s
     durations = sorted(result.checkpoint_durations)
     used = [b - a for a, b in zip(cpu_before, cpu_after, strict=True)]
-    workers_cpu, coordinator_cpu, broker_cpu = used
+    workers_cpu: float | None = used[0] if runner == "local" else None
+    coordinator_cpu, broker_cpu = used[1:]
     return {
         "job": result.job,
+        "runner": runner,
+        "spark_start_s": getattr(job, "spark_start_s", None),
         "mode": mode,
         "interval_s": interval if mode != "none" else None,
         "records": records,

@@ -26,9 +26,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from jobs import drop_channel_topics
+from jobs import drop_channel_topics, make_runner
 
-from processor.runtime.local import LocalRunner, RunOptions
+from processor.runtime.local import RunOptions
+from processor.runtime.runner import Runner
 
 __all__ = ["measure_recovery"]
 
@@ -46,7 +47,7 @@ def _committed_ids(directory: str) -> set[int]:
 
 class _Monitor(threading.Thread):
     def __init__(
-        self, runner: LocalRunner, *, kill_after: float, victim: int, output: str, timeout: float
+        self, runner: Runner, *, kill_after: float, victim: int, output: str, timeout: float
     ) -> None:
         super().__init__(name="bench-recovery-monitor", daemon=True)
         self.runner, self.kill_after, self.victim = runner, kill_after, victim
@@ -82,7 +83,11 @@ class _Monitor(threading.Thread):
         old = {w.pid for w in runner.workers}
         before = runner.coordinator.stats.last_completed
         generation = runner.generation
-        os.kill(runner.workers[self.victim].pid, signal.SIGKILL)
+        pid = runner.workers[self.victim].pid
+        if pid is None:
+            self.error = "the victim's pid is unknown"
+            return
+        os.kill(pid, signal.SIGKILL)
         killed = time.monotonic()
         found = self.found
         found.update(victim=self.victim, last_completed_before_kill=before)
@@ -119,6 +124,7 @@ def measure_recovery(
     victim: int,
     workers: int = 2,
     interval: float = 1.0,
+    runner: str = "local",
 ) -> dict[str, Any]:
     """Runs ``pipeline`` until idle with aligned checkpoints, killing worker ``victim`` once.
 
@@ -134,18 +140,18 @@ def measure_recovery(
         state_dir=state_dir,
         progress=None,
     )
-    runner = LocalRunner(pipeline, options)
+    job = make_runner(runner, pipeline, options)
     monitor = _Monitor(
-        runner, kill_after=kill_after, victim=victim, output=environ["OUTPUT_DIR"], timeout=120
+        job, kill_after=kill_after, victim=victim, output=environ["OUTPUT_DIR"], timeout=120
     )
     monitor.start()
     try:
-        result = runner.run()
+        result = job.run()
     finally:
         monitor.stop.set()
         monitor.join(5)
     with contextlib.suppress(Exception):  # cleanup only
-        drop_channel_topics(runner)
+        drop_channel_topics(job)
     return {
         **monitor.found,
         "error": monitor.error,
@@ -153,7 +159,8 @@ def measure_recovery(
         "restart_causes": result.restart_causes,
         "seconds": result.seconds,
         "checkpoints": result.checkpoints,
-        "job": runner.job,
+        "job": job.job,
+        "runner": runner,
         "kill_after_s": kill_after,
         "restart_backoff_s": options.restart_backoff,
     }
