@@ -171,6 +171,9 @@ def run_job(
         "ready_s": result.ready_s,
         "steady_s": steady,
         "records_per_s": records / steady if steady > 0 else 0.0,
+        # input only: start-up and the final checkpoint + shutdown both left out
+        "input_s": result.final_trigger_s - result.ready_s,
+        "input_records_per_s": records / (result.final_trigger_s - result.ready_s),
         "checkpoints": result.checkpoints,
         "checkpoint_ms_median": 1000 * statistics.median(durations) if durations else None,
         "checkpoint_ms_p95": 1000 * _nearest_rank(durations, 0.95) if durations else None,

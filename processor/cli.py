@@ -329,6 +329,7 @@ def _status(args: argparse.Namespace) -> int:
     print(f"job        {status['job']}  ({state}, updated {age:.0f}s ago)")
     print(
         f"generation {status['generation']}  restarts {status['restarts']}  mode {status['mode']}"
+        f"  runner {status.get('runner', 'local')}"
     )
     print(
         f"checkpoint last {chk['last_completed']} ({chk['last_duration_ms']} ms), "

@@ -98,6 +98,12 @@ class Connection:
             return None
         return msg if isinstance(msg, dict) else None
 
+    def hangup(self) -> None:
+        """Half-close: the peer reads end-of-stream (a worker exits on it) while this side
+        still learns when the peer closes its end (:attr:`closed` turns true)."""
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_WR)
+
     def close(self) -> None:
         self.closed = True
         with contextlib.suppress(OSError):

@@ -136,6 +136,9 @@ class RunResult:
     restart_causes: list[str]
     checkpoint_durations: list[float]
     ready_s: float  # start-up: from run() until every worker of the first generation connected
+    # until the final checkpoint was triggered (input drained, or stop requested); the rest of
+    # ``seconds`` is that checkpoint, its commits and the workers' exit
+    final_trigger_s: float = float("nan")
 
 
 def jobs_dir(state: str | None = None) -> Path:
@@ -216,6 +219,7 @@ class Runner:
         self._progress_next = 0.0
         self._last_in = (0.0, 0)
         self.ready_s: float | None = None
+        self.final_trigger_s: float | None = None
 
     # -- setup -----------------------------------------------------------------------------------
 
@@ -482,6 +486,7 @@ class Runner:
                 # would fall into an epoch that never commits (found by bench/throughput.py).
                 self.server.broadcast({"t": "trigger", "chk": self.final_chk, "aligned": True})
                 self._say(f"final checkpoint {self.final_chk} triggered")
+                self.final_trigger_s = time.monotonic() - self._started
             return
         chk = coordinator.due() if self.final_chk is None else None
         if chk is not None:
@@ -617,4 +622,7 @@ class Runner:
             restart_causes=list(self.restart_causes),
             checkpoint_durations=list(st.durations),
             ready_s=self.ready_s if self.ready_s is not None else float("nan"),
+            final_trigger_s=(
+                self.final_trigger_s if self.final_trigger_s is not None else float("nan")
+            ),
         )

@@ -47,6 +47,8 @@ __all__ = ["SparkOptions", "SparkRunner", "local_slots", "spark_cause"]
 
 log = logging.getLogger(__name__)
 
+_KILL_AFTER_S = 10.0  # a cancelled worker on the driver's host still connected: SIGKILL it
+_DRAIN_S = 60.0  # after this, the next generation starts anyway (with an error logged)
 _FORCED = {"spark.speculation": "false", "spark.python.worker.reuse": "false"}
 
 
@@ -303,27 +305,37 @@ class SparkRunner(Runner):
         job = self._job
         if job is None:
             return
+        for w in self.workers:  # a worker exits within a batch of losing its coordinator:
+            if w.conn is not None:  # much sooner than Spark kills a cancelled task's process
+                w.conn.hangup()
         if not job.done.is_set():
             self.session.sparkContext.cancelJobGroup(job.group)
             if not job.done.wait(60.0):
                 log.error("job group %s did not end 60s after cancel", job.group)
         # Cancelling ends the job at once; the tasks' Python processes die a moment later. No
-        # new generation starts while one of them is still connected (it could still write).
-        deadline = time.monotonic() + 15.0
-        while time.monotonic() < deadline and any(
-            w.conn is not None and not w.conn.closed for w in self.workers
-        ):
-            time.sleep(0.05)
+        # new generation starts while one of them is still connected (it could still write
+        # into a channel after the new generation's marker, see docs/checkpointing.md).
         here = socket.gethostname()
-        for w in self.workers:
-            if w.conn is not None and not w.conn.closed and w.pid and w.host == here:
-                log.warning("worker=%d pid=%d outlived its cancelled task: SIGKILL", w.index, w.pid)
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(w.pid, signal.SIGKILL)
-            elif w.conn is not None and not w.conn.closed:
+        started = time.monotonic()
+        killed = False
+        while True:
+            alive = [w for w in self.workers if w.conn is not None and not w.conn.closed]
+            if not alive:
+                break
+            waited = time.monotonic() - started
+            if not killed and waited > _KILL_AFTER_S:
+                killed = True  # a worker on this host that outlived its task: kill it here
+                for w in alive:
+                    if w.pid and w.host == here:
+                        log.warning("worker=%d pid=%d outlived its task: SIGKILL", w.index, w.pid)
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(w.pid, signal.SIGKILL)
+            if waited > _DRAIN_S:
                 log.error(
-                    "worker=%d on %s is still connected 15s after its task was cancelled; its "
-                    "generation is fenced, but check the executor",
-                    w.index, w.host,
+                    "workers %s still connected %.0fs after their job was cancelled: starting "
+                    "the next generation anyway; check those executors",
+                    [(w.index, w.host, w.pid) for w in alive], _DRAIN_S,
                 )  # fmt: skip
+                break
+            time.sleep(0.05)
         self._job = None

@@ -15,7 +15,13 @@ from pathlib import Path
 import pytest
 
 from sinks import read_jsonl
-from tests.e2e.harness import canonical, click_events, expected_running_totals, produce_clicks
+from tests.e2e.harness import (
+    RUNNERS,
+    canonical,
+    click_events,
+    expected_running_totals,
+    produce_clicks,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -52,14 +58,15 @@ def _status(env: dict[str, str]) -> dict[str, object]:
     return json.loads(out.stdout) if out.returncode == 0 else {}
 
 
+@pytest.mark.parametrize("runner", RUNNERS)
 def test_run_until_idle_commits_everything_and_status_reports_it(
-    kafka_endpoint: tuple[str, str], tmp_path: Path
+    kafka_endpoint: tuple[str, str], tmp_path: Path, runner: str
 ) -> None:
     env = _env(kafka_endpoint[0], tmp_path)
     pipeline = str(ROOT / "examples" / "running_total.py")
     result = subprocess.run(
         _eosflow("run", pipeline, "--workers", "2", "--checkpoint-interval", "300ms",
-                 "--until-idle"),
+                 "--until-idle", "--runner", runner),
         env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
@@ -70,16 +77,21 @@ def test_run_until_idle_commits_everything_and_status_reports_it(
         _eosflow("status", env["JOB_NAME"]), env=env, capture_output=True, text=True
     ).stdout
     assert "finished" in text and f"in {RECORDS:,}" in text
+    assert f"runner {runner}" in text
 
 
+@pytest.mark.parametrize("runner", RUNNERS)
 def test_sigint_stops_a_streaming_job_after_a_final_checkpoint(
-    kafka_endpoint: tuple[str, str], tmp_path: Path
+    kafka_endpoint: tuple[str, str], tmp_path: Path, runner: str
 ) -> None:
+    """Ctrl-C in a terminal: SIGINT to the whole process group (on Spark, the JVM and its
+    Python workers too), and still a final checkpoint is committed before everything exits."""
     env = _env(kafka_endpoint[0], tmp_path)
     pipeline = str(ROOT / "examples" / "running_total.py")
     proc = subprocess.Popen(
-        _eosflow("run", pipeline, "--checkpoint-interval", "5s"),
+        _eosflow("run", pipeline, "--checkpoint-interval", "5s", "--runner", runner),
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 120
@@ -93,11 +105,11 @@ def test_sigint_stops_a_streaming_job_after_a_final_checkpoint(
         assert status["alive"] is True
         # Every record was processed, but with a 5 s interval most are not committed yet:
         # the stop must take a final checkpoint and commit it before the workers exit.
-        proc.send_signal(signal.SIGINT)
+        os.killpg(proc.pid, signal.SIGINT)
         _out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 0, err[-3000:]
     assert "SIGINT: stopping after a final checkpoint" in err
     assert _output(env) == expected_running_totals(click_events(RECORDS))

@@ -33,3 +33,22 @@ def test_worker_sees_none_when_the_coordinator_goes_away() -> None:
         assert client.inbox.get(timeout=5) is None
     except queue.Empty:  # pragma: no cover - the assertion message is the point
         raise AssertionError("worker was not told the coordinator closed") from None
+
+
+def test_hangup_tells_the_worker_and_still_reports_when_it_closes() -> None:
+    """The Spark runner hangs up on a generation's workers, then waits for each to close."""
+    server = ControlServer()
+    try:
+        client = ControlClient(*server.address)
+        client.send({"t": "hello"})
+        conn, _ = server.inbox.get(timeout=5)
+        conn.hangup()
+        assert client.inbox.get(timeout=5) is None  # the worker learns it must exit
+        assert not conn.closed
+        client.send({"t": "stats"})  # it may still say something on its way out
+        assert server.inbox.get(timeout=5)[1] == {"t": "stats"}
+        client.close()
+        _conn, gone = server.inbox.get(timeout=5)
+        assert gone is None and conn.closed
+    finally:
+        server.close()
