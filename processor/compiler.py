@@ -21,6 +21,7 @@ forward edge never needs a repartition.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 from processor.dataflow import Dataflow, Step
@@ -97,6 +98,20 @@ class Plan:
             if step in stage.steps:
                 return stage
         raise KeyError(step)
+
+    def fingerprint(self) -> str:
+        """A digest of the stages, channels and every step's plain parameters (topics, names,
+        numbers). A worker whose compiled plan has another fingerprint than its runner's loaded
+        the pipeline differently, e.g. it read other environment variables."""
+        parts = [self.describe()]
+        for step in self.flow.steps.values():
+            plain = {
+                k: v
+                for k, v in step.params.items()
+                if isinstance(v, str | int | float | bool) or v is None
+            }
+            parts.append(f"{step.name} {step.kind} {sorted(plain.items())!r}")
+        return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
     def describe(self) -> str:
         """A readable summary (``eosflow run --explain``)."""

@@ -56,6 +56,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 MODES = ("aligned", "unaligned", "sync", "none")
+# The same failure this many times in a row before the workers all started is a configuration
+# or environment problem, not bad luck: fail instead of spending the restart budget on it.
+_MAX_UNSTARTED = 3
 
 
 class JobFailed(EosflowError):
@@ -220,6 +223,7 @@ class Runner:
         self._last_in = (0.0, 0)
         self.ready_s: float | None = None
         self.final_trigger_s: float | None = None
+        self._unstarted = 0  # consecutive generations that failed before every worker connected
 
     # -- setup -----------------------------------------------------------------------------------
 
@@ -262,6 +266,7 @@ class Runner:
                     "workers": self.options.workers,
                     "generation": self.generation,
                     "token": self.token,
+                    "fingerprint": self.plan.fingerprint(),
                     "restore": restore,
                     "coordinator": [host, port],
                     "snapshot_url": self.store.url,
@@ -318,7 +323,17 @@ class Runner:
     def _recover(self, cause: str, counts: dict[str, int], ends: list[list[Any]] | None) -> None:
         self.restarts += 1
         self.restart_causes.append(cause)
+        started = all(w.conn is not None for w in self.workers)
+        self._unstarted = 0 if started else self._unstarted + 1
         self._kill_all()
+        if (
+            self._unstarted >= _MAX_UNSTARTED
+            and len(set(self.restart_causes[-_MAX_UNSTARTED:])) == 1
+        ):
+            raise JobFailed(
+                f"job {self.job!r}: the workers failed {_MAX_UNSTARTED} times in a row before "
+                f"they all started, each time with: {cause}. Worker logs: {self.dir}/worker-*.log"
+            )
         if self.restarts > self.options.max_restarts:
             raise JobFailed(
                 f"job {self.job!r} failed after {self.options.max_restarts} restarts; last "

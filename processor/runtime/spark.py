@@ -156,7 +156,11 @@ def _task(payload: dict[str, Any], _partition: Iterator[Any]) -> Iterator[int]:
     root.addHandler(handler)
     root.setLevel(spec.get("log_level", "INFO"))
     try:
-        yield run_logged(spec)
+        # A worker that raises fails the task with its traceback: the driver's restart cause.
+        code = run_logged(spec, reraise=True)
+        if code != 0:
+            raise RuntimeError(f"worker {spec['worker']} lost its coordinator connection")
+        yield code
     finally:
         root.removeHandler(handler)
         handler.close()

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from processor.compiler import compile_flow
+from processor.errors import ConfigError
 from processor.runtime.control import ControlClient
 from processor.runtime.pipeline import load_flow, load_object
 from processor.runtime.task import Task, TaskEnv
@@ -67,6 +68,13 @@ def run_worker(spec: dict[str, Any]) -> int:
     worker, parallelism = int(spec["worker"]), int(spec["workers"])
     flow = load_flow(spec["pipeline"])
     plan = compile_flow(flow, parallelism)
+    wanted = spec.get("fingerprint")
+    if wanted is not None and plan.fingerprint() != wanted:
+        raise ConfigError(
+            f"the pipeline compiled differently in worker {worker} than in the runner:\n"
+            f"{plan.describe()}\nIt probably reads environment variables that differ here. "
+            "On Spark, pass them to the executors with --conf spark.executorEnv.NAME=VALUE"
+        )
     transport = load_object(spec["transport"])()
     store = SnapshotStore(spec["snapshot_url"])
     restore = int(spec["restore"])
@@ -97,6 +105,10 @@ def run_worker(spec: dict[str, Any]) -> int:
             state = store.read_task_snapshot(manifest.tasks[task.name])
         task.open(state, counts)
     sources = [t for t in tasks if t.is_source]
+    log.info(
+        "worker=%d generation=%d pid=%d python=%s restored_checkpoint=%d tasks=%d",
+        worker, env.generation, os.getpid(), sys.executable, restore, len(tasks),
+    )  # fmt: skip
     client.send(
         {
             "t": "hello",
@@ -186,14 +198,16 @@ def log_format(worker: int) -> str:
     return f"%(asctime)s worker-{worker} %(levelname)s %(name)s: %(message)s"
 
 
-def run_logged(spec: dict[str, Any]) -> int:
+def run_logged(spec: dict[str, Any], *, reraise: bool = False) -> int:
     """:func:`run_worker`, logging a failure as one ERROR line (the runner quotes it as the
-    restart cause) and its traceback on stderr."""
+    restart cause) and its traceback on stderr; then 1, or the exception if ``reraise``."""
     try:
         return run_worker(spec)
     except Exception as exc:
         log.error("worker=%s failed: %s: %s", spec.get("worker"), type(exc).__name__, exc)
         log.debug("traceback", exc_info=True)
+        if reraise:
+            raise
         sys.stderr.write(traceback.format_exc())
         return 1
 

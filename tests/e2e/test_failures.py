@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from processor.compiler import Plan
 from processor.runtime.local import JobFailed, LocalRunner, RunOptions
 from tests.e2e.harness import PIPELINES, produce_clicks
 
@@ -57,3 +58,33 @@ def test_missing_source_topic_is_refused_at_start_up_with_a_fix(
 
     admin = TopicAdmin(KafkaSettings.from_env(brokers=kafka_endpoint[0]))
     assert not admin.exists(env["CLICKS_TOPIC"]), "checking must not create the topic"
+
+
+def test_workers_that_cannot_start_fail_the_job_fast_with_the_reason(
+    kafka_endpoint: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker that compiles another plan than its runner (e.g. a Spark executor without the
+    environment variables the pipeline reads) refuses to start; the same start-up failure three
+    times in a row fails the job instead of using up the restart budget."""
+    run_id = uuid.uuid4().hex[:8]
+    env = {
+        "JOB_NAME": f"unstartable-{run_id}",
+        "CLICKS_TOPIC": f"unstartable-{run_id}",
+        "OUTPUT_DIR": str(tmp_path / "out"),
+        "EOSFLOW_KAFKA_BROKERS": kafka_endpoint[0],
+    }
+    produce_clicks(kafka_endpoint[0], env["CLICKS_TOPIC"], 100)
+    options = RunOptions(
+        until_idle=True,
+        environ=env,
+        state_dir=str(tmp_path / "state"),
+        max_restarts=10,
+        restart_backoff=0.05,
+    )
+    runner = LocalRunner(str(PIPELINES / "failing_map.py"), options)
+    # The runner's view differs from what the worker processes compile.
+    monkeypatch.setattr(Plan, "fingerprint", lambda _self: "0" * 16)
+    with pytest.raises(JobFailed, match=r"failed 3 times in a row before they all started"):
+        runner.run()
+    assert runner.restarts == 3
+    assert "compiled differently in worker" in runner.restart_causes[-1]

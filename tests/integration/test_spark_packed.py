@@ -1,0 +1,156 @@
+"""The packed-virtualenv route to a Spark cluster, as docs/spark.md tells users to take it.
+
+It builds a wheel of this repository, installs it into a fresh virtualenv, packs that with
+``venv-pack``, and starts a Spark standalone master and worker on loopback (random ports, stopped
+by PID). It then runs the README example's pipeline through ``spark-submit --archives
+env.tar.gz#environment`` with ``PYSPARK_PYTHON=./environment/bin/python``. The committed output
+must equal the expectation, and the workers' logs must show they ran on the unpacked
+environment's Python.
+
+This is also the test of the runner on a non-``local`` master: the pipeline is shipped with
+``addFile``, and the job's variables reach the executors through ``spark.executorEnv.*``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import processor.cli
+from processor.embedded._process import ServerProcess, free_port, spawn, stop
+from sinks import read_jsonl
+from tests.e2e.harness import canonical, click_events, expected_running_totals, produce_clicks
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+ROOT = Path(__file__).resolve().parents[2]
+RECORDS = 20_000
+
+
+def _spark_bin(name: str) -> str:
+    import pyspark
+
+    return str(Path(pyspark.__file__).parent / "bin" / name)
+
+
+def _wait_for(path: Path, text: str, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and text in path.read_text(errors="replace"):
+            return
+        time.sleep(0.2)
+    tail = path.read_text(errors="replace")[-3000:] if path.exists() else "(no log)"
+    raise AssertionError(f"{what} not ready after {timeout:.0f}s:\n{tail}")
+
+
+@pytest.fixture
+def standalone(tmp_path: Path) -> Iterator[str]:
+    """A Spark standalone master + one 2-core worker on 127.0.0.1; yields the master URL."""
+    conf = tmp_path / "spark-standalone.conf"
+    conf.write_text("spark.master.rest.enabled false\n")  # no fixed REST port (6066)
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_WORKER_DIR": str(tmp_path)}
+    port = free_port()
+    url = f"spark://127.0.0.1:{port}"
+    servers: list[ServerProcess] = []
+    try:
+        master_log = tmp_path / "master.log"
+        servers.append(
+            spawn(
+                "spark-master",
+                [_spark_bin("spark-class"), "org.apache.spark.deploy.master.Master",
+                 "--host", "127.0.0.1", "--port", str(port), "--webui-port", "0",
+                 "--properties-file", str(conf)],
+                log_path=master_log, owned=True, env=env,
+            )
+        )  # fmt: skip
+        _wait_for(master_log, "I have been elected leader", 60, "Spark master")
+        worker_log = tmp_path / "worker.log"
+        servers.append(
+            spawn(
+                "spark-worker",
+                [_spark_bin("spark-class"), "org.apache.spark.deploy.worker.Worker",
+                 "--host", "127.0.0.1", "--cores", "2", "--memory", "2g", "--webui-port", "0",
+                 "--work-dir", str(tmp_path / "work"), "--properties-file", str(conf), url],
+                log_path=worker_log, owned=True, env=env,
+            )
+        )  # fmt: skip
+        _wait_for(worker_log, "Successfully registered with master", 60, "Spark worker")
+        yield url
+    finally:
+        for server in reversed(servers):
+            stop(server)
+
+
+@pytest.fixture(scope="module")
+def packed_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """eosflow (a wheel of this checkout, not editable) in a fresh virtualenv, venv-packed."""
+    venv_pack = shutil.which("venv-pack") or str(Path(sys.executable).parent / "venv-pack")
+    if not Path(venv_pack).exists():
+        pytest.fail("venv-pack is missing: it is in the dev extra (pip install -e '.[dev]')")
+    work = tmp_path_factory.mktemp("packed")
+
+    def run(*argv: str) -> None:
+        out = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=900)
+        assert out.returncode == 0, f"{' '.join(argv)}:\n{out.stdout[-2000:]}{out.stderr[-2000:]}"
+
+    run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(work / "wheels"),
+        str(ROOT))  # fmt: skip
+    wheel = next((work / "wheels").glob("eosflow-*.whl"))
+    run(sys.executable, "-m", "venv", str(work / "env"))
+    run(str(work / "env" / "bin" / "pip"), "install", "-q", str(wheel))
+    archive = work / "eosflow-env.tar.gz"
+    run(venv_pack, "-q", "-p", str(work / "env"), "-o", str(archive))
+    return archive
+
+
+def test_example_runs_on_a_standalone_cluster_from_a_packed_virtualenv(
+    kafka_endpoint: tuple[str, str], tmp_path: Path, standalone: str, packed_env: Path
+) -> None:
+    run_id = uuid.uuid4().hex[:8]
+    job_env = {
+        "JOB_NAME": f"packed-{run_id}",
+        "CLICKS_TOPIC": f"packed-clicks-{run_id}",
+        "OUTPUT_DIR": str(tmp_path / "out"),
+    }
+    produce_clicks(kafka_endpoint[0], job_env["CLICKS_TOPIC"], RECORDS)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EOSFLOW_")}
+    env.update(
+        job_env,
+        EOSFLOW_KAFKA_BROKERS=kafka_endpoint[0],
+        EOSFLOW_STATE_DIR=str(tmp_path / "state"),
+        SPARK_LOCAL_IP="127.0.0.1",
+        PYSPARK_DRIVER_PYTHON=sys.executable,
+        PYSPARK_PYTHON="./environment/bin/python",
+    )
+    executor_env = [f"--conf=spark.executorEnv.{k}={v}" for k, v in job_env.items()]
+    argv = [
+        _spark_bin("spark-submit"), "--master", standalone,
+        "--archives", f"{packed_env}#environment", *executor_env,
+        processor.cli.__file__,
+        "run", str(ROOT / "examples" / "running_total.py"), "--runner", "spark",
+        "--until-idle", "--checkpoint-interval", "500ms", "--control-host", "127.0.0.1",
+        "--max-restarts", "2",
+    ]  # fmt: skip
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert f"job {job_env['JOB_NAME']} finished: {RECORDS:,} records in" in out.stdout
+    got = Counter(canonical(x) for x in read_jsonl(job_env["OUTPUT_DIR"]))
+    assert got == expected_running_totals(click_events(RECORDS))
+    logs = (tmp_path / "state" / "jobs" / job_env["JOB_NAME"]).glob("worker-*.log")
+    pythons = {
+        line.split("python=", 1)[1].split()[0]
+        for path in logs
+        for line in path.read_text().splitlines()
+        if "python=" in line
+    }
+    assert pythons and all(p.endswith("/environment/bin/python") for p in pythons), pythons
+    assert not any(p.startswith(sys.prefix) for p in pythons), pythons
