@@ -22,6 +22,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import secrets
 import signal
 import tempfile
@@ -59,6 +60,7 @@ MODES = ("aligned", "unaligned", "sync", "none")
 # The same failure this many times in a row before the workers all started is a configuration
 # or environment problem, not bad luck: fail instead of spending the restart budget on it.
 _MAX_UNSTARTED = 3
+_WORKER_N = re.compile(r"\bworker[ =]\d+")
 
 
 class JobFailed(EosflowError):
@@ -326,10 +328,9 @@ class Runner:
         started = all(w.conn is not None for w in self.workers)
         self._unstarted = 0 if started else self._unstarted + 1
         self._kill_all()
-        if (
-            self._unstarted >= _MAX_UNSTARTED
-            and len(set(self.restart_causes[-_MAX_UNSTARTED:])) == 1
-        ):
+        # "The same" failure whichever worker hit it first.
+        recent = {_WORKER_N.sub("worker", c) for c in self.restart_causes[-_MAX_UNSTARTED:]}
+        if self._unstarted >= _MAX_UNSTARTED and len(recent) == 1:
             raise JobFailed(
                 f"job {self.job!r}: the workers failed {_MAX_UNSTARTED} times in a row before "
                 f"they all started, each time with: {cause}. Worker logs: {self.dir}/worker-*.log"

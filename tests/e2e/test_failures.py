@@ -14,25 +14,32 @@ from tests.e2e.harness import PIPELINES, produce_clicks
 pytestmark = pytest.mark.integration
 
 
-def test_job_fails_with_the_user_error_when_a_function_raises_on_every_attempt(
-    kafka_endpoint: tuple[str, str], tmp_path: Path
-) -> None:
+def _failing_map_runner(
+    brokers: str, tmp: Path, name: str, records: int, *, max_restarts: int
+) -> LocalRunner:
+    """``failing_map.py`` over ``records`` fresh clicks, restarting quickly."""
     run_id = uuid.uuid4().hex[:8]
     env = {
-        "JOB_NAME": f"failing-{run_id}",
-        "CLICKS_TOPIC": f"failing-{run_id}",
-        "OUTPUT_DIR": str(tmp_path / "out"),
-        "EOSFLOW_KAFKA_BROKERS": kafka_endpoint[0],
+        "JOB_NAME": f"{name}-{run_id}",
+        "CLICKS_TOPIC": f"{name}-{run_id}",
+        "OUTPUT_DIR": str(tmp / "out"),
+        "EOSFLOW_KAFKA_BROKERS": brokers,
     }
-    produce_clicks(kafka_endpoint[0], env["CLICKS_TOPIC"], 2_000)
+    produce_clicks(brokers, env["CLICKS_TOPIC"], records)
     options = RunOptions(
         until_idle=True,
         environ=env,
-        state_dir=str(tmp_path / "state"),
-        max_restarts=1,
+        state_dir=str(tmp / "state"),
+        max_restarts=max_restarts,
         restart_backoff=0.05,
     )
-    runner = LocalRunner(str(PIPELINES / "failing_map.py"), options)
+    return LocalRunner(str(PIPELINES / "failing_map.py"), options)
+
+
+def test_job_fails_with_the_user_error_when_a_function_raises_on_every_attempt(
+    kafka_endpoint: tuple[str, str], tmp_path: Path
+) -> None:
+    runner = _failing_map_runner(kafka_endpoint[0], tmp_path, "failing", 2_000, max_restarts=1)
     with pytest.raises(
         JobFailed, match=r"failed after 1 restarts.*ValueError: cannot handle c-7-777"
     ):
@@ -66,22 +73,7 @@ def test_workers_that_cannot_start_fail_the_job_fast_with_the_reason(
     """A worker that compiles another plan than its runner (e.g. a Spark executor without the
     environment variables the pipeline reads) refuses to start; the same start-up failure three
     times in a row fails the job instead of using up the restart budget."""
-    run_id = uuid.uuid4().hex[:8]
-    env = {
-        "JOB_NAME": f"unstartable-{run_id}",
-        "CLICKS_TOPIC": f"unstartable-{run_id}",
-        "OUTPUT_DIR": str(tmp_path / "out"),
-        "EOSFLOW_KAFKA_BROKERS": kafka_endpoint[0],
-    }
-    produce_clicks(kafka_endpoint[0], env["CLICKS_TOPIC"], 100)
-    options = RunOptions(
-        until_idle=True,
-        environ=env,
-        state_dir=str(tmp_path / "state"),
-        max_restarts=10,
-        restart_backoff=0.05,
-    )
-    runner = LocalRunner(str(PIPELINES / "failing_map.py"), options)
+    runner = _failing_map_runner(kafka_endpoint[0], tmp_path, "unstartable", 100, max_restarts=10)
     # The runner's view differs from what the worker processes compile.
     monkeypatch.setattr(Plan, "fingerprint", lambda _self: "0" * 16)
     with pytest.raises(JobFailed, match=r"failed 3 times in a row before they all started"):
