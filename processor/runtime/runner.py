@@ -387,9 +387,11 @@ class Runner:
             timeout_s=self.options.checkpoint_timeout,
             keep=self.options.keep_checkpoints,
         )
-        handlers = self._install_signals()
+        handlers: dict[int, Any] = {}
         try:
             self._start()
+            # After _start: SparkContext installs its own SIGINT handler (cancel every job).
+            handlers = self._install_signals()
             self.server = ControlServer(*self.bind)
             port = self.server.address[1]
             self.advertised = (self.advertise or self.bind[0], port)

@@ -231,6 +231,13 @@ class SparkRunner(Runner):
         sc = self.session.sparkContext
         sc.setLogLevel(self.spark_options.conf.get("spark.log.level", "ERROR"))
         effective = sc.getConf()
+        slots = local_slots(sc.master)  # under spark-submit the master is only known now
+        self.local_master = slots is not None
+        if slots is not None and slots < self.options.workers:
+            raise ConfigError(
+                f"master {sc.master} has {slots} task slot(s) but the job has "
+                f"{self.options.workers} workers; a barrier job needs them all at once"
+            )
         for key, value in _FORCED.items():  # spark-defaults.conf or spark-submit may differ
             if (effective.get(key) or value).lower() != value:
                 raise ConfigError(
