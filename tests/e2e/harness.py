@@ -116,7 +116,7 @@ class _Killer(threading.Thread):
             if (
                 runner.restarts != attempt
                 or runner.final_chk is not None
-                or workers != list(runner.workers)
+                or [id(w) for w in workers] != [id(w) for w in runner.workers]
                 or not self._live(workers)
             ):
                 continue

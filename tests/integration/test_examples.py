@@ -36,6 +36,23 @@ def test_quickstart_counts_every_click_once_when_pointed_at_servers_by_environme
     assert "0 missing, 0 wrong" in result.stdout
 
 
+@pytest.mark.spark
+def test_readme_example_runs_on_spark_with_its_one_documented_command(
+    kafka_endpoint: tuple[str, str], tmp_path: Path
+) -> None:
+    """README "On Apache Spark": ``python examples/running_total.py --runner spark``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EOSFLOW_")}
+    env.update(EOSFLOW_KAFKA_BROKERS=kafka_endpoint[0], EOSFLOW_STATE_DIR=str(tmp_path))
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "running_total.py"), "--runner", "spark",
+         "--records", "20000"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "on local[2] ready in" in result.stdout
+    assert "OK: every output record exactly once (20,000 expected)" in result.stdout
+
+
 def _children(pid: int) -> list[int]:
     found: list[int] = []
     for task in Path(f"/proc/{pid}/task").iterdir():
