@@ -53,21 +53,18 @@ class LocalRunner(Runner):
     def __init__(self, pipeline: str | Path, options: RunOptions) -> None:
         super().__init__(pipeline, options)
         self.procs: list[ServerProcess] = []
-        self.log_offsets: list[int] = []
 
     def _launch(self, specs: list[dict[str, Any]]) -> None:
         env = self._worker_env()
-        self.procs, self.log_offsets = [], []
+        self.procs = []
         for spec in specs:
             i = spec["worker"]
             spec_path = self.dir / f"worker-{i}.spec.json"
             spec_path.write_text(json.dumps(spec))
-            log_path = Path(spec["log_path"])
-            self.log_offsets.append(log_path.stat().st_size if log_path.exists() else 0)
             proc = spawn(
                 f"worker-{i}",
                 [sys.executable, "-m", "processor.runtime.worker", str(spec_path)],
-                log_path=log_path,
+                log_path=Path(spec["log_path"]),
                 owned=True,
                 env=env,
             )
@@ -119,20 +116,7 @@ class LocalRunner(Runner):
             if code is not None
             else "lost its coordinator connection"
         )
-        proc = self.procs[index]
-        try:  # only this attempt's lines: the log file is shared by every generation
-            with open(proc.log_path, "rb") as f:
-                f.seek(self.log_offsets[index])
-                text = f.read().decode(errors="replace")
-        except OSError:
-            text = ""
-        return f"worker {index} {status}" + last_error(text)
-
-
-def last_error(text: str) -> str:
-    """`` (the last ERROR/CRITICAL message)`` of a worker's log text, or ``""``."""
-    tail = [ln for ln in text.splitlines()[-200:] if "ERROR" in ln or "CRITICAL" in ln]
-    return f" ({tail[-1].split(': ', 1)[-1]})" if tail else ""
+        return f"worker {index} {status}" + self._last_error(index)
 
 
 def run_local(pipeline: str | Path, **options: Any) -> RunResult:

@@ -209,6 +209,7 @@ class Runner:
         url = options.snapshot_url or default_snapshot_url(self.job, options.state_dir)
         self.store = SnapshotStore(url)
         self.workers: list[WorkerHandle] = []
+        self.log_offsets: list[int] = []
         # Only workers given this token are heard: the control port may be reachable by others.
         self.token = secrets.token_hex(16)
         self.bind: tuple[str, int] = ("127.0.0.1", 0)  # the control plane's listening address
@@ -279,7 +280,7 @@ class Runner:
                     "transport": self.options.transport,
                     "max_records": self.options.max_records,
                     "log_level": self.options.log_level,
-                    "log_path": str(self.dir / f"worker-{i}.log"),
+                    "log_path": str(self._log_path(i)),
                     "faults": [
                         [f.point, f.nth]
                         for f in self.options.faults
@@ -288,11 +289,32 @@ class Runner:
                 }
             )
         self.workers = [WorkerHandle(i) for i in range(self.options.workers)]
+        # Where this generation's lines start: the log files are shared by every generation.
+        self.log_offsets = [
+            self._log_path(i).stat().st_size if self._log_path(i).exists() else 0
+            for i in range(self.options.workers)
+        ]
         self._launch(specs)
         log.info(
             "started runner=%s generation=%d workers=%d restore_checkpoint=%d",
             self.runner, self.generation, len(self.workers), restore,
         )  # fmt: skip
+
+    def _log_path(self, worker: int) -> Path:
+        return self.dir / f"worker-{worker}.log"
+
+    def _last_error(self, worker: int) -> str:
+        """`` (the last ERROR/CRITICAL message)`` this generation logged for ``worker``, if its
+        log is readable here (always on the local runner; on Spark when the file system is
+        shared), else ``""``."""
+        try:
+            with open(self._log_path(worker), "rb") as f:
+                f.seek(self.log_offsets[worker])
+                text = f.read().decode(errors="replace")
+        except (OSError, IndexError):
+            return ""
+        tail = [ln for ln in text.splitlines()[-200:] if "ERROR" in ln or "CRITICAL" in ln]
+        return f" ({tail[-1].split(': ', 1)[-1]})" if tail else ""
 
     # -- what a runner implements ----------------------------------------------------------------
 

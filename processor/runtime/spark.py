@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import Any
 
 from processor.errors import ConfigError
-from processor.runtime.local import last_error
 from processor.runtime.runner import Runner, RunOptions
 
 __all__ = ["SparkOptions", "SparkRunner", "local_slots", "spark_cause"]
@@ -106,6 +105,26 @@ def spark_cause(text: str) -> str:
         return f"{who} failed: {name}: {message.strip()[:300]}"
     first = text.strip().splitlines()[0] if text.strip() else "unknown error"
     return f"{who}: Spark job failed: {first[:300]}"
+
+
+def _check_slots(master: str, workers: int) -> bool:
+    """True for a ``local`` master; refuses one with fewer task slots than workers."""
+    slots = local_slots(master)
+    if slots is not None and slots < workers:
+        raise ConfigError(
+            f"master {master} has {slots} task slot(s) but the job has {workers} workers, and "
+            f"a barrier job needs them all at once: use --master local[{workers}]"
+        )
+    return slots is not None
+
+
+def _check_forced(conf: dict[str, str], source: str) -> None:
+    for key, value in _FORCED.items():
+        if key in conf and conf[key].lower() != value:
+            raise ConfigError(
+                f"{key}={conf[key]} in {source}: eosflow needs {key}={value} for its worker "
+                "job (one live task per worker and generation); remove the setting"
+            )
 
 
 class _Job:
@@ -177,27 +196,14 @@ class SparkRunner(Runner):
         super().__init__(pipeline, options)
         self.spark_options = spark or SparkOptions()
         conf = self.spark_options.conf
-        for key, value in _FORCED.items():
-            if key in conf and conf[key].lower() != value:
-                raise ConfigError(
-                    f"--conf {key}={conf[key]}: eosflow needs {key}={value} for its worker job "
-                    "(one live task per worker and generation); remove the setting"
-                )
+        _check_forced(conf, "--conf")  # before Spark starts; again after, with every source
         self.master = self.spark_options.master
         if self.master is None and not os.environ.get("PYSPARK_GATEWAY_PORT"):
             self.master = f"local[{options.workers}]"  # not under spark-submit: run locally
-        slots = local_slots(self.master) if self.master else None
-        if slots is not None and slots < options.workers:
-            raise ConfigError(
-                f"master {self.master} has {slots} task slot(s) but the job has "
-                f"{options.workers} workers, and a barrier job needs them all at once: use "
-                f"--master local[{options.workers}]"
-            )
-        self.local_master = slots is not None
+        self.local_master = _check_slots(self.master, options.workers) if self.master else False
         self.session: Any = None
         self._owns_session = False
         self._job: _Job | None = None
-        self.log_offsets: list[int] = []
         self.spark_start_s: float | None = None
 
     # -- session ---------------------------------------------------------------------------------
@@ -231,19 +237,12 @@ class SparkRunner(Runner):
         sc = self.session.sparkContext
         sc.setLogLevel(self.spark_options.conf.get("spark.log.level", "ERROR"))
         effective = sc.getConf()
-        slots = local_slots(sc.master)  # under spark-submit the master is only known now
-        self.local_master = slots is not None
-        if slots is not None and slots < self.options.workers:
-            raise ConfigError(
-                f"master {sc.master} has {slots} task slot(s) but the job has "
-                f"{self.options.workers} workers; a barrier job needs them all at once"
-            )
-        for key, value in _FORCED.items():  # spark-defaults.conf or spark-submit may differ
-            if (effective.get(key) or value).lower() != value:
-                raise ConfigError(
-                    f"Spark setting {key}={effective.get(key)} (from spark-defaults.conf or "
-                    f"spark-submit): eosflow needs {key}={value} for its worker job"
-                )
+        # Under spark-submit the master is only known now; spark-defaults.conf may set more.
+        self.local_master = _check_slots(sc.master, self.options.workers)
+        _check_forced(
+            {k: effective.get(k) for k in _FORCED if effective.get(k) is not None},
+            "the Spark configuration (--conf, spark-defaults.conf or spark-submit)",
+        )
         if not self.local_master:
             sc.addFile(self.pipeline)  # executors without the driver's file system
             self.bind = (self.spark_options.control_host or "0.0.0.0", 0)
@@ -271,9 +270,6 @@ class SparkRunner(Runner):
         return env
 
     def _launch(self, specs: list[dict[str, Any]]) -> None:
-        self.log_offsets = [
-            Path(s["log_path"]).stat().st_size if Path(s["log_path"]).exists() else 0 for s in specs
-        ]
         payload = {"specs": specs, "environ": self._worker_environ()}
         group = f"eosflow-{self.job}-g{self.generation}"
         self._job = _Job(self.session.sparkContext, group, payload)
@@ -303,13 +299,7 @@ class SparkRunner(Runner):
         cause = spark_cause(job.error)
         m = re.match(r"worker (\d+)", cause)
         if m is not None:  # that worker's own last error line, when its log is readable here
-            i = int(m.group(1))
-            with (
-                contextlib.suppress(OSError, IndexError),
-                open(self.dir / f"worker-{i}.log", "rb") as f,
-            ):
-                f.seek(self.log_offsets[i])
-                cause += last_error(f.read().decode(errors="replace"))
+            cause += self._last_error(int(m.group(1)))
         return cause
 
     def _stop_workers(self) -> None:
