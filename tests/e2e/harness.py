@@ -40,6 +40,7 @@ from clicks import (  # noqa: E402
 
 __all__ = [
     "RUNNERS",
+    "assert_faults_fired",
     "canonical",
     "chaos_seed",
     "click_events",
@@ -80,6 +81,21 @@ def assert_exactly_once(want: Counter[bytes], got: Counter[bytes], *, seed: int)
             f"or unexpected (e.g. {dup}); {sum(got.values())} committed, "
             f"{sum(want.values())} expected"
         )
+
+
+def assert_faults_fired(
+    run: ChaosRun, faults: list[Fault], random_kills: int, *, seed: int, other_restarts: int = 0
+) -> None:
+    """Every named fault fired, every random kill landed, and each one cost a restart (plus
+    ``other_restarts``, e.g. a pipeline's own kills): a run that ended early proves less."""
+    fired = {point for _worker, point in run.faults_fired}
+    assert fired == {f.point for f in faults}, f"seed={seed}: named faults fired: {fired}"
+    assert len(run.random_kills) == random_kills, (
+        f"seed={seed}: the job ended after {len(run.random_kills)} of {random_kills} random kills"
+    )
+    assert run.result.restarts >= len(faults) + random_kills + other_restarts, (
+        f"seed={seed}: {run.result.restarts} restarts: {run.result.restart_causes}"
+    )
 
 
 class _Killer(threading.Thread):
