@@ -27,8 +27,8 @@ __all__ = ["DedupConsumer", "StagedDeduplicator", "parse_record_id"]
 
 log = logging.getLogger(__name__)
 
-_SINK = "eosflow-sink"
-_ID = "eosflow-id"  # "<subtask>.<generation>.<n>.<seq>"
+HEADER_SINK = "eosflow-sink"  # "<job>/<step>"
+HEADER_ID = "eosflow-id"  # "<subtask>.<generation>.<n>.<seq>": unique per sink
 
 
 def parse_record_id(record_id: bytes | str) -> tuple[str, tuple[int, int, int]]:
@@ -58,9 +58,9 @@ class StagedDeduplicator:
         """Whether a record with these headers is new (and remember it)."""
         sink = record_id = None
         for name, value in headers or ():
-            if name == _ID:
+            if name == HEADER_ID:
                 record_id = value
-            elif name == _SINK:
+            elif name == HEADER_SINK:
                 sink = value
         if record_id is None or sink is None:
             self.foreign += 1

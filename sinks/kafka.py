@@ -46,6 +46,7 @@ from typing import Any
 import fsspec
 import orjson
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+from fsspec.implementations.local import LocalFileSystem
 
 from connectors.admin import TopicAdmin
 from connectors.config import (
@@ -58,8 +59,10 @@ from connectors.config import (
 from connectors.errors import ErrorClass, classify, error_class
 from connectors.serde import JsonSerde
 from connectors.transport import produce_waiting
+from dedup.staged import HEADER_ID, HEADER_SINK
 from processor.contracts import Serde, SinkContext
 from processor.errors import ConfigError, EosflowError, KafkaClientError
+from sinks.files import _fsync_dir
 
 __all__ = [
     "HEADER_EPOCH",
@@ -80,8 +83,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-HEADER_SINK = "eosflow-sink"  # "<job>/<step>"
-HEADER_ID = "eosflow-id"  # "<subtask>.<generation>.<n>.<seq>": unique per sink
+# HEADER_SINK "<job>/<step>", HEADER_ID "<subtask>.<generation>.<n>.<seq>" (unique per sink):
+# one definition, shared with the readers' dedup.
 HEADER_SUBTASK = "eosflow-subtask"  # on commit markers
 HEADER_EPOCH = "eosflow-epoch"  # on commit markers: "<generation>.<n>"
 _MODES = ("transactional", "staged")
@@ -773,6 +776,9 @@ class StagedKafkaSinkWriter:
             f.write(bytes(frames))
             _fsync(f)
         self.fs.mv(name + ".tmp", name)
+        if isinstance(self.fs, LocalFileSystem):
+            # The rename must survive a power cut: commit reads a missing file as published.
+            _fsync_dir(self.path)
         count = len(self.buffer)
         self.buffer = []
         return {"file": name, "epoch": tag, "count": count}

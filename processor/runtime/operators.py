@@ -23,7 +23,6 @@ Invariants:
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import Any, TypeAlias
 
@@ -44,7 +43,6 @@ __all__ = [
     "WindowedAggregate",
 ]
 
-log = logging.getLogger(__name__)
 
 Record = tuple[Any, Any, int]
 #: No watermark yet (the smallest event time).
