@@ -7,7 +7,8 @@ Rules (DESIGN.md, "Execution model"):
 * **Shuffles.** A keyed aggregation whose input is not already partitioned by its key starts a new
   stage; the edge is a channel topic of ``P x P`` partitions, key-routed with
   :func:`processor.wire.key_to_downstream`. An aggregation over the output of another aggregation
-  (same key, nothing re-keyed in between) needs no shuffle and is fused.
+  (same key, nothing re-keyed in between) needs no shuffle and is fused. A ``dedup`` is placed
+  the same way; a global one (unkeyed stream) always shuffles, keyed by the record ID.
 * **Partial combining.** A windowed aggregation with a ``merge`` function (``count``, ``reduce``,
   ``aggregate(merge=...)``) gets a combiner on the upstream side of its shuffle: each batch sends
   one partial accumulator per key and window instead of every record.
@@ -180,6 +181,16 @@ def compile_flow(flow: Dataflow, parallelism: int) -> Plan:
                 stage_of[step.name] = stages.new(is_source=False)
                 channel_edges.append((parent.name, step.name, True))
             partitioned[step.name] = True
+        elif step.kind == "dedup":
+            # Like an aggregation: copies of an ID (global) or of a key's ID must meet in one
+            # subtask. A global dedup's input is keyed by ID before the shuffle (by the task).
+            (parent,) = parents
+            if step.keyed and partitioned[parent.name]:
+                stage_of[step.name] = stage_of[parent.name]
+            else:
+                stage_of[step.name] = stages.new(is_source=False)
+                channel_edges.append((parent.name, step.name, True))
+            partitioned[step.name] = step.keyed
         elif step.kind == "union":
             _place_union(step, parents, stages, stage_of, channel_edges)
             partitioned[step.name] = all(partitioned[p.name] for p in parents)

@@ -98,7 +98,7 @@ class Step:
     Attributes:
         name: stable kebab-case identifier.
         kind: ``source``, ``map``, ``filter``, ``flat_map``, ``key_by``, ``aggregate``,
-            ``union`` or ``sink``.
+            ``dedup``, ``union`` or ``sink``.
         parents: names of the steps feeding this one.
         keyed: the step's output is keyed (partitioned by key after a shuffle or ``key_by``).
         params: kind-specific settings (functions, serde, window...).
@@ -288,6 +288,69 @@ class Stream:
         return KeyedStream(
             self.flow, self._then(name, "key_by", True, fn=_callable(name, "fn", fn))
         )
+
+    def dedup(
+        self,
+        name: str,
+        id: Callable[[Any], Any],  # noqa: A002 (the issue's and Beam's name for it)
+        *,
+        within: timedelta,
+        late: str = "drop",
+        bucket: timedelta | None = None,
+        expected_ids: int = 100_000,
+        fp_rate: float = 0.001,
+        redis_url: str | None = None,
+    ) -> Stream:
+        """Drop every record whose ``id(value)`` was already seen within ``within``.
+
+        On an unkeyed stream the IDs are global (records are shuffled by ID, so copies meet);
+        on a keyed stream they are per key (``(key, id(value))``) and the stream stays keyed.
+        Seen IDs are kept in Bloom filters per time bucket of the records' timestamps, in front
+        of a Redis ID store (``redis_url``, default ``EOSFLOW_REDIS_URL``), and forgotten when
+        the watermark passes them by ``within``. Exactly once across restarts: the store agrees
+        with the restored checkpoint (docs/dedup.md).
+
+        Args:
+            id: the business ID of a value (a str, bytes, int or JSON-like value).
+            within: the horizon: a copy is recognised if its timestamp is at least the
+                watermark minus ``within``.
+            late: a record older than the horizon cannot be checked: ``"drop"`` (default) or
+                ``"pass"`` it; either is counted and logged.
+            bucket: length of a Bloom time bucket (default ``within / 4``, at least 1 s).
+            expected_ids: IDs per bucket and subtask that one filter holds at ``fp_rate``.
+            fp_rate: target false-positive rate of the filters (costs lookups, never
+                correctness).
+        """
+        within_ms = _ms("within", within)
+        bucket_ms = None if bucket is None else _ms("bucket", bucket)
+        if within_ms <= 0:
+            raise DefinitionError(f"dedup {name!r}: within must be positive, got {within}")
+        if bucket_ms is not None and not 0 < bucket_ms <= within_ms:
+            raise DefinitionError(
+                f"dedup {name!r}: bucket must be positive and at most within ({within}), "
+                f"got {bucket}"
+            )
+        if late not in ("drop", "pass"):
+            raise DefinitionError(f"dedup {name!r}: late must be 'drop' or 'pass', got {late!r}")
+        if isinstance(expected_ids, bool) or not isinstance(expected_ids, int) or expected_ids < 1:
+            raise DefinitionError(
+                f"dedup {name!r}: expected_ids must be a positive int, got {expected_ids!r}"
+            )
+        if not isinstance(fp_rate, float) or not 0 < fp_rate < 0.5:
+            raise DefinitionError(f"dedup {name!r}: fp_rate must be in (0, 0.5), got {fp_rate!r}")
+        step = self._then(
+            name,
+            "dedup",
+            self.keyed,
+            id=_callable(name, "id", id),
+            within_ms=within_ms,
+            bucket_ms=bucket_ms,
+            late=late,
+            expected_ids=expected_ids,
+            fp_rate=fp_rate,
+            redis_url=redis_url,
+        )
+        return self._same(step)
 
     def union(self, name: str, *others: Stream) -> Stream:
         """The records of this stream and of ``others``, interleaved."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeAlias
 
+from processor.contracts import SinkContext
 from processor.dataflow import Sliding, Step
 
 __all__ = [
@@ -109,6 +110,22 @@ class Operator:
     def on_watermark(self, watermark: int) -> list[Record]:
         """Event time reached ``watermark``: what fires."""
         return []
+
+    # Lifecycle of stateful operators with side effects outside the snapshot (``dedup``):
+    # the task calls ``open`` once built, ``prepare`` at every barrier before ``snapshot``,
+    # ``commit`` when a checkpoint completed and ``close`` at the end.
+
+    def open(self, ctx: SinkContext) -> None:
+        """Once, before ``restore`` and any record."""
+
+    def prepare(self, checkpoint_id: int) -> None:
+        """At the barrier of ``checkpoint_id``, before :meth:`snapshot`."""
+
+    def commit(self, checkpoint_id: int) -> None:
+        """``checkpoint_id`` completed."""
+
+    def close(self) -> None:
+        """The task stops."""
 
     def flush(self) -> list[Record]:
         """End of a poll batch, or a barrier or watermark is about to pass: emit buffered output."""
@@ -437,6 +454,12 @@ def build_operator(step: Step, *, merged_input: bool = False) -> Operator:
         return KeyBy(step)
     if kind == "union":
         return Passthrough(step)
+    if kind == "dedup":
+        # The one place the engine reaches into dedup/ (like the CLI wiring): the operator
+        # needs the Bloom filters and the Redis store, which live there.
+        from dedup.operator import DedupOperator
+
+        return DedupOperator(step)
     if kind == "aggregate":
         if step.params["window"] is None:
             return Aggregate(step)

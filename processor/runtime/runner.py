@@ -571,14 +571,16 @@ class Runner:
                 out += int(st["sunk"])
         return rin, out, lag
 
-    def _bad_counts(self) -> tuple[int, int]:
-        """Dead letters routed and bad records skipped, over every task of this generation."""
-        dead = bad = 0
+    def _bad_counts(self) -> tuple[int, int, int]:
+        """Dead letters routed, bad records skipped and duplicates dropped (``dedup`` steps),
+        over every task of this generation."""
+        dead = bad = dups = 0
         for w in self.workers:
             for st in w.stats.values():
                 dead += int(st.get("dead", 0))
                 bad += int(st.get("bad", 0))
-        return dead, bad
+                dups += int(st.get("dups", 0))
+        return dead, bad, dups
 
     def _say(self, text: str) -> None:
         if self.options.progress is not None:
@@ -596,8 +598,9 @@ class Runner:
         self._last_in = (now, rin)
         st = self.coordinator.stats
         lag_text = f" lag={lag:,}" if self.options.until_idle else ""
-        dead, bad = self._bad_counts()
+        dead, bad, dups = self._bad_counts()
         lag_text += (f" dead={dead:,}" if dead else "") + (f" skipped={bad:,}" if bad else "")
+        lag_text += f" duplicates={dups:,}" if dups else ""
         self._say(
             f"gen={self.generation} in={rin:,} ({rate:,.0f}/s) out={out:,}{lag_text} "
             f"checkpoint={st.last_completed} ({st.last_duration_s * 1000:.0f} ms) "
@@ -607,7 +610,7 @@ class Runner:
 
     def _status(self, state: str) -> None:
         rin, out, lag = self._counters()
-        dead, bad = self._bad_counts()
+        dead, bad, dups = self._bad_counts()
         st = self.coordinator.stats
         status = {
             "job": self.job,
@@ -638,6 +641,7 @@ class Runner:
             "source_lag": lag,
             "dead_letters": dead,
             "bad_records_skipped": bad,
+            "duplicates_dropped": dups,
             "tasks": {k: v for w in self.workers for k, v in w.stats.items()},
             "snapshot_url": self.store.url,
         }

@@ -50,7 +50,7 @@ from processor.checkpoint.aligner import (
 )
 from processor.compiler import Stage
 from processor.contracts import Message, SinkContext, SinkWriter
-from processor.dataflow import DEAD_LETTERS
+from processor.dataflow import DEAD_LETTERS, Step
 from processor.errors import DeserializationError, EosflowError
 from processor.runtime.channels import ChannelOut, TaskEnv
 from processor.runtime.dead_letters import DeadLetters, Origins, channel_origins, source_origins
@@ -58,6 +58,7 @@ from processor.runtime.operators import (
     MAX_WATERMARK,
     MIN_WATERMARK,
     Combiner,
+    KeyBy,
     Operator,
     Record,
     SinkOp,
@@ -141,6 +142,7 @@ class Task:
         self.sinks: list[SinkOp] = []
         self.combiners: list[Combiner] = []
         self.outputs: list[ChannelOut] = []
+        self.routers: list[Operator] = []  # key-by-ID heads of global dedup shuffles
         for name in stage.steps:
             step = steps[name]
             if step.kind == "source":
@@ -151,7 +153,10 @@ class Task:
                 self.ops[name] = op
                 self.sinks.append(op)
             else:
-                self.ops[name] = build_operator(step, merged_input=name in merged_into)
+                op = build_operator(step, merged_input=name in merged_into)
+                self.ops[name] = op
+                if op.stateful:
+                    op.open(self._sink_context(name, self.subtask, plan.parallelism))
             for parent in step.parents:
                 if parent in self.ops:  # parents in other stages arrive through channels
                     self.ops[parent].children.append(self.ops[name])
@@ -169,14 +174,19 @@ class Task:
             out = ChannelOut(edge, self.subtask, plan.parallelism, env.writer)
             self.outputs.append(out)
             head: Operator = out
-            if edge.combine:
+            dst = steps[edge.dst_step]
+            if dst.kind == "dedup" and not dst.keyed:  # global dedup: route copies by ID
+                head = KeyBy(Step(dst.name, "key_by", (), True, {"fn": dst.params["id"]}))
+                head.children.append(out)
+                self.routers.append(head)
+            elif edge.combine:
                 combiner = Combiner(steps[edge.dst_step])
                 combiner.children.append(out)
                 self.combiners.append(combiner)
                 head = combiner
             self.ops[edge.src_step].children.append(head)
         if self.dead is not None:
-            for operator in [*self.ops.values(), *self.combiners]:
+            for operator in [*self.ops.values(), *self.combiners, *self.routers]:
                 operator.on_error = self._on_error
         # entry operator per input: source topic or channel topic
         self.entry: dict[str, Operator] = {}
@@ -274,6 +284,9 @@ class Task:
         self.reader.close()
         for _name, writer in self.committers:
             writer.close()
+        for op in self.ops.values():
+            if op.stateful:
+                op.close()
 
     # -- the data path ---------------------------------------------------------------------------
 
@@ -592,6 +605,9 @@ class Task:
             committable = writer.prepare(checkpoint_id)
             if committable is not None:
                 self.sink_pending[name].append((checkpoint_id, committable))
+        for op in self.ops.values():
+            if op.stateful:
+                op.prepare(checkpoint_id)  # dedup: IDs into the store before the snapshot
         seen = self.barrier_seen.pop(checkpoint_id, set())
         for old in [c for c in self.barrier_seen if c < checkpoint_id]:
             del self.barrier_seen[old]
@@ -648,6 +664,9 @@ class Task:
             for chk, committable in due:
                 writer.commit(chk, committable)
             self.sink_pending[name] = [(c, x) for c, x in pending if c > checkpoint_id]
+        for op in self.ops.values():
+            if op.stateful:
+                op.commit(checkpoint_id)
         for chk in [c for c in self.uploaded if c <= checkpoint_id]:
             del self.uploaded[chk]
 
@@ -664,6 +683,7 @@ class Task:
         out = sum(o.written for o in self.outputs)
         sunk = sum(s.written for s in self.sinks)
         late = sum(op.late_dropped for op in self.ops.values())
+        dups = sum(getattr(op, "duplicates", 0) for op in self.ops.values())
         lag = 0
         if self.is_source and self.env.end_offsets is not None:
             lag = sum(max(0, self.env.end_offsets.get(tp, 0) - o) for tp, o in self.pos.items())
@@ -674,6 +694,7 @@ class Task:
             "bad": self.bad_records,
             "dead": self.dead.count if self.dead is not None else 0,
             "late": late,
+            "dups": dups,
             "stale": self.stale_dropped,
             "lag": lag,
             "watermark": self.watermark,

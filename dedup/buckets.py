@@ -1,0 +1,137 @@
+"""Time-bucketed Bloom filters: "surely new" without I/O, forgetting by whole buckets.
+
+Pure logic: time comes in as arguments (record timestamps, a watermark), never from a clock.
+
+An ID is recorded in the bucket of its record's timestamp (``ts - ts % bucket_ms``), so
+buckets can be dropped whole when the watermark has passed them by the horizon; a Bloom filter
+cannot forget one element. A lookup probes every live filter, because a duplicate may carry
+another timestamp than its original (a re-sent event).
+
+Sizing: each filter is an rbloom filter for ``expected_ids`` IDs at ``fp_rate / max_filters``,
+so with up to ``max_filters`` live filters the chance that a fresh ID hits some filter stays
+below ``fp_rate``. A bucket that receives more than ``expected_ids`` IDs gets another filter
+(its false-positive rate would grow otherwise); that costs one more probe per lookup and is
+logged once per bucket, so ``expected_ids`` can be raised.
+
+The filters hash with ``int.__index__``: IDs are uniform 128-bit ints already
+(:mod:`dedup.ids`), and a filter whose hash is not the built-in ``hash`` can be saved into a
+snapshot (``save_bytes``) and loaded in another process.
+
+Invariants:
+    No false negatives: every ID passed to :meth:`add` is reported by :meth:`might_contain`
+    until its bucket is dropped. :meth:`drop_before` drops a bucket only when every timestamp
+    it covers is below the cutoff, so it never forgets an ID of a timestamp at or after it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from rbloom import Bloom
+
+__all__ = ["BloomBuckets"]
+
+log = logging.getLogger(__name__)
+
+_HASH = int.__index__
+
+
+class BloomBuckets:
+    """Bloom filters per time bucket. See the module docstring.
+
+    Args:
+        bucket_ms: length of a bucket in milliseconds.
+        expected_ids: IDs one filter holds at its false-positive rate.
+        fp_rate: target chance that a fresh ID is reported as possibly seen, over all live
+            filters (each filter gets ``fp_rate / max_filters``).
+        max_filters: how many filters are usually live (buckets in a horizon, plus one).
+    """
+
+    def __init__(
+        self, *, bucket_ms: int, expected_ids: int, fp_rate: float, max_filters: int
+    ) -> None:
+        if bucket_ms < 1:
+            raise ValueError(f"bucket_ms must be >= 1, got {bucket_ms}")
+        if expected_ids < 1:
+            raise ValueError(f"expected_ids must be >= 1, got {expected_ids}")
+        if not 0 < fp_rate < 1:
+            raise ValueError(f"fp_rate must be in (0, 1), got {fp_rate}")
+        if max_filters < 1:
+            raise ValueError(f"max_filters must be >= 1, got {max_filters}")
+        self.bucket_ms = bucket_ms
+        self.expected_ids = expected_ids
+        self.fp_rate = fp_rate
+        self.filter_fp = fp_rate / max_filters
+        # bucket start -> its filters (the last one takes new IDs) and how many IDs it took
+        self.buckets: dict[int, list[Bloom]] = {}
+        self.counts: dict[int, int] = {}
+        self._probes: list[Any] = []  # __contains__ of every live filter, newest bucket first
+
+    def _new_filter(self) -> Bloom:
+        return Bloom(self.expected_ids, self.filter_fp, _HASH)
+
+    def _reindex(self) -> None:
+        self._probes = [
+            f.__contains__
+            for start in sorted(self.buckets, reverse=True)
+            for f in reversed(self.buckets[start])
+        ]
+
+    @property
+    def filter_bytes(self) -> int:
+        """Memory of one filter, in bytes."""
+        return math.ceil(self._new_filter().size_in_bits / 8)
+
+    def bucket_of(self, ts_ms: int) -> int:
+        return ts_ms - ts_ms % self.bucket_ms
+
+    def might_contain(self, record_id: int) -> bool:
+        """``False``: surely never added (or its bucket was dropped)."""
+        for probe in self._probes:
+            if probe(record_id):
+                return True
+        return False
+
+    def add(self, record_id: int, ts_ms: int) -> None:
+        start = ts_ms - ts_ms % self.bucket_ms
+        filters = self.buckets.get(start)
+        count = self.counts.get(start, 0)
+        if filters is None:
+            filters = self.buckets[start] = [self._new_filter()]
+            self._reindex()
+        elif count and count % self.expected_ids == 0:
+            filters.append(self._new_filter())
+            self._reindex()
+            log.warning(
+                "dedup bucket start_ms=%d holds more than expected_ids=%d IDs: filter %d "
+                "added (one more probe per lookup); raise expected_ids",
+                start, self.expected_ids * (len(filters) - 1), len(filters),
+            )  # fmt: skip
+        filters[-1].add(record_id)
+        self.counts[start] = count + 1
+
+    def drop_before(self, cutoff_ms: int) -> list[int]:
+        """Drops the buckets whose every timestamp is below ``cutoff_ms``; returns their starts."""
+        gone = [s for s in self.buckets if s + self.bucket_ms <= cutoff_ms]
+        for start in gone:
+            del self.buckets[start]
+            self.counts.pop(start, None)
+        if gone:
+            self._reindex()
+        return sorted(gone)
+
+    def snapshot(self) -> dict[int, Any]:
+        """``{bucket start: [count, [filter bytes...]]}``, an independent copy."""
+        return {
+            start: [self.counts.get(start, 0), [f.save_bytes() for f in filters]]
+            for start, filters in self.buckets.items()
+        }
+
+    def restore(self, state: dict[int, Any] | None) -> None:
+        self.buckets, self.counts = {}, {}
+        for start, (count, blobs) in (state or {}).items():
+            self.buckets[start] = [Bloom.load_bytes(b, _HASH) for b in blobs]
+            self.counts[start] = count
+        self._reindex()

@@ -1,0 +1,333 @@
+"""The deduplicator: Bloom filters in front of the ID store, agreeing with the snapshots.
+
+A batch of IDs is checked in three tiers, cheapest first:
+
+1. the time-bucketed Bloom filters (:mod:`dedup.buckets`): a miss means "surely new", no I/O;
+2. the IDs this run recorded recently (the epoch not yet written, and a bounded set of the last
+   ones written): a hit there is a certain duplicate, no I/O;
+3. the ID store (:mod:`dedup.store`), asked once per batch for all remaining Bloom hits.
+
+New IDs go into the filters and a pending list that :meth:`Deduplicator.prepare` writes to the
+store at the checkpoint barrier (one round trip; also every ``flush_ids`` IDs), tagged with this
+run and the epoch that recorded them.
+
+**The store agrees with the snapshots** (DESIGN.md). Each incarnation of a task is a *run* with
+a random 63-bit ID. A snapshot holds the *lineage*: for every run whose IDs it includes, the
+last epoch it includes (``{run: checkpoint}``). After a restore, a stored entry counts as seen
+only if its run is in the restored lineage and its epoch is at most that run's cut-off, or it
+was written by the current run. Entries written after the restored checkpoint by a run that
+crashed are therefore absent, and a record they would have hidden is processed again: nothing
+is lost. The filters are part of the snapshot, so they too hold exactly the restored IDs (plus
+false positives, which the store resolves).
+
+**Garbage collection.** When the watermark passes, buckets wholly below ``watermark - within``
+leave the filters at once, and the store's hashes of buckets below the cut-off of a *completed*
+checkpoint are deleted on :meth:`Deduplicator.commit` (deleting earlier could remove IDs that a
+restore of that checkpoint still needs). A record whose timestamp is below the cut-off can no
+longer be checked: the ``late`` policy drops it or passes it, and either is counted and logged.
+
+**Redis down**: the store retries, then fails the task (:class:`dedup.store.RedisUnavailable`);
+no record passes unchecked.
+
+Invariants:
+    No false negatives: an ID recorded at timestamp ``t`` is reported as a duplicate while
+    ``t >= watermark - within``, in this run and after any restore of a snapshot taken after it
+    was recorded. An ID recorded after the restored checkpoint is never reported as seen.
+    ``snapshot`` is only taken right after ``prepare`` (nothing pending).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+from typing import Any, Protocol
+
+from dedup.buckets import BloomBuckets
+from dedup.store import decode_tag, encode_tag
+
+__all__ = ["DedupStats", "Deduplicator", "IdStore", "MemoryIdStore"]
+
+log = logging.getLogger(__name__)
+
+MIN_TS = -(2**63)
+STATE_VERSION = 1
+LATE_POLICIES = ("drop", "pass")
+
+
+class IdStore(Protocol):
+    """What the deduplicator needs from a store (:class:`dedup.store.RedisIdStore`)."""
+
+    round_trips: int
+
+    def lookup(self, buckets: list[int], ids: list[int]) -> list[list[bytes]]: ...
+
+    def insert(self, entries: dict[int, list[int]], tag: bytes) -> None: ...
+
+    def delete_before(self, cutoff_ms: int, bucket_ms: int) -> list[int]: ...
+
+
+class MemoryIdStore:
+    """An :class:`IdStore` in this process's memory, with Redis's layout and tags.
+
+    Not durable: a restarted process starts empty. For unit tests, the benchmarks' I/O-free
+    baseline, and single-process programs that need no recovery.
+    """
+
+    def __init__(self) -> None:
+        self.buckets: dict[int, dict[int, bytes]] = {}
+        self.round_trips = 0
+
+    def lookup(self, buckets: list[int], ids: list[int]) -> list[list[bytes]]:
+        self.round_trips += 1
+        found: list[list[bytes]] = [[] for _ in ids]
+        for bucket in buckets:
+            entries = self.buckets.get(bucket, {})
+            for n, record_id in enumerate(ids):
+                tag = entries.get(record_id)
+                if tag is not None:
+                    found[n].append(tag)
+        return found
+
+    def insert(self, entries: dict[int, list[int]], tag: bytes) -> None:
+        self.round_trips += 1
+        for bucket, ids in entries.items():
+            self.buckets.setdefault(bucket, {}).update(dict.fromkeys(ids, tag))
+
+    def delete_before(self, cutoff_ms: int, bucket_ms: int) -> list[int]:
+        self.round_trips += 1
+        gone = sorted(b for b in self.buckets if b + bucket_ms <= cutoff_ms)
+        for bucket in gone:
+            del self.buckets[bucket]
+        return gone
+
+
+class DedupStats:
+    """Counters (cumulative for this process)."""
+
+    __slots__ = ("duplicates", "false_positives", "fresh", "late_dropped", "late_passed", "lookups")
+
+    def __init__(self) -> None:
+        self.fresh = 0  # IDs recorded as new
+        self.duplicates = 0  # records dropped as duplicates
+        self.late_dropped = 0  # older than the horizon, dropped (late="drop")
+        self.late_passed = 0  # older than the horizon, passed unchecked (late="pass")
+        self.lookups = 0  # IDs sent to the store
+        self.false_positives = 0  # Bloom hits that the store said were new
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+class Deduplicator:
+    """Checks and records record IDs. See the module docstring.
+
+    Args:
+        store: where IDs are kept durably.
+        within_ms: the horizon: a duplicate is recognised if its timestamp is at least
+            ``watermark - within_ms``.
+        bucket_ms: length of a time bucket (default ``within_ms / 4``, at least 1 s).
+        expected_ids: IDs per bucket that one Bloom filter holds at its rate.
+        fp_rate: target false-positive rate of the filters together (each Bloom hit that is
+            not a duplicate costs part of a store round trip, never correctness).
+        late: ``"drop"`` or ``"pass"`` records older than the horizon (counted and logged).
+        recent_ids: how many recently written IDs to keep in memory to confirm duplicates
+            without a round trip.
+        flush_ids: write pending IDs to the store when this many accumulate in one epoch.
+        name: for log lines.
+    """
+
+    def __init__(
+        self,
+        store: IdStore,
+        *,
+        within_ms: int,
+        bucket_ms: int | None = None,
+        expected_ids: int = 100_000,
+        fp_rate: float = 0.001,
+        late: str = "drop",
+        recent_ids: int = 200_000,
+        flush_ids: int = 50_000,
+        name: str = "dedup",
+    ) -> None:
+        if within_ms < 1:
+            raise ValueError(f"within_ms must be >= 1, got {within_ms}")
+        if late not in LATE_POLICIES:
+            raise ValueError(f"late must be one of {LATE_POLICIES}, got {late!r}")
+        self.store = store
+        self.within_ms = within_ms
+        self.bucket_ms = bucket_ms or max(1000, within_ms // 4)
+        self.late = late
+        self.name = name
+        self.recent_ids = recent_ids
+        self.flush_ids = flush_ids
+        self.filters = BloomBuckets(
+            bucket_ms=self.bucket_ms,
+            expected_ids=expected_ids,
+            fp_rate=fp_rate,
+            max_filters=math.ceil(within_ms / self.bucket_ms) + 2,
+        )
+        self.stats = DedupStats()
+        self.run = secrets.randbits(63)
+        self.lineage: dict[int, int] = {}  # run -> last epoch included (older runs only)
+        self.prepared = 0  # last checkpoint prepared by this run (or restored)
+        self.watermark = MIN_TS
+        self.cutoff = MIN_TS  # records below it are older than the horizon
+        self.pending: dict[int, list[int]] = {}
+        self.pending_set: set[int] = set()
+        self._recent: set[int] = set()
+        self._older: set[int] = set()
+        self._cutoff_at: dict[int, int] = {}  # prepared checkpoint -> cutoff in its snapshot
+        self._deleted_below = MIN_TS
+
+    # -- the hot path ---------------------------------------------------------------------------
+
+    def check(self, ids: list[int], timestamps: list[int]) -> list[bool]:
+        """For each ID: ``True`` if new (it is recorded now), ``False`` if a duplicate, or
+        older than the horizon under ``late="drop"``. Records are decided in order: the second
+        of two equal IDs in one batch is a duplicate."""
+        out = [True] * len(ids)
+        might = self.filters.might_contain
+        record = self._record
+        cutoff = self.cutoff
+        candidates: list[int] = []
+        for i, record_id in enumerate(ids):
+            ts = timestamps[i]
+            if ts < cutoff:
+                out[i] = self._late(ts)
+            elif might(record_id):
+                candidates.append(i)
+            else:
+                record(record_id, ts)
+        if candidates:
+            self._resolve(ids, timestamps, candidates, out)
+        return out
+
+    def _resolve(
+        self, ids: list[int], timestamps: list[int], candidates: list[int], out: list[bool]
+    ) -> None:
+        known = self._known
+        ask = [i for i in candidates if not known(ids[i])]
+        seen: set[int] = set()
+        if ask:
+            asked = [ids[i] for i in ask]
+            self.stats.lookups += len(asked)
+            tags = self.store.lookup(sorted(self.filters.buckets), asked)
+            valid = self._valid
+            seen = {record_id for record_id, t in zip(asked, tags) if any(map(valid, t))}
+        for i in candidates:
+            record_id = ids[i]
+            if record_id in seen or known(record_id):
+                out[i] = False
+                self.stats.duplicates += 1
+            else:  # a false positive of the filters
+                self.stats.false_positives += 1
+                self._record(record_id, timestamps[i])
+
+    def _known(self, record_id: int) -> bool:
+        return record_id in self.pending_set or record_id in self._recent or record_id in self._older
+
+    def _valid(self, tag: bytes) -> bool:
+        run, epoch = decode_tag(tag)
+        if run == self.run:
+            return True
+        cut = self.lineage.get(run)
+        return cut is not None and epoch <= cut
+
+    def _record(self, record_id: int, ts: int) -> None:
+        self.filters.add(record_id, ts)
+        bucket = ts - ts % self.bucket_ms
+        ids = self.pending.get(bucket)
+        if ids is None:
+            ids = self.pending[bucket] = []
+        ids.append(record_id)
+        self.pending_set.add(record_id)
+        self.stats.fresh += 1
+        if len(self.pending_set) >= self.flush_ids:
+            self._flush()
+
+    def _late(self, ts: int) -> bool:
+        passed = self.late == "pass"
+        if passed:
+            self.stats.late_passed += 1
+        else:
+            self.stats.late_dropped += 1
+        n = self.stats.late_passed + self.stats.late_dropped
+        if n <= 10 or n % 10_000 == 0:
+            log.warning(
+                "dedup %s: record older than the horizon %s (ts_ms=%d < watermark %d - within "
+                "%d ms); it cannot be checked. count=%d (raise within= to check older records)",
+                self.name, "passed unchecked" if passed else "dropped", ts, self.watermark,
+                self.within_ms, n,
+            )  # fmt: skip
+        return passed
+
+    def _flush(self) -> None:
+        if not self.pending_set:
+            return
+        self.store.insert(self.pending, encode_tag(self.run, self.prepared + 1))
+        if len(self._recent) + len(self.pending_set) > self.recent_ids // 2:
+            self._older, self._recent = self._recent, set()
+        self._recent |= self.pending_set
+        self.pending, self.pending_set = {}, set()
+
+    # -- event time ------------------------------------------------------------------------------
+
+    def advance(self, watermark: int) -> None:
+        """Event time reached ``watermark``: drop the filters of buckets past the horizon."""
+        if watermark <= self.watermark:
+            return
+        self.watermark = watermark
+        self.cutoff = max(self.cutoff, watermark - self.within_ms)
+        self.filters.drop_before(self.cutoff)
+
+    # -- checkpoints -----------------------------------------------------------------------------
+
+    def prepare(self, checkpoint_id: int) -> None:
+        """At the barrier of ``checkpoint_id``: write the pending IDs (before the snapshot)."""
+        self._flush()
+        self.prepared = checkpoint_id
+        self._cutoff_at[checkpoint_id] = self.cutoff
+
+    def snapshot(self) -> dict[str, Any]:
+        assert not self.pending_set, "snapshot() without prepare(): IDs not in the store"
+        return {
+            "version": STATE_VERSION,
+            "lineage": {**self.lineage, self.run: self.prepared},
+            "prepared": self.prepared,
+            "watermark": self.watermark,
+            "cutoff": self.cutoff,
+            "filters": self.filters.snapshot(),
+        }
+
+    def restore(self, state: dict[str, Any] | None) -> None:
+        """Loads a :meth:`snapshot`; this becomes a new run (see the module docstring)."""
+        self.run = secrets.randbits(63)
+        self.pending, self.pending_set = {}, set()
+        self._recent, self._older = set(), set()
+        self._cutoff_at = {}
+        if state is None:
+            self.lineage, self.prepared = {}, 0
+            self.watermark = self.cutoff = MIN_TS
+            self.filters.restore(None)
+            return
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(
+                f"dedup {self.name}: snapshot state version {state.get('version')!r}, this "
+                f"eosflow reads {STATE_VERSION}"
+            )
+        self.lineage = dict(state["lineage"])
+        self.prepared = state["prepared"]
+        self.watermark = state["watermark"]
+        self.cutoff = state["cutoff"]
+        self.filters.restore(state["filters"])
+
+    def commit(self, checkpoint_id: int) -> None:
+        """``checkpoint_id`` completed: delete the stored buckets its snapshot had dropped."""
+        due = [c for c in self._cutoff_at if c <= checkpoint_id]
+        if not due:
+            return
+        cutoff = max(self._cutoff_at.pop(c) for c in due)
+        if cutoff - cutoff % self.bucket_ms > self._deleted_below:
+            self.store.delete_before(cutoff, self.bucket_ms)
+            self._deleted_below = cutoff - cutoff % self.bucket_ms

@@ -1,0 +1,131 @@
+"""The ``dedup`` step: drops records whose ID was seen within a horizon (``Stream.dedup``).
+
+* **Global** (``Stream.dedup`` on an unkeyed stream): the upstream side keys every record by
+  its ID (the task puts a key-by head before the shuffle), so all copies of an ID meet in one
+  subtask; this operator takes the key as the ID and emits unkeyed records.
+* **Per key** (``KeyedStream.dedup``): the ID is ``(key, id(value))``; records stay keyed.
+
+Each subtask owns a :class:`~dedup.core.Deduplicator` whose store prefix is
+``eosflow:<job>:dedup:<step>:<subtask>``: changing the job's parallelism moves IDs between
+subtasks and is a migration, as it is for keyed state.
+
+Failing ``id`` functions are data: with a dead-letter destination the record goes there with
+the cause (the others of the batch are checked as usual), without one the task fails.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from dedup.core import Deduplicator
+from dedup.ids import value_id
+from dedup.store import RedisIdStore, redis_client
+from processor.contracts import SinkContext
+from processor.dataflow import Step
+from processor.runtime.operators import Operator, Record
+
+__all__ = ["DedupOperator"]
+
+log = logging.getLogger(__name__)
+
+
+class DedupOperator(Operator):
+    """See the module docstring."""
+
+    stateful = True
+    keeps_index = False
+
+    def __init__(self, step: Step) -> None:
+        super().__init__(step)
+        self.params = step.params
+        self.keyed = step.keyed
+        self.id_fn = step.params["id"]
+        self.dedup: Deduplicator | None = None
+        self._client: Any = None
+
+    @property
+    def duplicates(self) -> int:
+        return self.dedup.stats.duplicates if self.dedup is not None else 0
+
+    def open(self, ctx: SinkContext) -> None:
+        p = self.params
+        self._client = redis_client(p["redis_url"])
+        store = RedisIdStore(self._client, f"eosflow:{ctx.job}:dedup:{ctx.step}:{ctx.subtask}")
+        self.dedup = Deduplicator(
+            store,
+            within_ms=p["within_ms"],
+            bucket_ms=p["bucket_ms"],
+            expected_ids=p["expected_ids"],
+            fp_rate=p["fp_rate"],
+            late=p["late"],
+            name=f"{ctx.step}.{ctx.subtask}",
+        )
+
+    def _ids(self, batch: list[Record]) -> list[int]:
+        if not self.keyed:  # the key is the ID value (keyed by it before the shuffle)
+            return [value_id(k) for k, _v, _t in batch]
+        fn = self.id_fn
+        return [value_id([k, fn(v)]) for k, v, _t in batch]
+
+    def process(self, batch: list[Record]) -> list[Record]:
+        dedup = self.dedup
+        assert dedup is not None, "DedupOperator.open() was not called"
+        try:
+            ids = self._ids(batch)
+        except Exception:
+            if self.on_error is None:
+                raise
+            batch, ids = self._ids_per_record(batch)
+        new = dedup.check(ids, [t for _k, _v, t in batch])
+        if self.keyed:
+            return [r for r, n in zip(batch, new) if n]
+        return [(None, v, t) for (_k, v, t), n in zip(batch, new) if n]
+
+    def _ids_per_record(self, batch: list[Record]) -> tuple[list[Record], list[int]]:
+        """The slow path: records whose ``id`` function raises go to the handler."""
+        handler = self.on_error
+        assert handler is not None
+        kept: list[Record] = []
+        ids: list[int] = []
+        for i, record in enumerate(batch):
+            try:
+                (record_id,) = self._ids([record])
+            except Exception as exc:
+                handler(self, batch, i, exc)
+                continue
+            kept.append(record)
+            ids.append(record_id)
+        return kept, ids
+
+    def on_watermark(self, watermark: int) -> list[Record]:
+        assert self.dedup is not None
+        self.dedup.advance(watermark)
+        return []
+
+    def prepare(self, checkpoint_id: int) -> None:
+        assert self.dedup is not None
+        self.dedup.prepare(checkpoint_id)
+
+    def commit(self, checkpoint_id: int) -> None:
+        assert self.dedup is not None
+        self.dedup.commit(checkpoint_id)
+
+    def snapshot(self) -> Any:
+        assert self.dedup is not None
+        return self.dedup.snapshot()
+
+    def restore(self, state: Any) -> None:
+        assert self.dedup is not None
+        self.dedup.restore(state)
+
+    def close(self) -> None:
+        if self.dedup is not None:
+            stats = self.dedup.stats.as_dict()
+            log.info(
+                "dedup closed step=%s %s round_trips=%d",
+                self.name, " ".join(f"{k}={v}" for k, v in stats.items()),
+                self.dedup.store.round_trips,
+            )  # fmt: skip
+        if self._client is not None:
+            self._client.close()

@@ -1,0 +1,220 @@
+"""Record IDs, Bloom buckets and the deduplicator's rules, without I/O (``MemoryIdStore``).
+
+The same rules against a real Redis: ``tests/integration/test_dedup_redis.py``.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dedup.buckets import BloomBuckets
+from dedup.core import Deduplicator, MemoryIdStore
+from dedup.ids import (
+    derived_id,
+    emission_id,
+    id_from_bytes,
+    id_to_bytes,
+    source_id,
+    value_id,
+)
+
+
+def fresh_ids(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.getrandbits(127) for _ in range(n)]
+
+
+# -- IDs -----------------------------------------------------------------------------------------
+
+
+def test_ids_are_stable_128_bit_and_domain_separated() -> None:
+    assert value_id("abc") == value_id("abc")
+    assert value_id("abc") != value_id(b"abc")
+    assert value_id(1) != value_id("1")
+    assert value_id({"a": 1, "b": [1, 2]}) == value_id({"b": [1, 2], "a": 1})
+    assert value_id(("x", 1)) == value_id(["x", 1])  # a tuple key comes back as a list
+    assert source_id("t", 1, 23) != source_id("t", 12, 3)
+    assert derived_id(value_id("a"), 0) != derived_id(value_id("a"), 1)
+    assert emission_id("count", "k", 10_000, 0) != emission_id("count", "k", 20_000, 0)
+    # pinned: an ID must never change between releases (stored IDs would stop matching)
+    assert value_id("abc") == 0x74DCC2D0D97DD4AB6E0A61E6997B5745
+    assert source_id("t", 0, 0) == 0x287F0CF2D114973C4583573B3D77DEB2
+    for x in (value_id("abc"), source_id("t", 0, 0), derived_id(1, 2), emission_id("s", 1, None, 3)):
+        assert 0 <= x < 2**127
+        assert id_from_bytes(id_to_bytes(x)) == x
+    with pytest.raises(ValueError, match="not an eosflow record ID"):
+        id_from_bytes(b"short")
+
+
+# -- Bloom buckets --------------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 2**127 - 1), st.integers(0, 10**7)), max_size=300),
+    st.integers(1, 10**6),
+)
+def test_bloom_buckets_have_no_false_negatives_until_their_bucket_is_dropped(
+    entries: list[tuple[int, int]], cutoff: int
+) -> None:
+    buckets = BloomBuckets(bucket_ms=60_000, expected_ids=50, fp_rate=0.01, max_filters=4)
+    for record_id, ts in entries:
+        buckets.add(record_id, ts)
+    restored = BloomBuckets(bucket_ms=60_000, expected_ids=50, fp_rate=0.01, max_filters=4)
+    restored.restore(buckets.snapshot())
+    for b in (buckets, restored):
+        b.drop_before(cutoff)
+        for record_id, ts in entries:
+            if ts >= cutoff:  # never forgets an ID younger than the cutoff
+                assert b.might_contain(record_id)
+
+
+@pytest.mark.parametrize("target", [0.01, 0.001])
+def test_false_positive_rate_of_a_full_filter_is_within_1_5x_of_the_target(target: float) -> None:
+    n, probes = 100_000, 400_000
+    buckets = BloomBuckets(bucket_ms=1000, expected_ids=n, fp_rate=target, max_filters=1)
+    for record_id in fresh_ids(n, 1):
+        buckets.add(record_id, 0)
+    hits = sum(buckets.might_contain(x) for x in fresh_ids(probes, 2))
+    rate = hits / probes
+    print(f"target={target} measured={rate:.5f} ({hits} of {probes})")
+    assert target / 1.5 <= rate <= target * 1.5
+
+
+def test_false_positive_rate_over_all_live_buckets_stays_within_1_5x_of_the_target() -> None:
+    target, per_bucket, probes = 0.01, 20_000, 200_000
+    buckets = BloomBuckets(bucket_ms=1000, expected_ids=per_bucket, fp_rate=target, max_filters=5)
+    for b, ids in enumerate(fresh_ids(per_bucket * 5, 3)[i::5] for i in range(5)):
+        for record_id in ids:
+            buckets.add(record_id, b * 1000)
+    rate = sum(buckets.might_contain(x) for x in fresh_ids(probes, 4)) / probes
+    print(f"target={target} measured over 5 buckets={rate:.5f}")
+    assert rate <= target * 1.5
+
+
+def test_an_overfull_bucket_gets_another_filter_and_keeps_its_rate() -> None:
+    buckets = BloomBuckets(bucket_ms=1000, expected_ids=1000, fp_rate=0.01, max_filters=1)
+    ids = fresh_ids(3500, 5)
+    for record_id in ids:
+        buckets.add(record_id, 10)
+    assert len(buckets.buckets[0]) == 4
+    assert all(buckets.might_contain(x) for x in ids)
+    rate = sum(buckets.might_contain(x) for x in fresh_ids(50_000, 6)) / 50_000
+    assert rate <= 4 * 0.01 * 1.5  # one filter's rate per filter probed
+
+
+# -- the deduplicator ------------------------------------------------------------------------------
+
+
+def make(store: MemoryIdStore | None = None, **kw: object) -> Deduplicator:
+    args: dict[str, object] = {"within_ms": 60_000, "expected_ids": 10_000, "fp_rate": 0.01}
+    args.update(kw)
+    return Deduplicator(store if store is not None else MemoryIdStore(), **args)  # type: ignore[arg-type]
+
+
+def test_check_drops_copies_in_one_batch_and_across_batches() -> None:
+    d = make()
+    assert d.check([1, 2, 1, 3, 2], [0, 0, 5, 0, 0]) == [True, True, False, True, False]
+    assert d.check([3, 4], [0, 0]) == [False, True]
+    assert d.stats.duplicates == 3 and d.stats.fresh == 4
+
+
+def test_duplicates_are_confirmed_without_a_round_trip_when_recent() -> None:
+    store = MemoryIdStore()
+    d = make(store)
+    ids = fresh_ids(1000, 7)
+    d.check(ids, [0] * 1000)
+    d.prepare(1)
+    writes = store.round_trips
+    assert d.check(ids[:100], [0] * 100) == [False] * 100
+    assert store.round_trips == writes  # the recent set answered
+
+
+def test_ids_survive_a_restore_and_ids_recorded_after_the_checkpoint_do_not() -> None:
+    """The rule that matters most: an ID recorded after the restored checkpoint is absent."""
+    store = MemoryIdStore()
+    d = make(store)
+    before, after = fresh_ids(500, 8), fresh_ids(500, 9)
+    d.check(before, [1000] * 500)
+    d.prepare(1)
+    state = d.snapshot()
+    d.check(after, [2000] * 500)
+    d.prepare(2)  # written to the store, tagged epoch 2, but checkpoint 2 never completes
+    r = make(store)
+    r.restore(state)
+    assert r.check(before, [1000] * 500) == [False] * 500
+    assert r.check(after, [2000] * 500) == [True] * 500
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_restored_deduplicator_agrees_with_a_reference_after_any_crash_sequence(
+    data: st.DataObject,
+) -> None:
+    """Random runs of check/prepare/snapshot/crash/restore against a dict of what the restored
+    history saw: no duplicate passes, no new ID is dropped."""
+    store = MemoryIdStore()
+    d = make(store, fp_rate=0.2, expected_ids=20)  # many false positives: the store decides
+    seen: set[int] = set()  # IDs of the current history
+    snapshots: list[tuple[dict, set[int]]] = []  # (state, history) per prepared checkpoint
+    checkpoint = 0
+    for _ in range(data.draw(st.integers(1, 25))):
+        action = data.draw(st.sampled_from(["check", "check", "check", "checkpoint", "crash"]))
+        if action == "check":
+            ids = data.draw(st.lists(st.integers(0, 60), max_size=20))
+            got = d.check(ids, [5000] * len(ids))
+            want = []
+            for x in ids:
+                want.append(x not in seen)
+                seen.add(x)
+            assert got == want
+        elif action == "checkpoint":
+            checkpoint += 1
+            d.prepare(checkpoint)
+            snapshots.append((d.snapshot(), set(seen)))
+        elif snapshots:
+            state, history = data.draw(st.sampled_from(snapshots[-2:]))
+            d = make(store, fp_rate=0.2, expected_ids=20)
+            d.restore(state)
+            seen = set(history)
+
+
+def test_gc_never_forgets_an_id_younger_than_the_horizon_and_deletes_old_buckets() -> None:
+    store = MemoryIdStore()
+    d = make(store, within_ms=10_000, bucket_ms=1000)
+    d.check([1, 2, 3], [0, 5_500, 9_999])
+    d.advance(15_000)  # cutoff 5000: bucket [0, 1000) goes
+    assert d.check([2, 3], [5_500, 9_999]) == [False, False]
+    d.prepare(1)
+    d.commit(1)
+    assert 0 not in store.buckets and 5000 in store.buckets
+
+
+def test_records_older_than_the_horizon_follow_the_declared_policy() -> None:
+    d = make(within_ms=1000, late="drop")
+    d.advance(10_000)
+    assert d.check([1], [8_000]) == [False]
+    assert d.stats.late_dropped == 1
+    p = make(within_ms=1000, late="pass")
+    p.advance(10_000)
+    assert p.check([1, 1], [8_000, 8_000]) == [True, True]  # unchecked, not recorded
+    assert p.stats.late_passed == 2
+    with pytest.raises(ValueError, match="late"):
+        make(late="keep")
+
+
+def test_stored_buckets_are_deleted_only_once_a_checkpoint_without_them_completed() -> None:
+    store = MemoryIdStore()
+    d = make(store, within_ms=1000, bucket_ms=1000)
+    d.check([1], [0])
+    d.prepare(1)
+    d.advance(5000)
+    d.commit(1)  # checkpoint 1 still had bucket 0: a restore of it needs the stored IDs
+    assert 0 in store.buckets
+    d.prepare(2)
+    d.commit(2)
+    assert 0 not in store.buckets
