@@ -104,11 +104,12 @@ class BloomBuckets:
         elif count and count % self.expected_ids == 0:
             filters.append(self._new_filter())
             self._reindex()
-            log.warning(
-                "dedup bucket start_ms=%d holds more than expected_ids=%d IDs: filter %d "
-                "added (one more probe per lookup); raise expected_ids",
-                start, self.expected_ids * (len(filters) - 1), len(filters),
-            )  # fmt: skip
+            if len(filters) == 2:  # once per bucket
+                log.warning(
+                    "dedup bucket start_ms=%d holds more than expected_ids=%d IDs: a filter "
+                    "was added (one more probe per lookup); raise expected_ids",
+                    start, self.expected_ids,
+                )  # fmt: skip
         filters[-1].add(record_id)
         self.counts[start] = count + 1
 

@@ -66,6 +66,8 @@ class IdStore(Protocol):
 
     def delete_before(self, cutoff_ms: int, bucket_ms: int) -> list[int]: ...
 
+    def buckets(self) -> list[int]: ...
+
 
 class MemoryIdStore:
     """An :class:`IdStore` in this process's memory, with Redis's layout and tags.
@@ -75,14 +77,14 @@ class MemoryIdStore:
     """
 
     def __init__(self) -> None:
-        self.buckets: dict[int, dict[int, bytes]] = {}
+        self.data: dict[int, dict[int, bytes]] = {}
         self.round_trips = 0
 
     def lookup(self, buckets: list[int], ids: list[int]) -> list[list[bytes]]:
         self.round_trips += 1
         found: list[list[bytes]] = [[] for _ in ids]
         for bucket in buckets:
-            entries = self.buckets.get(bucket, {})
+            entries = self.data.get(bucket, {})
             for n, record_id in enumerate(ids):
                 tag = entries.get(record_id)
                 if tag is not None:
@@ -92,14 +94,20 @@ class MemoryIdStore:
     def insert(self, entries: dict[int, list[int]], tag: bytes) -> None:
         self.round_trips += 1
         for bucket, ids in entries.items():
-            self.buckets.setdefault(bucket, {}).update(dict.fromkeys(ids, tag))
+            self.data.setdefault(bucket, {}).update(dict.fromkeys(ids, tag))
 
     def delete_before(self, cutoff_ms: int, bucket_ms: int) -> list[int]:
         self.round_trips += 1
-        gone = sorted(b for b in self.buckets if b + bucket_ms <= cutoff_ms)
+        gone = sorted(b for b in self.data if b + bucket_ms <= cutoff_ms)
         for bucket in gone:
-            del self.buckets[bucket]
+            del self.data[bucket]
         return gone
+
+    def buckets(self) -> list[int]:
+        return sorted(self.data)
+
+    def scan_bucket(self, bucket: int) -> list[tuple[int, bytes]]:
+        return list(self.data.get(bucket, {}).items())
 
 
 class DedupStats:
@@ -135,6 +143,10 @@ class Deduplicator:
             without a round trip.
         flush_ids: write pending IDs to the store when this many accumulate in one epoch.
         name: for log lines.
+        run: a fixed run ID for every incarnation (``None``: random per restore). With a fixed
+            run every stored entry counts as seen, which is right only without snapshots (the
+            consumer-side :class:`dedup.consumer.IdDedupConsumer`, which stores IDs when the
+            application commits).
     """
 
     def __init__(
@@ -149,6 +161,7 @@ class Deduplicator:
         recent_ids: int = 200_000,
         flush_ids: int = 50_000,
         name: str = "dedup",
+        run: int | None = None,
     ) -> None:
         if within_ms < 1:
             raise ValueError(f"within_ms must be >= 1, got {within_ms}")
@@ -168,7 +181,8 @@ class Deduplicator:
             max_filters=math.ceil(within_ms / self.bucket_ms) + 2,
         )
         self.stats = DedupStats()
-        self.run = secrets.randbits(63)
+        self._fixed_run = run
+        self.run = secrets.randbits(63) if run is None else run
         self.lineage: dict[int, int] = {}  # run -> last epoch included (older runs only)
         self.prepared = 0  # last checkpoint prepared by this run (or restored)
         self.watermark = MIN_TS
@@ -302,7 +316,7 @@ class Deduplicator:
 
     def restore(self, state: dict[str, Any] | None) -> None:
         """Loads a :meth:`snapshot`; this becomes a new run (see the module docstring)."""
-        self.run = secrets.randbits(63)
+        self.run = secrets.randbits(63) if self._fixed_run is None else self._fixed_run
         self.pending, self.pending_set = {}, set()
         self._recent, self._older = set(), set()
         self._cutoff_at = {}
@@ -321,6 +335,19 @@ class Deduplicator:
         self.watermark = state["watermark"]
         self.cutoff = state["cutoff"]
         self.filters.restore(state["filters"])
+
+    def rebuild(self) -> int:
+        """Fills the filters from the store (every live bucket); returns the IDs loaded. For
+        users without snapshots; a restore loads the filters from the snapshot instead."""
+        loaded = 0
+        scan = getattr(self.store, "scan_bucket")
+        for bucket in self.store.buckets():
+            if bucket + self.bucket_ms <= self.cutoff:
+                continue
+            for record_id, _tag in scan(bucket):
+                self.filters.add(record_id, bucket)
+                loaded += 1
+        return loaded
 
     def commit(self, checkpoint_id: int) -> None:
         """``checkpoint_id`` completed: delete the stored buckets its snapshot had dropped."""

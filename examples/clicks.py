@@ -153,10 +153,37 @@ def run_example(
     print(f"OK: every output record exactly once ({sum(want.values()):,} expected)")
 
 
+def with_duplicates(
+    events: Iterator[dict[str, object]], rate: float, *, seed: int = 7, max_delay: int = 2000
+) -> Iterator[dict[str, object]]:
+    """The events, plus a copy of each with probability ``rate``, sent again 1 to
+    ``max_delay`` events later (as an at-least-once producer upstream would): same
+    ``event_id``, a later offset."""
+    rng = random.Random(seed + 1)
+    later: dict[int, list[dict[str, object]]] = {}
+    for i, event in enumerate(events):
+        yield event
+        yield from later.pop(i, [])
+        if rate and rng.random() < rate:
+            later.setdefault(i + rng.randrange(1, max_delay + 1), []).append(event)
+    for i in sorted(later):
+        yield from later[i]
+
+
 def produce_clicks(
-    brokers: str, topic: str, records: int, *, partitions: int = 8, users: int = 1000, seed: int = 7
+    brokers: str,
+    topic: str,
+    records: int,
+    *,
+    partitions: int = 8,
+    users: int = 1000,
+    seed: int = 7,
+    duplicates: float = 0.0,
 ) -> float:
-    """Create ``topic`` and write the events to it, keyed by user; returns seconds taken."""
+    """Create ``topic`` and write the events to it, keyed by user; returns seconds taken.
+
+    ``duplicates``: the share of events written twice (see :func:`with_duplicates`); the
+    answer of a deduplicating job is still computed from :func:`click_events` alone."""
     import orjson
 
     from connectors import KafkaSettings, TopicAdmin, create_producer, producer_config
@@ -171,7 +198,8 @@ def produce_clicks(
             failures.append(err)
 
     start = time.monotonic()
-    for i, event in enumerate(click_events(records, users=users, seed=seed)):
+    events = with_duplicates(click_events(records, users=users, seed=seed), duplicates, seed=seed)
+    for i, event in enumerate(events):
         key = str(event["user"]).encode()
         while True:
             try:

@@ -36,6 +36,7 @@ from clicks import (  # noqa: E402
     expected_running_totals,
     expected_window_counts,
     produce_clicks,
+    with_duplicates,
 )
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "click_events",
     "expected_running_totals",
     "expected_window_counts",
+    "with_duplicates",
 ]
 
 # Parametrize a crash test over runners: the local runner always, Spark (marked) in CI too.
@@ -162,13 +164,15 @@ def run_chaos(
     env: dict[str, str] | None = None,
     runner: str = "local",
     read_output: Callable[[dict[str, str]], Iterable[Any]] | None = None,
+    duplicates: float = 0.0,
 ) -> ChaosRun:
     """Produce ``records`` clicks, run ``pipeline`` (a file in ``tests/e2e/pipelines``) until
     idle while SIGKILLing workers, and read what it committed. ``runner``: ``local`` or
     ``spark`` (``local[workers]``; a random kill SIGKILLs the task's Python process).
 
     The pipeline sees ``JOB_NAME``, ``CLICKS_TOPIC``, ``OUTPUT_DIR``, ``EOSFLOW_KAFKA_BROKERS``
-    and ``env``. ``read_output(job_env)`` returns the committed output items (default: the JSON
+    and ``env``. ``duplicates``: the share of clicks written twice (same ``event_id``, a later
+    offset). ``read_output(job_env)`` returns the committed output items (default: the JSON
     lines of the file sink in ``OUTPUT_DIR``); they are compared as :func:`canonical` bytes.
     """
     run_id = uuid.uuid4().hex[:8]
@@ -179,7 +183,7 @@ def run_chaos(
         "EOSFLOW_KAFKA_BROKERS": brokers,
         **(env or {}),
     }
-    produce_clicks(brokers, job_env["CLICKS_TOPIC"], records, seed=seed)
+    produce_clicks(brokers, job_env["CLICKS_TOPIC"], records, seed=seed, duplicates=duplicates)
     faults = faults or []
     options = RunOptions(
         workers=workers,

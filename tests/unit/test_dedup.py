@@ -191,7 +191,7 @@ def test_gc_never_forgets_an_id_younger_than_the_horizon_and_deletes_old_buckets
     assert d.check([2, 3], [5_500, 9_999]) == [False, False]
     d.prepare(1)
     d.commit(1)
-    assert 0 not in store.buckets and 5000 in store.buckets
+    assert 0 not in store.data and 5000 in store.data
 
 
 def test_records_older_than_the_horizon_follow_the_declared_policy() -> None:
@@ -214,7 +214,7 @@ def test_stored_buckets_are_deleted_only_once_a_checkpoint_without_them_complete
     d.prepare(1)
     d.advance(5000)
     d.commit(1)  # checkpoint 1 still had bucket 0: a restore of it needs the stored IDs
-    assert 0 in store.buckets
+    assert 0 in store.data
     d.prepare(2)
     d.commit(2)
-    assert 0 not in store.buckets
+    assert 0 not in store.data
