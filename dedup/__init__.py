@@ -1,11 +1,35 @@
-"""Record-ID deduplication.
+"""Record-ID deduplication (DESIGN.md, "Record IDs and deduplication"; docs/dedup.md).
 
+- :mod:`dedup.ids`: deterministic 127-bit record IDs.
+- :mod:`dedup.buckets`: time-bucketed Bloom filters (rbloom), saved into snapshots.
+- :mod:`dedup.store`: the Redis ID store, one round trip per batch, failing closed.
+- :mod:`dedup.core`: :class:`Deduplicator`, filters in front of the store, agreeing with the
+  restored checkpoint; watermark garbage collection.
+- :mod:`dedup.operator`: the engine's ``dedup`` step (``Stream.dedup``).
+- :mod:`dedup.consumer`: :class:`IdDedupConsumer`, exactly-once reading for services without
+  the engine.
 - :mod:`dedup.staged`: readers of a staged Kafka sink drop re-published repeats
   (:class:`DedupConsumer`, :class:`StagedDeduplicator`).
-
-Windowed Bloom filters, the Redis ID store and watermark GC join this package later (issue 5).
 """
 
+from dedup.consumer import IdDedupConsumer, sink_record_id
+from dedup.core import DedupStats, Deduplicator, MemoryIdStore
+from dedup.ids import derived_id, emission_id, source_id, value_id
 from dedup.staged import DedupConsumer, StagedDeduplicator
+from dedup.store import RedisIdStore, RedisUnavailable
 
-__all__ = ["DedupConsumer", "StagedDeduplicator"]
+__all__ = [
+    "DedupConsumer",
+    "DedupStats",
+    "Deduplicator",
+    "IdDedupConsumer",
+    "MemoryIdStore",
+    "RedisIdStore",
+    "RedisUnavailable",
+    "StagedDeduplicator",
+    "derived_id",
+    "emission_id",
+    "sink_record_id",
+    "source_id",
+    "value_id",
+]
