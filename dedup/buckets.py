@@ -95,23 +95,32 @@ class BloomBuckets:
         return False
 
     def add(self, record_id: int, ts_ms: int) -> None:
-        start = ts_ms - ts_ms % self.bucket_ms
+        self.add_many(ts_ms - ts_ms % self.bucket_ms, [record_id])
+
+    def add_many(self, start: int, ids: list[int]) -> None:
+        """Adds IDs to the bucket starting at ``start`` (one C-level ``update`` per filter)."""
         filters = self.buckets.get(start)
         count = self.counts.get(start, 0)
         if filters is None:
             filters = self.buckets[start] = [self._new_filter()]
             self._reindex()
-        elif count and count % self.expected_ids == 0:
-            filters.append(self._new_filter())
-            self._reindex()
-            if len(filters) == 2:  # once per bucket
-                log.warning(
-                    "dedup bucket start_ms=%d holds more than expected_ids=%d IDs: a filter "
-                    "was added (one more probe per lookup); raise expected_ids",
-                    start, self.expected_ids,
-                )  # fmt: skip
-        filters[-1].add(record_id)
-        self.counts[start] = count + 1
+        self.counts[start] = count + len(ids)
+        cap = self.expected_ids
+        while ids:
+            room = cap - count % cap if count % cap or count == 0 else 0
+            if room == 0:
+                filters.append(self._new_filter())
+                self._reindex()
+                if len(filters) == 2:  # once per bucket
+                    log.warning(
+                        "dedup bucket start_ms=%d holds more than expected_ids=%d IDs: a "
+                        "filter was added (one more probe per lookup); raise expected_ids",
+                        start, cap,
+                    )  # fmt: skip
+                room = cap
+            filters[-1].update(ids[:room])
+            count += min(room, len(ids))
+            ids = ids[room:]
 
     def drop_before(self, cutoff_ms: int) -> list[int]:
         """Drops the buckets whose every timestamp is below ``cutoff_ms``; returns their starts."""

