@@ -20,9 +20,10 @@ re-publication, an at-least-once hop). Leave ``enable.auto.commit`` off.
 IDs are kept per partition (prefix ``eosflow:consumer:<scope>:<topic>:<partition>``) and the
 filters of a partition are rebuilt from Redis when it is assigned, so a rebalance moves them
 along. A copy written to *another* partition is not recognised: producers that key their records
-send copies to the same partition. IDs are forgotten ``within`` after the record's timestamp
-(by this process's clock); an older record is passed (``late="pass"``, the default: a service
-reading old data must see it) or dropped, and counted either way.
+send copies to the same partition. IDs are bucketed by the time this reader received them and
+forgotten ``within`` later (by this process's clock), so a reader catching up on an old backlog
+still recognises copies. To retry records by seeking back, call :meth:`IdDedupConsumer.rollback`
+first: it forgets the IDs delivered since the last commit.
 
 The ID of a message is ``id_of(message)``; the default reads the headers eosflow's Kafka sink
 writes (``eosflow-sink`` and ``eosflow-id``). Messages without an ID pass and are counted as
@@ -38,7 +39,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from dedup.core import Deduplicator
 from dedup.ids import value_id
@@ -77,7 +78,6 @@ class IdDedupConsumer:
         within: how long IDs are remembered, counted from the record timestamps.
         id_of: the ID of a message (any JSON-like value), or ``None`` for "no ID".
         redis_url: default ``EOSFLOW_REDIS_URL``.
-        late: ``"pass"`` (default) or ``"drop"`` records older than ``within``.
         expected_ids, fp_rate: Bloom filter sizing per partition and time bucket.
         clock: seconds since the epoch (tests pass a fake).
     """
@@ -90,7 +90,6 @@ class IdDedupConsumer:
         within: timedelta = timedelta(hours=1),
         id_of: Callable[[Any], Any] = sink_record_id,
         redis_url: str | None = None,
-        late: str = "pass",
         expected_ids: int = 100_000,
         fp_rate: float = 0.001,
         clock: Callable[[], float] = time.time,
@@ -99,7 +98,6 @@ class IdDedupConsumer:
         self.scope = scope
         self.within_ms = int(within.total_seconds() * 1000)
         self.id_of = id_of
-        self.late = late
         self.expected_ids = expected_ids
         self.fp_rate = fp_rate
         self.clock = clock
@@ -117,7 +115,7 @@ class IdDedupConsumer:
             within_ms=self.within_ms,
             expected_ids=self.expected_ids,
             fp_rate=self.fp_rate,
-            late=self.late,
+            late="pass",  # receive-time buckets: nothing is older than the horizon
             flush_ids=sys.maxsize,  # IDs reach Redis only in commit()
             name=f"{self.scope}:{topic}:{partition}",
             run=_CONSUMER_RUN,
@@ -182,15 +180,17 @@ class IdDedupConsumer:
             if dedup is None:  # assigned behind our back (consumer.assign called directly)
                 dedup = self.partitions[key] = self._open(*key)
             dedup.advance(now_ms)
-            ids, stamps, where = [], [], []
+            ids, where = [], []
             for i in indexes:
                 record_id = self.id_of(msgs[i])
                 if record_id is None:
                     self.foreign += 1
                     continue
                 ids.append(value_id(record_id))
-                stamps.append(msgs[i].timestamp()[1])
                 where.append(i)
+            # Buckets by receive time: a reader catching up on a backlog older than ``within``
+            # must still recognise copies (record timestamps would make them all "late").
+            stamps = [now_ms] * len(ids)
             for i, new in zip(where, dedup.check(ids, stamps)):
                 keep[i] = new
         return [m for m, k in zip(msgs, keep) if k]
@@ -209,9 +209,15 @@ class IdDedupConsumer:
             dedup.commit(self._commits)  # deletes buckets past the horizon
         try:
             self.consumer.commit(asynchronous=False)
-        except Exception as exc:  # nothing consumed since the last commit
-            if "NO_OFFSET" not in str(exc):
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError._NO_OFFSET:  # nothing consumed since the last
                 raise
+
+    def rollback(self) -> None:
+        """Forgets the IDs delivered since the last :meth:`commit` (call it before seeking back
+        to retry records: otherwise they would be skipped as already delivered)."""
+        for key in list(self.partitions):
+            self.partitions[key] = self._open(*key)
 
     @property
     def duplicates(self) -> int:

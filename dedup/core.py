@@ -45,6 +45,7 @@ from typing import Any, Protocol
 
 from dedup.buckets import BloomBuckets
 from dedup.store import decode_tag, encode_tag
+from processor.errors import ConfigError
 
 __all__ = ["DedupStats", "Deduplicator", "IdStore", "MemoryIdStore"]
 
@@ -68,6 +69,8 @@ class IdStore(Protocol):
 
     def buckets(self) -> list[int]: ...
 
+    def deleted_below(self) -> int: ...
+
 
 class MemoryIdStore:
     """An :class:`IdStore` in this process's memory, with Redis's layout and tags.
@@ -79,6 +82,7 @@ class MemoryIdStore:
     def __init__(self) -> None:
         self.data: dict[int, dict[int, bytes]] = {}
         self.round_trips = 0
+        self.gc_mark = MIN_TS
 
     def lookup(self, buckets: list[int], ids: list[int]) -> list[list[bytes]]:
         self.round_trips += 1
@@ -101,7 +105,11 @@ class MemoryIdStore:
         gone = sorted(b for b in self.data if b + bucket_ms <= cutoff_ms)
         for bucket in gone:
             del self.data[bucket]
+        self.gc_mark = max(self.gc_mark, cutoff_ms - cutoff_ms % bucket_ms)
         return gone
+
+    def deleted_below(self) -> int:
+        return self.gc_mark
 
     def buckets(self) -> list[int]:
         return sorted(self.data)
@@ -229,6 +237,10 @@ class Deduplicator:
             self._record_many([ids[i] for i in fresh_ts], [timestamps[i] for i in fresh_ts])
         if candidates:
             self._resolve(ids, timestamps, candidates, out)
+        # Never flush while a batch is being decided: a flush rotates the recent-ID sets, and a
+        # candidate found there before the flush must still be found after it.
+        if len(self.pending_set) >= self.flush_ids:
+            self._flush()
         return out
 
     def _resolve(
@@ -236,6 +248,7 @@ class Deduplicator:
     ) -> None:
         known = self._known
         ask = [i for i in candidates if not known(ids[i])]
+        asked_set = {ids[i] for i in ask}
         seen: set[int] = set()
         if ask:
             asked = [ids[i] for i in ask]
@@ -245,7 +258,7 @@ class Deduplicator:
             seen = {record_id for record_id, t in zip(asked, tags) if any(map(valid, t))}
         for i in candidates:
             record_id = ids[i]
-            if record_id in seen or known(record_id):
+            if record_id in seen or record_id not in asked_set or record_id in self.pending_set:
                 out[i] = False
                 self.stats.duplicates += 1
             else:  # a false positive of the filters
@@ -284,8 +297,6 @@ class Deduplicator:
                 pending.extend(group)
         self.pending_set.update(ids)
         self.stats.fresh += len(ids)
-        if len(self.pending_set) >= self.flush_ids:
-            self._flush()
 
     def _late(self, ts: int) -> bool:
         passed = self.late == "pass"
@@ -338,6 +349,8 @@ class Deduplicator:
             "prepared": self.prepared,
             "watermark": self.watermark,
             "cutoff": self.cutoff,
+            "bucket_ms": self.bucket_ms,
+            "within_ms": self.within_ms,
             "filters": self.filters.snapshot(),
         }
 
@@ -353,20 +366,45 @@ class Deduplicator:
             self.filters.restore(None)
             return
         if state.get("version") != STATE_VERSION:
-            raise ValueError(
-                f"dedup {self.name}: snapshot state version {state.get('version')!r}, this "
-                f"eosflow reads {STATE_VERSION}"
+            raise ConfigError(
+                f"dedup {self.name}: the checkpoint holds dedup state version "
+                f"{state.get('version')!r}, this eosflow reads version {STATE_VERSION}: run the "
+                "eosflow release that wrote it, or reset the job to start afresh"
             )
+        for name, mine in (("bucket_ms", self.bucket_ms), ("within_ms", self.within_ms)):
+            if state[name] != mine:
+                raise ConfigError(
+                    f"dedup {self.name}: the checkpoint was taken with {name}={state[name]}, "
+                    f"this job says {mine}; the filters and stored buckets depend on it. Keep "
+                    "the old within=/bucket=, or reset the job (new job name or "
+                    "eosflow reset) to start deduplicating afresh"
+                )
         self.lineage = dict(state["lineage"])
         self.prepared = state["prepared"]
         self.watermark = state["watermark"]
         self.cutoff = state["cutoff"]
         self.filters.restore(state["filters"])
+        self._floor_cutoff()
+
+    def _floor_cutoff(self) -> None:
+        """Stored buckets below the store's GC mark are gone (deleted after a newer checkpoint
+        completed; a restore may fall back to an older one): records there are older than the
+        horizon now, and follow the declared ``late`` policy instead of passing unchecked."""
+        deleted = self.store.deleted_below()
+        if deleted > self.cutoff:
+            log.warning(
+                "dedup %s: restored cut-off %d is below the store's GC mark %d (an older "
+                "checkpoint was restored); records below it are handled as late (%s)",
+                self.name, self.cutoff, deleted, self.late,
+            )  # fmt: skip
+            self.cutoff = deleted
+            self.filters.drop_before(deleted)
 
     def rebuild(self) -> int:
         """Fills the filters from the store (every live bucket); returns the IDs loaded. For
         users without snapshots; a restore loads the filters from the snapshot instead."""
         loaded = 0
+        self._floor_cutoff()
         scan = getattr(self.store, "scan_bucket")
         for bucket in self.store.buckets():
             if bucket + self.bucket_ms <= self.cutoff:

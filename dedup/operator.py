@@ -1,8 +1,9 @@
 """The ``dedup`` step: drops records whose ID was seen within a horizon (``Stream.dedup``).
 
 * **Global** (``Stream.dedup`` on an unkeyed stream): the upstream side keys every record by
-  its ID (the task puts a key-by head before the shuffle), so all copies of an ID meet in one
-  subtask; this operator takes the key as the ID and emits unkeyed records.
+  the hex of its ID (:class:`IdRouter`, the head the task puts before the shuffle), so all
+  copies of an ID meet in one subtask whatever the business ID's type or dict key order; this
+  operator reads the ID back from the key and emits unkeyed records.
 * **Per key** (``KeyedStream.dedup``): the ID is ``(key, id(value))``; records stay keyed.
 
 Each subtask owns a :class:`~dedup.core.Deduplicator` whose store prefix is
@@ -25,7 +26,7 @@ from processor.contracts import SinkContext
 from processor.dataflow import Step
 from processor.runtime.operators import Operator, Record
 
-__all__ = ["DedupOperator"]
+__all__ = ["DedupOperator", "IdRouter"]
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +64,8 @@ class DedupOperator(Operator):
         )
 
     def _ids(self, batch: list[Record]) -> list[int]:
-        if not self.keyed:  # the key is the ID value (keyed by it before the shuffle)
-            return [value_id(k) for k, _v, _t in batch]
+        if not self.keyed:  # the key is the ID's hex (IdRouter, before the shuffle)
+            return [int(k, 16) for k, _v, _t in batch]
         fn = self.id_fn
         return [value_id([k, fn(v)]) for k, v, _t in batch]
 
@@ -129,3 +130,26 @@ class DedupOperator(Operator):
             )  # fmt: skip
         if self._client is not None:
             self._client.close()
+
+
+class IdRouter(Operator):
+    """Upstream of a global dedup's shuffle: keys each record by the hex of its ID.
+
+    A canonical ``str`` key routes equal IDs to one subtask (``orjson.dumps`` of a dict would
+    not: key order), carries ``bytes`` IDs, and spares the downstream a second hash. An ``id``
+    function that raises sends the record to the dead-letter handler.
+    """
+
+    keeps_index = True
+
+    def __init__(self, step: Step) -> None:
+        super().__init__(step)
+        self.id_fn = step.params["id"]
+
+    def process(self, batch: list[Record]) -> list[Record]:
+        fn = self.id_fn
+        return self._guarded(
+            batch,
+            lambda b: [(format(value_id(fn(v)), "x"), v, t) for _k, v, t in b],
+            lambda r: [(format(value_id(fn(r[1])), "x"), r[1], r[2])],
+        )

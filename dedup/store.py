@@ -4,6 +4,7 @@ Layout, under a prefix unique per dedup scope (``eosflow:<job>:dedup:<step>:<sub
 
     <prefix>:b:<bucket start ms>   HASH   16-byte ID -> 16-byte tag (run u64, epoch u64, big-endian)
     <prefix>:buckets               SET    the bucket starts that have a hash
+    <prefix>:gc                    STRING the GC mark: buckets below it may be deleted
 
 Every call is one round trip (a pipeline; ``HMGET`` of many IDs per bucket, ``HSET`` of many
 fields per bucket), never one per record. The tag says which run of a task recorded the ID and in
@@ -48,6 +49,12 @@ _RETRIABLE = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 
 # KEYS[1] bucket hash, KEYS[2] bucket index; ARGV[1] tag, ARGV[2] bucket start, ARGV[3] IDs
 # (16 bytes each, concatenated). HSET in chunks: unpack() refuses a few thousand values.
+_MARK_LUA = """
+local old = tonumber(redis.call('GET', KEYS[1]) or '-9223372036854775808')
+if tonumber(ARGV[1]) > old then redis.call('SET', KEYS[1], ARGV[1]) end
+return 1
+"""
+
 _INSERT_LUA = """
 local blob, tag = ARGV[3], ARGV[1]
 local args, n = {}, 0
@@ -137,7 +144,9 @@ class RedisIdStore:
         self.clock = clock
         self.round_trips = 0
         self._index = f"{prefix}:buckets"
+        self._mark = f"{prefix}:gc"
         self._insert_script = client.register_script(_INSERT_LUA)
+        self._raise_mark = client.register_script(_MARK_LUA)
 
     def __repr__(self) -> str:
         return f"RedisIdStore(prefix={self.prefix!r})"
@@ -217,16 +226,24 @@ class RedisIdStore:
         """Deletes every bucket wholly below ``cutoff_ms``, also ones a crashed run left."""
         members = self._call("buckets", lambda: self.client.smembers(self._index))
         gone = sorted(int(m) for m in members if int(m) + bucket_ms <= cutoff_ms)
-        if gone:
+        mark = cutoff_ms - cutoff_ms % bucket_ms
 
-            def run() -> None:
-                pipe = self.client.pipeline(transaction=False)
+        def run() -> None:
+            pipe = self.client.pipeline(transaction=False)
+            # the GC mark first: a restore of an older checkpoint must know what is gone
+            self._raise_mark(keys=[self._mark], args=[mark], client=pipe)
+            if gone:
                 pipe.delete(*[self._key(b) for b in gone])
                 pipe.srem(self._index, *gone)
-                pipe.execute()
+            pipe.execute()
 
-            self._call("delete", run)
+        self._call("delete", run)
         return gone
+
+    def deleted_below(self) -> int:
+        """The GC mark: every bucket below it may have been deleted."""
+        value = self._call("mark", lambda: self.client.get(self._mark))
+        return int(value) if value is not None else -(2**63)
 
     def buckets(self) -> list[int]:
         """Bucket starts that have IDs stored."""
@@ -249,4 +266,4 @@ class RedisIdStore:
         """Deletes every key of this scope (a job reset)."""
         for bucket in self.buckets():
             self._call("clear", lambda b=bucket: self.client.delete(self._key(b)))
-        self._call("clear", lambda: self.client.delete(self._index))
+        self._call("clear", lambda: self.client.delete(self._index, self._mark))

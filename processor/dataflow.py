@@ -330,6 +330,11 @@ class Stream:
                 f"dedup {name!r}: bucket must be positive and at most within ({within}), "
                 f"got {bucket}"
             )
+        if within_ms // (bucket_ms or max(1000, within_ms // 4)) > 1000:
+            raise DefinitionError(
+                f"dedup {name!r}: within / bucket is over 1,000 ({within} / {bucket}): every "
+                "live bucket costs one Bloom probe per record; use a larger bucket"
+            )
         if late not in ("drop", "pass"):
             raise DefinitionError(f"dedup {name!r}: late must be 'drop' or 'pass', got {late!r}")
         if isinstance(expected_ids, bool) or not isinstance(expected_ids, int) or expected_ids < 1:

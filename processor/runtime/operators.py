@@ -441,6 +441,13 @@ class SinkOp(Operator):
         return []
 
 
+def build_router(step: Step) -> Operator:
+    """The head before a global ``dedup`` step's shuffle: keys records by their ID."""
+    from dedup.operator import IdRouter  # see build_operator
+
+    return IdRouter(step)
+
+
 def build_operator(step: Step, *, merged_input: bool = False) -> Operator:
     """The operator of a non-source, non-sink step."""
     kind = step.kind

@@ -50,7 +50,7 @@ from processor.checkpoint.aligner import (
 )
 from processor.compiler import Stage
 from processor.contracts import Message, SinkContext, SinkWriter
-from processor.dataflow import DEAD_LETTERS, Step
+from processor.dataflow import DEAD_LETTERS
 from processor.errors import DeserializationError, EosflowError
 from processor.runtime.channels import ChannelOut, TaskEnv
 from processor.runtime.dead_letters import DeadLetters, Origins, channel_origins, source_origins
@@ -58,11 +58,11 @@ from processor.runtime.operators import (
     MAX_WATERMARK,
     MIN_WATERMARK,
     Combiner,
-    KeyBy,
     Operator,
     Record,
     SinkOp,
     build_operator,
+    build_router,
 )
 from processor.snapshot.store import SnapshotHandle
 from processor.wire import (
@@ -176,7 +176,7 @@ class Task:
             head: Operator = out
             dst = steps[edge.dst_step]
             if dst.kind == "dedup" and not dst.keyed:  # global dedup: route copies by ID
-                head = KeyBy(Step(dst.name, "key_by", (), True, {"fn": dst.params["id"]}))
+                head = build_router(dst)
                 head.children.append(out)
                 self.routers.append(head)
             elif edge.combine:

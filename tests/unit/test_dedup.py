@@ -218,3 +218,40 @@ def test_stored_buckets_are_deleted_only_once_a_checkpoint_without_them_complete
     d.prepare(2)
     d.commit(2)
     assert 0 not in store.data
+
+
+def test_a_flush_while_a_batch_is_decided_does_not_forget_a_known_copy() -> None:
+    """Regression: a false positive recorded in the resolve loop flushed and rotated the
+    recent-ID sets, so a copy found there a moment before was recorded as new."""
+    d = make(recent_ids=4, flush_ids=2, fp_rate=0.4, expected_ids=2)
+    seen = fresh_ids(3, 10)
+    d.check(seen, [0] * 3)
+    d.prepare(1)  # written; now only in the recent sets
+    more = fresh_ids(40, 11)
+    got = d.check([*more, seen[0]], [0] * 41)
+    assert got[-1] is False
+
+
+def test_a_restore_of_an_older_checkpoint_after_gc_treats_gone_buckets_as_late() -> None:
+    """Regression: commit(2) deleted stored buckets that a fallback restore of checkpoint 1
+    (the newest one corrupt) still pointed at; a copy then passed unchecked."""
+    store = MemoryIdStore()
+    d = make(store, within_ms=10_000, bucket_ms=1000)
+    d.check([42], [5000])
+    d.prepare(1)
+    older = d.snapshot()
+    d.advance(16_000)
+    d.prepare(2)
+    d.commit(2)  # bucket 5000 deleted from the store
+    r = make(store, within_ms=10_000, bucket_ms=1000)
+    r.restore(older)
+    assert r.check([42], [5500]) == [False]  # late (dropped, counted), not passed as new
+    assert r.stats.late_dropped == 1
+
+
+def test_restore_refuses_a_checkpoint_taken_with_another_bucket_or_horizon() -> None:
+    d = make(within_ms=10_000, bucket_ms=1000)
+    d.prepare(1)
+    other = make(within_ms=10_000, bucket_ms=2000)
+    with pytest.raises(ValueError, match="bucket_ms=1000"):
+        other.restore(d.snapshot())
