@@ -39,7 +39,9 @@ NAMED = [
 def _dedup_keys(url: str, job: str) -> int:
     client = redis.Redis.from_url(url)
     try:
-        return sum(1 for _ in client.scan_iter(f"eosflow:{job}:dedup:*"))
+        # the GC marks (``...:gc``) stay: they say what was deleted
+        keys = client.scan_iter(f"eosflow:{job}:dedup:*")
+        return sum(1 for k in keys if not k.endswith(b":gc"))
     finally:
         client.close()
 
