@@ -106,7 +106,7 @@ def run_batched(
         live = sorted({t - t % bucket_ms for t in ts} | {b for b in pending if b >= low})
         lookups += len(chunk)
         found = store.lookup(live, chunk)
-        for x, t, tags in zip(chunk, ts, found):
+        for x, t, tags in zip(chunk, ts, found, strict=True):
             if tags or x in pending_set:
                 dropped += 1
                 continue
@@ -154,9 +154,7 @@ def main() -> None:
     parser.add_argument("--bucket-s", type=int, default=30, help="dedup bucket (within: 60 s)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args()
-    hash_ns = (
-        timeit.timeit(lambda: value_id("c-7-123456"), number=200_000) / 200_000 * 1e9
-    )
+    hash_ns = timeit.timeit(lambda: value_id("c-7-123456"), number=200_000) / 200_000 * 1e9
     runs: list[dict] = []
     with servers(["redis"]) as endpoints:
         client = redis_client(endpoints.redis_url)
@@ -177,8 +175,10 @@ def main() -> None:
                     )
         client.close()
     print(f"\nvalue_id hashing: {hash_ns:.0f} ns per ID; one lookup round trip: {rtt_us:.0f} us\n")
-    print("| duplicates | strategy | IDs/s per core (median) | IDs/s wall | round trips / 1,000 "
-          "| IDs sent to Redis / 1,000 | vs per-ID round trips |")
+    print(
+        "| duplicates | strategy | IDs/s per core (median) | IDs/s wall | round trips / 1,000 "
+        "| IDs sent to Redis / 1,000 | vs per-ID round trips |"
+    )
     print("|---|---|---|---|---|---|---|")
     for dup in DUP_RATES:
         for name in ("bloom", "batched"):
@@ -190,12 +190,17 @@ def main() -> None:
                 f"| {statistics.median(r['ids_sent_per_1000'] for r in rs):.1f} "
                 f"| {100 * (1 - trips / 1000):.1f} % fewer |"
             )
-        print(f"| {dup:.0%} | per-id | (one {rtt_us:.0f} us round trip per ID) | "
-              f"{1e6 / rtt_us:,.0f} | 1000 | 1000 | - |")
+        print(
+            f"| {dup:.0%} | per-id | (one {rtt_us:.0f} us round trip per ID) | "
+            f"{1e6 / rtt_us:,.0f} | 1000 | 1000 | - |"
+        )
     os.makedirs(args.out, exist_ok=True)
     path = Path(args.out) / f"dedup-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps({"args": vars(args), "hash_ns": hash_ns, "rtt_us": rtt_us,
-                                "runs": runs}, indent=1))
+    path.write_text(
+        json.dumps(
+            {"args": vars(args), "hash_ns": hash_ns, "rtt_us": rtt_us, "runs": runs}, indent=1
+        )
+    )
     print(f"\nwrote {path}")
 
 

@@ -13,7 +13,7 @@
 """
 
 from dedup.consumer import IdDedupConsumer, sink_record_id
-from dedup.core import DedupStats, Deduplicator, MemoryIdStore
+from dedup.core import Deduplicator, DedupStats, MemoryIdStore
 from dedup.ids import derived_id, emission_id, source_id, value_id
 from dedup.staged import DedupConsumer, StagedDeduplicator
 from dedup.store import RedisIdStore, RedisUnavailable

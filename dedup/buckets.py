@@ -89,10 +89,7 @@ class BloomBuckets:
 
     def might_contain(self, record_id: int) -> bool:
         """``False``: surely never added (or its bucket was dropped)."""
-        for probe in self._probes:
-            if probe(record_id):
-                return True
-        return False
+        return any(probe(record_id) for probe in self._probes)
 
     def add(self, record_id: int, ts_ms: int) -> None:
         self.add_many(ts_ms - ts_ms % self.bucket_ms, [record_id])

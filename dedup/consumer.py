@@ -174,7 +174,8 @@ class IdDedupConsumer:
         for i, msg in enumerate(msgs):
             if msg.error() is not None:
                 continue
-            groups.setdefault((msg.topic(), msg.partition()), []).append(i)
+            key: Any = (msg.topic(), msg.partition())
+            groups.setdefault(key, []).append(i)
         for key, indexes in groups.items():
             dedup = self.partitions.get(key)
             if dedup is None:  # assigned behind our back (consumer.assign called directly)
@@ -191,9 +192,9 @@ class IdDedupConsumer:
             # Buckets by receive time: a reader catching up on a backlog older than ``within``
             # must still recognise copies (record timestamps would make them all "late").
             stamps = [now_ms] * len(ids)
-            for i, new in zip(where, dedup.check(ids, stamps)):
+            for i, new in zip(where, dedup.check(ids, stamps), strict=True):
                 keep[i] = new
-        return [m for m, k in zip(msgs, keep) if k]
+        return [m for m, k in zip(msgs, keep, strict=True) if k]
 
     def poll(self, timeout: float = -1) -> Any:
         """Like ``Consumer.poll``; a skipped copy returns ``None``."""

@@ -255,7 +255,8 @@ class Deduplicator:
             self.stats.lookups += len(asked)
             tags = self.store.lookup(sorted(self.filters.buckets), asked)
             valid = self._valid
-            seen = {record_id for record_id, t in zip(asked, tags) if any(map(valid, t))}
+            answers = zip(asked, tags, strict=True)
+            seen = {record_id for record_id, t in answers if any(map(valid, t))}
         for i in candidates:
             record_id = ids[i]
             if record_id in seen or record_id not in asked_set or record_id in self.pending_set:
@@ -266,7 +267,9 @@ class Deduplicator:
                 self._record(record_id, timestamps[i])
 
     def _known(self, record_id: int) -> bool:
-        return record_id in self.pending_set or record_id in self._recent or record_id in self._older
+        return (
+            record_id in self.pending_set or record_id in self._recent or record_id in self._older
+        )
 
     def _valid(self, tag: bytes) -> bool:
         run, epoch = decode_tag(tag)
@@ -286,7 +289,7 @@ class Deduplicator:
             groups = {lo - lo % size: ids}
         else:
             groups = {}
-            for record_id, ts in zip(ids, timestamps):
+            for record_id, ts in zip(ids, timestamps, strict=True):
                 groups.setdefault(ts - ts % size, []).append(record_id)
         for bucket, group in groups.items():
             self.filters.add_many(bucket, group)
@@ -405,7 +408,7 @@ class Deduplicator:
         users without snapshots; a restore loads the filters from the snapshot instead."""
         loaded = 0
         self._floor_cutoff()
-        scan = getattr(self.store, "scan_bucket")
+        scan = self.store.scan_bucket
         for bucket in self.store.buckets():
             if bucket + self.bucket_ms <= self.cutoff:
                 continue

@@ -80,8 +80,8 @@ class DedupOperator(Operator):
             batch, ids = self._ids_per_record(batch)
         new = dedup.check(ids, [t for _k, _v, t in batch])
         if self.keyed:
-            return [r for r, n in zip(batch, new) if n]
-        return [(None, v, t) for (_k, v, t), n in zip(batch, new) if n]
+            return [r for r, n in zip(batch, new, strict=True) if n]
+        return [(None, v, t) for (_k, v, t), n in zip(batch, new, strict=True) if n]
 
     def _ids_per_record(self, batch: list[Record]) -> tuple[list[Record], list[int]]:
         """The slow path: records whose ``id`` function raises go to the handler."""

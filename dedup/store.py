@@ -210,7 +210,9 @@ class RedisIdStore:
         entries = {b: ids for b, ids in entries.items() if ids}
         if not entries:
             return
-        blobs = {b: b"".join([i.to_bytes(ID_BYTES, "little") for i in ids]) for b, ids in entries.items()}
+        blobs = {
+            b: b"".join([i.to_bytes(ID_BYTES, "little") for i in ids]) for b, ids in entries.items()
+        }
 
         def run() -> None:
             pipe = self.client.pipeline(transaction=False)
@@ -247,16 +249,20 @@ class RedisIdStore:
 
     def buckets(self) -> list[int]:
         """Bucket starts that have IDs stored."""
-        return sorted(int(m) for m in self._call("buckets", lambda: self.client.smembers(self._index)))
+        return sorted(
+            int(m) for m in self._call("buckets", lambda: self.client.smembers(self._index))
+        )
 
     def scan_bucket(self, bucket: int, count: int = 10_000) -> Iterable[tuple[int, bytes]]:
         """Every ``(id, tag)`` of a bucket (``HSCAN``: one round trip per ``count`` entries)."""
         cursor = 0
         key = self._key(bucket)
         while True:
-            cursor, page = self._call(
-                "scan", lambda c=cursor: self.client.hscan(key, c, count=count)
-            )
+
+            def scan(c: int = cursor) -> Any:
+                return self.client.hscan(key, c, count=count)
+
+            cursor, page = self._call("scan", scan)
             for field, tag in page.items():
                 yield int.from_bytes(field, "little"), tag
             if cursor == 0:
@@ -265,5 +271,6 @@ class RedisIdStore:
     def clear(self) -> None:
         """Deletes every key of this scope (a job reset)."""
         for bucket in self.buckets():
-            self._call("clear", lambda b=bucket: self.client.delete(self._key(b)))
+            key = self._key(bucket)
+            self._call("clear", lambda k=key: self.client.delete(k))  # type: ignore[misc]
         self._call("clear", lambda: self.client.delete(self._index, self._mark))

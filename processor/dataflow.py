@@ -292,7 +292,7 @@ class Stream:
     def dedup(
         self,
         name: str,
-        id: Callable[[Any], Any],  # noqa: A002 (the issue's and Beam's name for it)
+        id: Callable[[Any], Any],
         *,
         within: timedelta,
         late: str = "drop",

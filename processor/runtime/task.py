@@ -153,10 +153,10 @@ class Task:
                 self.ops[name] = op
                 self.sinks.append(op)
             else:
-                op = build_operator(step, merged_input=name in merged_into)
-                self.ops[name] = op
-                if op.stateful:
-                    op.open(self._sink_context(name, self.subtask, plan.parallelism))
+                built = build_operator(step, merged_input=name in merged_into)
+                self.ops[name] = built
+                if built.stateful:
+                    built.open(self._sink_context(name, self.subtask, plan.parallelism))
             for parent in step.parents:
                 if parent in self.ops:  # parents in other stages arrive through channels
                     self.ops[parent].children.append(self.ops[name])

@@ -70,9 +70,13 @@ def test_each_distinct_click_is_counted_once_when_10_percent_are_duplicated_and_
         faults=NAMED,
         random_kills=random_kills,
         duplicates=0.10,
-        env={"EOSFLOW_REDIS_URL": redis_url, "DEDUP_SCOPE": scope, "DEDUP_FP_RATE": fp_rate,
-             "DEDUP_EXPECTED_IDS": "2000" if fp_rate == "0.4" else "100000",
-             "DEDUP_BUCKET_S": "60" if fp_rate == "0.4" else "15"},
+        env={
+            "EOSFLOW_REDIS_URL": redis_url,
+            "DEDUP_SCOPE": scope,
+            "DEDUP_FP_RATE": fp_rate,
+            "DEDUP_EXPECTED_IDS": "2000" if fp_rate == "0.4" else "100000",
+            "DEDUP_BUCKET_S": "60" if fp_rate == "0.4" else "15",
+        },
     )
     print(f"seed={seed} scope={scope} random kills (s after start, worker): {run.random_kills}")
     print(f"restarts={run.result.restarts} causes={run.result.restart_causes}")

@@ -43,7 +43,12 @@ def test_ids_are_stable_128_bit_and_domain_separated() -> None:
     # pinned: an ID must never change between releases (stored IDs would stop matching)
     assert value_id("abc") == 0x74DCC2D0D97DD4AB6E0A61E6997B5745
     assert source_id("t", 0, 0) == 0x287F0CF2D114973C4583573B3D77DEB2
-    for x in (value_id("abc"), source_id("t", 0, 0), derived_id(1, 2), emission_id("s", 1, None, 3)):
+    for x in (
+        value_id("abc"),
+        source_id("t", 0, 0),
+        derived_id(1, 2),
+        emission_id("s", 1, None, 3),
+    ):
         assert 0 <= x < 2**127
         assert id_from_bytes(id_to_bytes(x)) == x
     with pytest.raises(ValueError, match="not an eosflow record ID"):

@@ -4,8 +4,9 @@ the windowed count per page.
 ``DEDUP_SCOPE=global`` (default) dedups the unkeyed stream (records are shuffled by ID);
 ``DEDUP_SCOPE=user`` keys by user first and dedups per key. The answer is the windowed count of
 the distinct clicks either way (a copy has its original's user). ``DEDUP_FP_RATE`` (default
-0.001) set high, with filters small enough to fill (``DEDUP_EXPECTED_IDS``), sends many Bloom hits to the Redis store, whose answers must then agree with the
-restored checkpoint.
+0.001) set high, with filters small enough to fill (``DEDUP_EXPECTED_IDS``, ``DEDUP_BUCKET_S``),
+sends many Bloom hits to the Redis store, whose answers must then agree with the restored
+checkpoint.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ else:
     unique.key_by("by-page", lambda c: c["page"])
     # Copies arrive up to 20 s of event time after their original: the lateness keeps a copy
     # that leaked through the dedup step countable, so the test sees it.
-    .count("per-window", window=Tumbling(timedelta(seconds=10)), allowed_lateness=timedelta(seconds=30))
+    .count(
+        "per-window", window=Tumbling(timedelta(seconds=10)), allowed_lateness=timedelta(seconds=30)
+    )
     .sink("out", FileSink(os.environ["OUTPUT_DIR"]))
 )
