@@ -408,7 +408,7 @@ class Deduplicator:
         users without snapshots; a restore loads the filters from the snapshot instead."""
         loaded = 0
         self._floor_cutoff()
-        scan = self.store.scan_bucket
+        scan = self.store.scan_bucket  # type: ignore[attr-defined]  # Redis or memory store
         for bucket in self.store.buckets():
             if bucket + self.bucket_ms <= self.cutoff:
                 continue
