@@ -107,7 +107,7 @@ def redis_client(url: str | None, *, timeout_s: float = 10.0, name: str = "eosfl
     return redis.Redis.from_url(
         url,
         socket_timeout=timeout_s,
-        socket_connect_timeout=min(timeout_s, 5.0),
+        socket_connect_timeout=min(timeout_s, 10.0),
         socket_keepalive=True,
         retry=Retry(NoBackoff(), 0),
         client_name=name,

@@ -29,9 +29,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
+from dedup.store import redis_client
 from processor.contracts import SinkContext
 from processor.errors import (
     ConfigError,
@@ -256,15 +255,10 @@ class RedisSink:
 
     def client(self, url: str) -> redis.Redis:
         """A client without redis-py's own retries: the writer retries, and logs each attempt."""
-        seconds = self.timeout.total_seconds()
-        return redis.Redis.from_url(
-            url,
-            socket_timeout=seconds,
-            socket_connect_timeout=min(seconds, 10.0),
-            socket_keepalive=True,
-            retry=Retry(NoBackoff(), 0),
-            client_name="eosflow-sink",
+        client: redis.Redis = redis_client(
+            url, timeout_s=self.timeout.total_seconds(), name="eosflow-sink"
         )
+        return client
 
     def preflight(self, *, job: str, checkpoint_interval: float | None) -> None:
         """Checks the server once before workers start: reachable, Redis >= 5, not a cluster,

@@ -40,6 +40,7 @@ from clicks import (  # noqa: E402
 )
 
 __all__ = [
+    "ENGINE_FAULTS",
     "RUNNERS",
     "assert_faults_fired",
     "canonical",
@@ -54,6 +55,14 @@ __all__ = [
 RUNNERS = [pytest.param("local"), pytest.param("spark", marks=pytest.mark.spark)]
 
 PIPELINES = Path(__file__).resolve().parent / "pipelines"
+
+#: One SIGKILL at every protocol point of the engine (no sink points), one per job start.
+ENGINE_FAULTS = [
+    Fault(0, 1, "mid-alignment", 3),
+    Fault(1, 0, "after-snapshot-before-ack", 2),
+    Fault(2, 1, "after-completion-before-commit", 2),
+    Fault(3, 0, "during-recovery", 1),
+]
 FAULT_LINE = re.compile(r"fault injection: SIGKILL worker=(\d+) point=([\w-]+)")
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from processor.runtime.local import Fault
 from tests.e2e.harness import (
+    ENGINE_FAULTS,
     assert_exactly_once,
     assert_faults_fired,
     chaos_seed,
@@ -28,12 +28,7 @@ from tests.e2e.harness import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
-NAMED = [
-    Fault(0, 1, "mid-alignment", 3),
-    Fault(1, 0, "after-snapshot-before-ack", 2),
-    Fault(2, 1, "after-completion-before-commit", 2),
-    Fault(3, 0, "during-recovery", 1),
-]
+NAMED = ENGINE_FAULTS
 
 
 def _dedup_keys(url: str, job: str) -> int:
