@@ -214,7 +214,7 @@ class Deduplicator:
         candidates: list[int] = []  # filter hits, resolved below
         fresh: set[int] = set()  # surely new, recorded after the loop
         fresh_add = fresh.add
-        fresh_ts: list[int] = []
+        fresh_at: list[int] = []  # their indexes
         dups = 0
         for i, record_id in enumerate(ids):
             ts = timestamps[i]
@@ -231,10 +231,10 @@ class Deduplicator:
                     break
             else:
                 fresh_add(record_id)
-                fresh_ts.append(i)
+                fresh_at.append(i)
         self.stats.duplicates += dups
-        if fresh_ts:
-            self._record_many([ids[i] for i in fresh_ts], [timestamps[i] for i in fresh_ts])
+        if fresh_at:
+            self._record_many([ids[i] for i in fresh_at], [timestamps[i] for i in fresh_at])
         if candidates:
             self._resolve(ids, timestamps, candidates, out)
         # Never flush while a batch is being decided: a flush rotates the recent-ID sets, and a
@@ -412,9 +412,9 @@ class Deduplicator:
         for bucket in self.store.buckets():
             if bucket + self.bucket_ms <= self.cutoff:
                 continue
-            for record_id, _tag in scan(bucket):
-                self.filters.add(record_id, bucket)
-                loaded += 1
+            ids = [record_id for record_id, _tag in scan(bucket)]
+            self.filters.add_many(bucket, ids)
+            loaded += len(ids)
         return loaded
 
     def commit(self, checkpoint_id: int) -> None:

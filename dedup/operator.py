@@ -46,7 +46,7 @@ class DedupOperator(Operator):
         self._client: Any = None
 
     @property
-    def duplicates(self) -> int:
+    def duplicates(self) -> int:  # type: ignore[override]  # read-only here: the stats own it
         return self.dedup.stats.duplicates if self.dedup is not None else 0
 
     def open(self, ctx: SinkContext) -> None:

@@ -330,7 +330,7 @@ class Stream:
                 f"dedup {name!r}: bucket must be positive and at most within ({within}), "
                 f"got {bucket}"
             )
-        if within_ms // (bucket_ms or max(1000, within_ms // 4)) > 1000:
+        if bucket_ms is not None and within_ms // bucket_ms > 1000:
             raise DefinitionError(
                 f"dedup {name!r}: within / bucket is over 1,000 ({within} / {bucket}): every "
                 "live bucket costs one Bloom probe per record; use a larger bucket"

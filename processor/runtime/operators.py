@@ -68,6 +68,7 @@ class Operator:
     stateful = False
     keeps_index = True
     on_error: ErrorHandler | None = None
+    duplicates = 0  # records dropped as duplicates (``dedup``)
 
     def __init__(self, step: Step) -> None:
         self.name = step.name
@@ -111,9 +112,9 @@ class Operator:
         """Event time reached ``watermark``: what fires."""
         return []
 
-    # Lifecycle of stateful operators with side effects outside the snapshot (``dedup``):
-    # the task calls ``open`` once built, ``prepare`` at every barrier before ``snapshot``,
-    # ``commit`` when a checkpoint completed and ``close`` at the end.
+    # Lifecycle, for operators with side effects outside the snapshot (``dedup``): the task
+    # calls ``open`` once built, ``prepare`` at every barrier before ``snapshot``, ``commit``
+    # when a checkpoint completed and ``close`` at the end, on every operator it built.
 
     def open(self, ctx: SinkContext) -> None:
         """Once, before ``restore`` and any record."""

@@ -155,8 +155,7 @@ class Task:
             else:
                 built = build_operator(step, merged_input=name in merged_into)
                 self.ops[name] = built
-                if built.stateful:
-                    built.open(self._sink_context(name, self.subtask, plan.parallelism))
+                built.open(self._sink_context(name, self.subtask, plan.parallelism))
             for parent in step.parents:
                 if parent in self.ops:  # parents in other stages arrive through channels
                     self.ops[parent].children.append(self.ops[name])
@@ -285,8 +284,7 @@ class Task:
         for _name, writer in self.committers:
             writer.close()
         for op in self.ops.values():
-            if op.stateful:
-                op.close()
+            op.close()
 
     # -- the data path ---------------------------------------------------------------------------
 
@@ -606,8 +604,7 @@ class Task:
             if committable is not None:
                 self.sink_pending[name].append((checkpoint_id, committable))
         for op in self.ops.values():
-            if op.stateful:
-                op.prepare(checkpoint_id)  # dedup: IDs into the store before the snapshot
+            op.prepare(checkpoint_id)  # dedup: IDs into the store before the snapshot
         seen = self.barrier_seen.pop(checkpoint_id, set())
         for old in [c for c in self.barrier_seen if c < checkpoint_id]:
             del self.barrier_seen[old]
@@ -665,8 +662,7 @@ class Task:
                 writer.commit(chk, committable)
             self.sink_pending[name] = [(c, x) for c, x in pending if c > checkpoint_id]
         for op in self.ops.values():
-            if op.stateful:
-                op.commit(checkpoint_id)
+            op.commit(checkpoint_id)
         for chk in [c for c in self.uploaded if c <= checkpoint_id]:
             del self.uploaded[chk]
 
@@ -683,7 +679,7 @@ class Task:
         out = sum(o.written for o in self.outputs)
         sunk = sum(s.written for s in self.sinks)
         late = sum(op.late_dropped for op in self.ops.values())
-        dups = sum(getattr(op, "duplicates", 0) for op in self.ops.values())
+        dups = sum(op.duplicates for op in self.ops.values())
         lag = 0
         if self.is_source and self.env.end_offsets is not None:
             lag = sum(max(0, self.env.end_offsets.get(tp, 0) - o) for tp, o in self.pos.items())
