@@ -8,7 +8,8 @@
     eosflow dev down                                   stop them by PID, remove their directories
     eosflow probe [--json]                             what the broker in use can do
     eosflow run PIPELINE.py [--workers N] [--checkpoint-interval 1s] [--mode aligned|unaligned]
-                [--until-idle] [--runner local|spark]  run a job (local processes or Spark)
+                [--until-idle] [--runner local|spark] [--recovery global|local]
+                                                       run a job (local processes or Spark)
     eosflow status [JOB] [--json]                      a running (or the last) job's progress
     eosflow version
 
@@ -178,6 +179,8 @@ def _run(args: argparse.Namespace) -> int:
             checkpoint_timeout=args.checkpoint_timeout,
             keep_checkpoints=args.keep_checkpoints,
             max_restarts=args.max_restarts,
+            recovery=args.recovery,
+            recovery_horizon=args.recovery_horizon,
             faults=[Fault.parse(f) for f in args.fault],
             environ=endpoints.as_env(),
             progress=sys.stderr,
@@ -410,6 +413,17 @@ def _parser() -> argparse.ArgumentParser:
         "--mode", default="aligned", choices=["aligned", "unaligned", "sync", "none"],
         help="checkpoint mode (sync: stop-the-world, for comparison; none: no checkpoints "
         "except the final one)",
+    )  # fmt: skip
+    run.add_argument(
+        "--recovery", default="global", choices=["global", "local"],
+        help="after a worker failure restart every worker from the latest checkpoint (global), "
+        "or only the failed one while the others keep running (local; needs Redis for record "
+        "IDs: EOSFLOW_REDIS_URL, embedded by default)",
+    )  # fmt: skip
+    run.add_argument(
+        "--recovery-horizon", type=parse_duration, default=600.0, metavar="DURATION",
+        help="local recovery: how far behind the watermark (event time) a re-emitted copy is "
+        "still recognised (default 10m)",
     )  # fmt: skip
     run.add_argument(
         "--until-idle", action="store_true",

@@ -151,8 +151,12 @@ class _Stages:
         return root
 
 
-def compile_flow(flow: Dataflow, parallelism: int) -> Plan:
+def compile_flow(flow: Dataflow, parallelism: int, *, combine: bool = True) -> Plan:
     """Turns ``flow`` into stages and channel edges.
+
+    ``combine=False``: no combiner before shuffles (local recovery needs it: a combiner's
+    partials depend on batch boundaries, so a restarted worker could not re-emit the same
+    records with the same IDs).
 
     Raises:
         DefinitionError: the dataflow is invalid (see :meth:`Dataflow.validate`) or
@@ -198,7 +202,7 @@ def compile_flow(flow: Dataflow, parallelism: int) -> Plan:
             (parent,) = parents
             stage_of[step.name] = stage_of[parent.name]
             partitioned[step.name] = step.kind != "key_by" and partitioned[parent.name]
-    return _build(flow, parallelism, stages, stage_of, channel_edges)
+    return _build(flow, parallelism, stages, stage_of, channel_edges, combine=combine)
 
 
 def _place_union(
@@ -225,6 +229,8 @@ def _build(
     stages: _Stages,
     stage_of: dict[str, int],
     channel_edges: list[tuple[str, str, bool]],
+    *,
+    combine: bool,
 ) -> Plan:
     steps = flow.steps
     members: dict[int, list[str]] = {}
@@ -234,8 +240,9 @@ def _build(
     edges: list[Edge] = []
     for src, dst, shuffle in channel_edges:
         agg = steps[dst]
-        combine = (
-            shuffle
+        combines = (
+            combine
+            and shuffle
             and agg.kind == "aggregate"
             and agg.params["window"] is not None
             and agg.params["merge"] is not None
@@ -248,7 +255,7 @@ def _build(
                 src_stage=names[stages.find(stage_of[src])],
                 dst_stage=names[stages.find(stage_of[dst])],
                 shuffle=shuffle,
-                combine=combine,
+                combine=combines,
             )
         )
     if len({e.topic for e in edges}) != len(edges):

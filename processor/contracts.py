@@ -65,7 +65,9 @@ class SinkContext:
         step: the sink step's name.
         subtask: this writer's subtask index, ``0 <= subtask < parallelism``.
         parallelism: how many writers the sink step has.
-        generation: the job's generation (one more after every global recovery).
+        generation: this writer's incarnation: the job's generation (one more after every
+            global recovery), or a newer number when its worker restarted alone (local
+            recovery). No two starts of one subtask's writer share it.
         checkpoint_interval: seconds between checkpoints (``None``: checkpointing off), which
             bounds how long an epoch's output stays uncommitted.
         snapshot_url: the job's snapshot store (fsspec URL), a durable place every worker of

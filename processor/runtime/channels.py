@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import orjson
 
+from dedup.ids import derived_id
 from processor.compiler import Edge, Plan
 from processor.contracts import Reader, Writer
 from processor.runtime.operators import Operator, Record
@@ -21,7 +22,7 @@ from processor.wire import (
     key_to_downstream,
 )
 
-__all__ = ["ChannelOut", "TaskEnv"]
+__all__ = ["ChannelOut", "Lineage", "TaskEnv"]
 
 TP = tuple[str, int]
 
@@ -43,6 +44,10 @@ class TaskEnv:
         end_offsets: dict[TP, int] | None,
         clock: Callable[[], float] = time.monotonic,
         checkpoint_interval: float | None = None,
+        recovery: str = "global",
+        recovery_horizon_ms: int = 3_600_000,
+        stale_through: int = 0,
+        sink_generation: int | None = None,
     ) -> None:
         self.plan = plan
         self.generation = generation
@@ -55,12 +60,49 @@ class TaskEnv:
         self.end_offsets = end_offsets
         self.clock = clock
         self.checkpoint_interval = checkpoint_interval
+        self.recovery = recovery  # global | local (docs/local-recovery.md)
+        self.recovery_horizon_ms = recovery_horizon_ms
+        # Local recovery: checkpoints up to this id were triggered before this worker restarted
+        # (aborted or completed); their barriers and triggers are stale here.
+        self.stale_through = stale_through
+        # What sink writers see as their generation: unique per start of this worker.
+        self.sink_generation = generation if sink_generation is None else sink_generation
+
+
+class Lineage:
+    """Local recovery: the ID of the record being pushed through a task's operators.
+
+    The task pushes one input record at a time and sets :attr:`parent` to its ID (and bumps
+    :attr:`seq`) before each push; a :class:`ChannelOut` names its ``n``-th output for that
+    parent ``derived_id(parent, edge tag + n)``. So a record's ID depends only on its ancestry,
+    never on how the task interleaved its input channels, and a restarted worker re-emits
+    exactly the IDs it emitted before (downstream tasks drop those copies).
+    """
+
+    __slots__ = ("parent", "seq")
+
+    def __init__(self) -> None:
+        self.parent = 0
+        self.seq = 0
+
+    def set(self, parent: int) -> None:
+        self.parent = parent
+        self.seq += 1
 
 
 class ChannelOut(Operator):
     """Writes records to an output channel: key-routed (shuffle) or to ``u -> u`` (forward)."""
 
-    def __init__(self, edge: Edge, subtask: int, parallelism: int, writer: Writer) -> None:
+    def __init__(
+        self,
+        edge: Edge,
+        subtask: int,
+        parallelism: int,
+        writer: Writer,
+        *,
+        lineage: Lineage | None = None,
+        tag: int = 0,
+    ) -> None:
         self.name = f"->{edge.topic}"
         self.children = []
         self.late_dropped = 0
@@ -75,8 +117,16 @@ class ChannelOut(Operator):
         )
         self.shuffle = edge.shuffle
         self.written = 0
+        # Local recovery: records carry their ID as a 4th element (hex: JSON has no 127-bit
+        # ints); ``tag`` (the edge's index in the task, shifted) keeps two edges' IDs apart.
+        self.lineage = lineage
+        self.tag = tag << 32
+        self._seq = -1
+        self._n = 0
 
     def process(self, batch: list[Record]) -> list[Record]:
+        if self.lineage is not None:
+            return self._process_with_ids(batch)
         write, topic, dumps = self.writer.write, self.topic, orjson.dumps
         if self.shuffle:
             base, n = self.partitions[0], self.parallelism
@@ -87,6 +137,25 @@ class ChannelOut(Operator):
             (partition,) = self.partitions
             for r in batch:
                 write(topic, partition, dumps(r))
+        self.written += len(batch)
+        return []
+
+    def _process_with_ids(self, batch: list[Record]) -> list[Record]:
+        lineage = self.lineage
+        assert lineage is not None
+        if lineage.seq != self._seq:
+            self._seq, self._n = lineage.seq, 0
+        parent, tag, n = lineage.parent, self.tag, self._n
+        self._n += len(batch)
+        write, topic, dumps = self.writer.write, self.topic, orjson.dumps
+        base, count = self.partitions[0], self.parallelism
+        for i, (k, v, t) in enumerate(batch):
+            value = dumps((k, v, t, f"{derived_id(parent, tag + n + i):x}"))
+            if self.shuffle:
+                kb = k.encode() if type(k) is str else dumps(k)
+                write(topic, base + key_to_downstream(kb, count), value)
+            else:
+                write(topic, base, value)
         self.written += len(batch)
         return []
 

@@ -153,6 +153,12 @@ class ControlServer:
             if not conn.closed:
                 conn.send(msg)
 
+    def drop(self, conn: Connection) -> None:
+        """Close one worker's connection (it restarts alone)."""
+        conn.close()
+        if conn in self.connections:
+            self.connections.remove(conn)
+
     def drop_all(self) -> None:
         """Close every worker connection (before a new generation starts)."""
         for conn in self.connections:

@@ -152,6 +152,10 @@ class CheckpointCoordinator:
             return None
         return self._abort(f"declined by task {task}: {reason}")
 
+    def abort_pending(self, reason: str) -> int | None:
+        """Aborts the pending checkpoint, if any (a worker restarts alone: it cannot ack it)."""
+        return self._abort(reason) if self.pending is not None else None
+
     def _abort(self, reason: str) -> int:
         assert self.pending is not None
         chk = self.pending.checkpoint_id

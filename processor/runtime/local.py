@@ -55,33 +55,34 @@ class LocalRunner(Runner):
         self.procs: list[ServerProcess] = []
 
     def _launch(self, specs: list[dict[str, Any]]) -> None:
-        env = self._worker_env()
-        self.procs = []
-        for spec in specs:
-            i = spec["worker"]
-            spec_path = self.dir / f"worker-{i}.spec.json"
-            spec_path.write_text(json.dumps(spec))
-            proc = spawn(
-                f"worker-{i}",
-                [sys.executable, "-m", "processor.runtime.worker", str(spec_path)],
-                log_path=Path(spec["log_path"]),
-                owned=True,
-                env=env,
-            )
-            self.procs.append(proc)
-            self.workers[i].pid = proc.pid
+        self.procs = [self._spawn(spec) for spec in specs]
+
+    def _relaunch(self, spec: dict[str, Any]) -> None:
+        self.procs[spec["worker"]] = self._spawn(spec)
+
+    def _spawn(self, spec: dict[str, Any]) -> ServerProcess:
+        i = spec["worker"]
+        spec_path = self.dir / f"worker-{i}.spec.json"
+        spec_path.write_text(json.dumps(spec))
+        proc = spawn(
+            f"worker-{i}",
+            [sys.executable, "-m", "processor.runtime.worker", str(spec_path)],
+            log_path=Path(spec["log_path"]),
+            owned=True,
+            env=self._worker_env(),
+        )
+        self.workers[i].pid = proc.pid
+        return proc
 
     def _stop_workers(self) -> None:
         for proc in self.procs:
-            if proc.popen is not None and proc.popen.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
+            _kill(proc)
         for proc in self.procs:
-            if proc.popen is not None:
-                try:
-                    proc.popen.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    log.error("%s pid=%d did not die", proc.name, proc.pid)
+            _reap(proc)
+
+    def _stop_worker(self, index: int) -> None:
+        _kill(self.procs[index])
+        _reap(self.procs[index])
 
     def _await_exit(self, timeout: float) -> None:
         for proc in self.procs:
@@ -95,6 +96,7 @@ class LocalRunner(Runner):
         for w, proc in zip(self.workers, self.procs, strict=True):
             code = proc.popen.poll() if proc.popen is not None else None
             if code is not None:
+                self.failed_worker = w.index
                 return self._cause(w.index, code)
             if w.conn is not None and w.conn.closed:
                 # A failing worker closes its connection before it logs the error and exits:
@@ -105,6 +107,7 @@ class LocalRunner(Runner):
                         code = proc.popen.wait(timeout=2.0)
                     except subprocess.TimeoutExpired:
                         code = None
+                self.failed_worker = w.index
                 return self._cause(w.index, code)
         return None
 
@@ -117,6 +120,20 @@ class LocalRunner(Runner):
             else "lost its coordinator connection"
         )
         return f"worker {index} {status}" + self._last_error(index)
+
+
+def _kill(proc: ServerProcess) -> None:
+    if proc.popen is not None and proc.popen.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _reap(proc: ServerProcess) -> None:
+    if proc.popen is not None:
+        try:
+            proc.popen.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            log.error("%s pid=%d did not die", proc.name, proc.pid)
 
 
 def run_local(pipeline: str | Path, **options: Any) -> RunResult:

@@ -57,10 +57,28 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 MODES = ("aligned", "unaligned", "sync", "none")
+RECOVERIES = ("global", "local")
 # The same failure this many times in a row before the workers all started is a configuration
 # or environment problem, not bad luck: fail instead of spending the restart budget on it.
 _MAX_UNSTARTED = 3
 _WORKER_N = re.compile(r"\bworker[ =]\d+")
+
+
+def _preflight_redis() -> None:
+    """Local recovery keeps the IDs of channel records in Redis: reachable, or fail now."""
+    from dedup.store import redis_client  # the engine's one other reach into dedup/
+
+    client = redis_client(None, timeout_s=5.0, name="eosflow-preflight")
+    try:
+        client.ping()
+    except Exception as exc:
+        raise ConfigError(
+            f"--recovery local keeps record IDs in Redis, which did not answer at "
+            f"EOSFLOW_REDIS_URL ({type(exc).__name__}: {exc}). Start Redis there (eosflow dev up "
+            "starts one on loopback), or use --recovery global"
+        ) from None
+    finally:
+        client.close()
 
 
 class JobFailed(EosflowError):
@@ -114,6 +132,12 @@ class RunOptions:
     progress_every: float = 2.0
     max_records: int = 5000
     log_level: str = "INFO"
+    #: ``global``: every worker restarts from the latest completed checkpoint; ``local``: only
+    #: the failed one (docs/local-recovery.md; needs Redis for the record IDs).
+    recovery: str = "global"
+    #: Local recovery: how far behind the watermark (event time) a re-emitted copy is still
+    #: recognised; older copies are passed, counted and logged.
+    recovery_horizon: float = 600.0
 
     def validate(self) -> None:
         if self.mode not in MODES:
@@ -126,6 +150,15 @@ class RunOptions:
             )
         if self.checkpoint_timeout <= self.checkpoint_interval / 10:
             raise ConfigError("checkpoint timeout is too short for the interval; raise it")
+        if self.recovery not in RECOVERIES:
+            raise ConfigError(f"recovery {self.recovery!r}: choose one of {RECOVERIES}")
+        if self.recovery == "local" and self.mode in ("sync", "none"):
+            raise ConfigError(
+                f"--recovery local needs checkpoints in aligned or unaligned mode, not "
+                f"--mode {self.mode}: a restarted worker restores the latest completed one"
+            )
+        if self.recovery_horizon < 1:
+            raise ConfigError(f"recovery horizon must be at least 1s, got {self.recovery_horizon}s")
 
 
 @dataclass
@@ -202,7 +235,9 @@ class Runner:
         self.pipeline = str(Path(pipeline).resolve())
         self.options = options
         with _environment(options.environ):  # the workers see the same variables
-            self.plan: Plan = compile_flow(load_flow(self.pipeline), options.workers)
+            self.plan: Plan = compile_flow(
+                load_flow(self.pipeline), options.workers, combine=options.recovery != "local"
+            )
         self.job = self.plan.job
         self.dir = job_dir(self.job, options.state_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -227,6 +262,7 @@ class Runner:
         self.ready_s: float | None = None
         self.final_trigger_s: float | None = None
         self._unstarted = 0  # consecutive generations that failed before every worker connected
+        self.failed_worker: int | None = None  # set by _dead_worker when it knows which
 
     # -- setup -----------------------------------------------------------------------------------
 
@@ -253,41 +289,53 @@ class Runner:
 
     # -- workers ---------------------------------------------------------------------------------
 
+    def _spec(
+        self,
+        i: int,
+        restore: int,
+        counts: dict[str, int],
+        ends: list[list[Any]] | None,
+        stale_through: int = 0,
+        sink_generation: int | None = None,
+    ) -> dict[str, Any]:
+        """Worker ``i``'s start-up spec (JSON-able), for the current generation and attempt."""
+        host, port = self.advertised
+        attempt = self.restarts
+        return {
+            "pipeline": self.pipeline,
+            "worker": i,
+            "workers": self.options.workers,
+            "generation": self.generation,
+            "token": self.token,
+            "fingerprint": self.plan.fingerprint(),
+            "restore": restore,
+            "coordinator": [host, port],
+            "snapshot_url": self.store.url,
+            "mode": "aligned" if self.options.mode == "none" else self.options.mode,
+            "checkpoint_interval": self._interval(),
+            "end_offsets": ends,
+            "source_counts": counts,
+            "transport": self.options.transport,
+            "max_records": self.options.max_records,
+            "log_level": self.options.log_level,
+            "log_path": str(self._log_path(i)),
+            "recovery": self.options.recovery,
+            "recovery_horizon_ms": int(self.options.recovery_horizon * 1000),
+            "stale_through": stale_through,
+            "sink_generation": sink_generation,
+            "faults": [
+                [f.point, f.nth]
+                for f in self.options.faults
+                if f.attempt == attempt and f.worker == i
+            ],
+        }
+
     def _spawn_all(self, counts: dict[str, int], ends: list[list[Any]] | None) -> None:
         self.generation = self.store.next_generation(self.job)
         self.coordinator.start_generation(self.generation)
         latest = self.store.latest_completed(self.job)
         restore = latest.checkpoint_id if latest else 0
-        host, port = self.advertised
-        attempt = self.restarts
-        specs = []
-        for i in range(self.options.workers):
-            specs.append(
-                {
-                    "pipeline": self.pipeline,
-                    "worker": i,
-                    "workers": self.options.workers,
-                    "generation": self.generation,
-                    "token": self.token,
-                    "fingerprint": self.plan.fingerprint(),
-                    "restore": restore,
-                    "coordinator": [host, port],
-                    "snapshot_url": self.store.url,
-                    "mode": "aligned" if self.options.mode == "none" else self.options.mode,
-                    "checkpoint_interval": self._interval(),
-                    "end_offsets": ends,
-                    "source_counts": counts,
-                    "transport": self.options.transport,
-                    "max_records": self.options.max_records,
-                    "log_level": self.options.log_level,
-                    "log_path": str(self._log_path(i)),
-                    "faults": [
-                        [f.point, f.nth]
-                        for f in self.options.faults
-                        if f.attempt == attempt and f.worker == i
-                    ],
-                }
-            )
+        specs = [self._spec(i, restore, counts, ends) for i in range(self.options.workers)]
         self.workers = [WorkerHandle(i) for i in range(self.options.workers)]
         # Where this generation's lines start: the log files are shared by every generation.
         self.log_offsets = [
@@ -329,7 +377,16 @@ class Runner:
         raise NotImplementedError
 
     def _dead_worker(self) -> str | None:
-        """The cause, if a worker of the current generation died or lost its connection."""
+        """The cause, if a worker of the current generation died or lost its connection (and
+        :attr:`failed_worker` set to its index, when the runner can restart it alone)."""
+        raise NotImplementedError
+
+    def _relaunch(self, spec: dict[str, Any]) -> None:
+        """Start one worker again (local recovery), after :meth:`_stop_worker` of it."""
+        raise NotImplementedError
+
+    def _stop_worker(self, index: int) -> None:
+        """Stop worker ``index`` alone and wait until it cannot write any more."""
         raise NotImplementedError
 
     def _stop_workers(self) -> None:
@@ -347,6 +404,10 @@ class Runner:
     def _recover(self, cause: str, counts: dict[str, int], ends: list[list[Any]] | None) -> None:
         self.restarts += 1
         self.restart_causes.append(cause)
+        failed, self.failed_worker = self.failed_worker, None
+        if self.options.recovery == "local" and failed is not None:
+            self._recover_local(failed, cause, counts, ends)
+            return
         started = all(w.conn is not None for w in self.workers)
         self._unstarted = 0 if started else self._unstarted + 1
         self._kill_all()
@@ -357,14 +418,8 @@ class Runner:
                 f"job {self.job!r}: the workers failed {_MAX_UNSTARTED} times in a row before "
                 f"they all started, each time with: {cause}. Worker logs: {self.dir}/worker-*.log"
             )
-        if self.restarts > self.options.max_restarts:
-            raise JobFailed(
-                f"job {self.job!r} failed after {self.options.max_restarts} restarts; last "
-                f"cause: {cause}. Worker logs: {self.dir}/worker-*.log"
-            )
-        backoff = min(
-            self.options.max_backoff, self.options.restart_backoff * 2 ** min(self.restarts - 1, 8)
-        )
+        self._check_budget(cause)
+        backoff = self._backoff()
         log.warning(
             "restart=%d/%d runner=%s cause=%r backoff_s=%.1f recovery=global",
             self.restarts, self.options.max_restarts, self.runner, cause, backoff,
@@ -374,6 +429,66 @@ class Runner:
         self.final_chk = None
         self.committed.clear()
         self._spawn_all(counts, ends)
+
+    def _recover_local(
+        self, index: int, cause: str, counts: dict[str, int], ends: list[list[Any]] | None
+    ) -> None:
+        """Local recovery: worker ``index`` alone restarts from the latest completed checkpoint,
+        in the same generation; the others keep running. The pending checkpoint (which the dead
+        worker can no longer acknowledge) is aborted; the restarted worker treats every
+        checkpoint triggered so far as stale, and downstream tasks drop the records it re-emits
+        by ID (docs/local-recovery.md)."""
+        self._check_budget(cause)
+        self._stop_worker(index)
+        old = self.workers[index]
+        if old.conn is not None:
+            self.server.drop(old.conn)
+        survivors = [w.index for w in self.workers if w.index != index]
+        aborted = self.coordinator.abort_pending(f"worker {index} failed")
+        if aborted is not None:
+            self.server.broadcast({"t": "abort", "chk": aborted, "reason": f"worker {index} died"})
+        latest = self.store.latest_completed(self.job)
+        restore = latest.checkpoint_id if latest else 0
+        stale = self.coordinator.next_id - 1
+        backoff = self._backoff()
+        log.warning(
+            "restart=%d/%d runner=%s cause=%r backoff_s=%.1f recovery=local worker=%d "
+            "restore_checkpoint=%d stale_through=%d survivors=%s",
+            self.restarts, self.options.max_restarts, self.runner, cause, backoff, index,
+            restore, stale, survivors,
+        )  # fmt: skip
+        self._say(
+            f"restart {self.restarts}: {cause}; local recovery of worker {index} from "
+            f"checkpoint {restore} in {backoff:.1f}s (workers {survivors} keep running)"
+        )
+        deadline = time.monotonic() + backoff
+        while time.monotonic() < deadline:  # the survivors' messages keep flowing
+            self._pump(min(0.05, max(0.0, deadline - time.monotonic())))
+        self.final_chk = None
+        self.committed.clear()
+        self.workers[index] = WorkerHandle(index)
+        path = self._log_path(index)
+        self.log_offsets[index] = path.stat().st_size if path.exists() else 0
+        # A new number for its sink writers (their in-progress names and transaction tags must
+        # not collide with an earlier start's); the channels keep the job's generation.
+        sink_generation = self.store.next_generation(self.job)
+        spec = self._spec(index, restore, counts, ends, stale, sink_generation)
+        self._relaunch(spec)
+
+    def _check_budget(self, cause: str) -> None:
+        if self.restarts > self.options.max_restarts:
+            raise JobFailed(
+                f"job {self.job!r} failed after {self.options.max_restarts} restarts; last "
+                f"cause: {cause}. Worker logs: {self.dir}/worker-*.log"
+            )
+
+    def _backoff(self) -> float:
+        return float(
+            min(
+                self.options.max_backoff,
+                self.options.restart_backoff * 2 ** min(self.restarts - 1, 8),
+            )
+        )
 
     # -- main loop -------------------------------------------------------------------------------
 
@@ -396,6 +511,8 @@ class Runner:
         with _environment(self.options.environ):
             for sink in sinks:
                 preflight_sink(sink, job=self.job, checkpoint_interval=self._interval())
+            if self.options.recovery == "local":
+                _preflight_redis()
 
     def run(self) -> RunResult:
         self._preflight()

@@ -193,6 +193,12 @@ class SparkRunner(Runner):
     def __init__(
         self, pipeline: str | Path, options: RunOptions, spark: SparkOptions | None = None
     ) -> None:
+        if options.recovery == "local":
+            raise ConfigError(
+                "--recovery local restarts one worker while the others keep running, but the "
+                "Spark runner's workers are one barrier job, which Spark restarts as a whole: "
+                "use --recovery global with --runner spark, or --runner local"
+            )
         super().__init__(pipeline, options)
         self.spark_options = spark or SparkOptions()
         conf = self.spark_options.conf

@@ -38,6 +38,9 @@ from typing import Any
 
 import orjson
 
+from dedup.core import Deduplicator
+from dedup.ids import emission_id, source_id
+from dedup.store import RedisIdStore, redis_client
 from processor.checkpoint.aligner import (
     AbortCheckpoint,
     Action,
@@ -52,7 +55,7 @@ from processor.compiler import Stage
 from processor.contracts import Message, SinkContext, SinkWriter
 from processor.dataflow import DEAD_LETTERS
 from processor.errors import DeserializationError, EosflowError
-from processor.runtime.channels import ChannelOut, TaskEnv
+from processor.runtime.channels import ChannelOut, Lineage, TaskEnv
 from processor.runtime.dead_letters import DeadLetters, Origins, channel_origins, source_origins
 from processor.runtime.operators import (
     MAX_WATERMARK,
@@ -82,6 +85,7 @@ log = logging.getLogger(__name__)
 TP = tuple[str, int]
 _REPLAY, _DROP = 1, 2
 _WATERMARK_EVERY_S = 0.2
+_MAX_UPLOAD_FAILURES = 3
 #: Without a dead-letter destination, these source failures are skipped (counted and logged).
 _SKIPPABLE = (DeserializationError, KeyError, TypeError, ValueError)
 #: How an operator's input indexes map onto the pushed batch: ``True`` the same, a list
@@ -100,10 +104,18 @@ class Task:
         self.plan = env.plan
         self.generation = env.generation
         self.is_source = bool(stage.sources)
+        # Local recovery (docs/local-recovery.md): records are pushed one at a time with their
+        # ID in ``lineage``; channel inputs are checked against ``replay``, the IDs this task
+        # processed, so the copies a restarted upstream worker re-emits are dropped.
+        self.lineage = Lineage() if env.recovery == "local" else None
+        self.replay: Deduplicator | None = None
         self.records_in = 0
         self.bad_records = 0
         self.stale_dropped = 0
         self._build_operators()
+        if self.lineage is not None and not self.is_source:
+            self._replay_client = redis_client(None, name="eosflow-replay")
+            self.replay = _replay_dedup(env, self.name, self._replay_client)
         self.reader = env.reader_factory(f"eosflow-{self.plan.job}")
         self.pos: dict[TP, int] = {}
         self.modes: dict[TP, int] = {}
@@ -122,6 +134,8 @@ class Task:
         self.uploading: dict[int, Future[SnapshotHandle]] = {}
         self.uploaded: dict[int, SnapshotHandle] = {}
         self.aligned: set[int] = set()
+        self.declined: list[tuple[int, str]] = []  # (checkpoint, reason) for the coordinator
+        self._upload_failures = 0  # in a row
         self.sink_pending: dict[str, list[tuple[int, Any]]] = {n: [] for n, _w in self.committers}
         self.halted = False  # sync mode: a source stops between trigger and completion
         self._last_wm_emit = 0.0
@@ -169,8 +183,10 @@ class Task:
             ctx = self._sink_context(DEAD_LETTERS, index, len(plan.stages) * P)
             self.dead = DeadLetters(plan.flow.dead_letter_sink.open(ctx), self.name)
             self.committers.append((DEAD_LETTERS, self.dead.writer))
-        for edge in stage.outputs:
-            out = ChannelOut(edge, self.subtask, plan.parallelism, env.writer)
+        for tag, edge in enumerate(stage.outputs):
+            out = ChannelOut(
+                edge, self.subtask, plan.parallelism, env.writer, lineage=self.lineage, tag=tag
+            )
             self.outputs.append(out)
             head: Operator = out
             dst = steps[edge.dst_step]
@@ -209,7 +225,7 @@ class Task:
             step,
             subtask,
             parallelism,
-            env.generation,
+            env.sink_generation,
             checkpoint_interval=env.checkpoint_interval,
             snapshot_url=env.store.url,
             fault=env.fault,
@@ -253,13 +269,24 @@ class Task:
             seen = set()
             for _name, writer in self.committers:
                 writer.recover([])
+        if self.replay is not None:
+            self.replay.restore(state.get("replay") if state is not None else None)
+        # Restarted alone (local recovery) in the generation the other workers still run: every
+        # channel record after the restored positions is live, and copies are dropped by ID.
+        alone = (
+            state is not None
+            and self.lineage is not None
+            and state["generation"] == self.generation
+        )
         if not self.is_source:
             for tp in tps:
+                self.channel_wm.setdefault(tp, MIN_WATERMARK)
+                if alone:
+                    continue
                 replay = state is not None and tp not in seen and positions[tp] is not None
                 self.modes[tp] = _REPLAY if replay else _DROP
-                self.channel_wm.setdefault(tp, MIN_WATERMARK)
             self.aligner = BarrierAligner(
-                tps, unaligned=self.env.mode == "unaligned", restored_checkpoint=self.restored_id
+                tps, unaligned=self.env.mode == "unaligned", restored_checkpoint=self._stale()
             )
         else:
             for tp in tps:
@@ -275,9 +302,15 @@ class Task:
         for out in self.outputs:
             out.control(GenerationStart(self.generation))
         log.info(
-            "opened task=%s generation=%d restored_checkpoint=%d inputs=%d",
-            self.name, self.generation, self.restored_id, len(tps),
+            "opened task=%s generation=%d restored_checkpoint=%d inputs=%d recovery=%s%s",
+            self.name, self.generation, self.restored_id, len(tps), self.env.recovery,
+            f" alone stale_through={self.env.stale_through}" if alone else "",
         )  # fmt: skip
+
+    def _stale(self) -> int:
+        """Checkpoints up to this id are over for this task (restored, or triggered before it
+        was restarted alone): their barriers and triggers are ignored."""
+        return max(self.restored_id, self.env.stale_through)
 
     def close(self) -> None:
         self.reader.close()
@@ -285,6 +318,8 @@ class Task:
             writer.close()
         for op in self.ops.values():
             op.close()
+        if self.replay is not None:
+            self._replay_client.close()
 
     # -- the data path ---------------------------------------------------------------------------
 
@@ -359,6 +394,8 @@ class Task:
     def _source_batch(self, msgs: list[Message]) -> None:
         params = self.source_params
         by_topic: dict[str, list[Record]] = {}
+        single: list[tuple[Message, Record]] = []  # local recovery: pushed one at a time
+        lineage = self.lineage
         max_ts = self.max_ts
         failed: set[int] = set()  # id() of the messages that did not enter the operators
         for m in msgs:
@@ -380,6 +417,9 @@ class Task:
             tp = (topic, m.partition())
             if ts - lag_ms > max_ts[tp]:
                 max_ts[tp] = ts - lag_ms
+            if lineage is not None:
+                single.append((m, (None, value, ts)))
+                continue
             batch = by_topic.get(topic)
             if batch is None:
                 batch = by_topic[topic] = []
@@ -389,6 +429,13 @@ class Task:
             self._origins = source_origins(msgs, topic, failed)
             for child in self.entry[topic].children:
                 self._push(child, batch, True)
+        for m, record in single:
+            assert lineage is not None
+            topic = m.topic()
+            lineage.set(source_id(topic, m.partition(), m.offset()))
+            self._origins = lambda _i, m=m: m
+            for child in self.entry[topic].children:
+                self._push(child, [record], True)
         self._origins = None
         self.pos = self.reader.positions()
 
@@ -438,17 +485,29 @@ class Task:
             return
         self.watermark = wm
         self._flush()
+        if self.replay is not None:
+            self.replay.advance(wm)
+        lineage = self.lineage
         for name in self.stage.steps:
             op = self.ops[name]
             fired = op.on_watermark(wm)
-            if fired:
+            if fired and lineage is None:
                 for child in op.children:
                     self._push(child, fired)
+            elif fired:  # an emission's ID: (step, key, window), its timestamp being end - 1
+                assert lineage is not None
+                for record in fired:
+                    lineage.set(emission_id(name, record[0], record[2], 0))
+                    for child in op.children:
+                        self._push(child, [record])
         self._flush()
         for out in self.outputs:
             out.control(Watermark(wm))
 
     def _channel_batch(self, msgs: list[Message]) -> None:
+        if self.replay is not None:
+            self._channel_batch_ids(msgs)
+            return
         entry, pos, modes, blocked = self.entry, self.pos, self.modes, self.blocked
         buckets: dict[str, list[Record]] = {}
         loads = orjson.loads
@@ -492,6 +551,53 @@ class Task:
         self._drain(buckets, msgs, after, None)
         self._origins = None
         self.records_in += n
+
+    def _channel_batch_ids(self, msgs: list[Message]) -> None:
+        """Local recovery: channel records are ``[key, value, ts, id hex]``; the ones whose ID
+        this task processed already are dropped, the others pushed one at a time."""
+        pos, modes, blocked, loads = self.pos, self.modes, self.blocked, orjson.loads
+        held: list[tuple[Message, Record, int]] = []
+        n = 0
+        for m in msgs:
+            topic: Any = m.topic()
+            tp = (topic, m.partition())
+            if tp in blocked:
+                self.stash.setdefault(tp, []).append(m)
+                continue
+            offset: Any = m.offset()
+            pos[tp] = offset + 1
+            headers = m.headers()
+            ctl = decode_control(headers) if headers is not None else None
+            if ctl is None:
+                if modes.get(tp) == _DROP:
+                    self.stale_dropped += 1
+                    continue
+                item = loads(m.value())  # type: ignore[arg-type]
+                k = tuple(item[0]) if type(item[0]) is list else item[0]
+                # a record written without IDs (before a switch to local recovery): its place
+                rid = int(item[3], 16) if len(item) > 3 else source_id(topic, tp[1], offset)
+                held.append((m, (k, item[1], item[2]), rid))
+                continue
+            n += self._deliver(held)
+            held = []
+            self._control(tp, ctl, modes.get(tp))
+        n += self._deliver(held)
+        self.records_in += n
+
+    def _deliver(self, held: list[tuple[Message, Record, int]]) -> int:
+        """Pushes the records of ``held`` whose IDs are new to this task, each on its own."""
+        if not held:
+            return 0
+        replay, lineage, entry = self.replay, self.lineage, self.entry
+        assert replay is not None and lineage is not None
+        fresh = replay.check([rid for _m, _r, rid in held], [r[2] for _m, r, _rid in held])
+        for (m, record, rid), new in zip(held, fresh, strict=True):
+            if new:
+                lineage.set(rid)
+                self._origins = lambda _i, m=m: m
+                self._push(entry[m.topic()], [record], True)
+        self._origins = None
+        return len(held)
 
     def _drain(
         self,
@@ -576,7 +682,7 @@ class Task:
     def trigger(self, checkpoint_id: int, *, aligned: bool = False) -> None:
         """Source tasks: the coordinator started ``checkpoint_id`` (``aligned``: even in
         unaligned mode, as the final checkpoint of a run must be)."""
-        if checkpoint_id <= self.restored_id:
+        if checkpoint_id <= self._stale():
             return
         self.barrier_unaligned[checkpoint_id] = self.env.mode == "unaligned" and not aligned
         self._snapshot(checkpoint_id)
@@ -605,6 +711,8 @@ class Task:
                 self.sink_pending[name].append((checkpoint_id, committable))
         for op in self.ops.values():
             op.prepare(checkpoint_id)  # dedup: IDs into the store before the snapshot
+        if self.replay is not None:
+            self.replay.prepare(checkpoint_id)
         seen = self.barrier_seen.pop(checkpoint_id, set())
         for old in [c for c in self.barrier_seen if c < checkpoint_id]:
             del self.barrier_seen[old]
@@ -620,6 +728,8 @@ class Task:
             "operators": {n: op.snapshot() for n, op in self.ops.items() if op.stateful},
             "sinks": {n: list(p) for n, p in self.sink_pending.items()},
         }
+        if self.replay is not None:
+            state["replay"] = self.replay.snapshot()
         env = self.env
         if env.mode == "sync":  # stop-the-world: serialize and upload in the task loop
             future: Future[SnapshotHandle] = Future()
@@ -638,11 +748,28 @@ class Task:
         self.aligned.discard(checkpoint_id)
 
     def ready_acks(self) -> list[tuple[int, SnapshotHandle]]:
-        """Checkpoints whose snapshot is uploaded and whose alignment is done (ack them now)."""
+        """Checkpoints whose snapshot is uploaded and whose alignment is done (ack them now).
+
+        A failed upload is declined (:attr:`declined`), not fatal: the coordinator may have
+        aborted that checkpoint and deleted its directory while the upload ran (a timeout, or
+        another worker restarting alone); if it had not, declining aborts it, and the next
+        checkpoint tries again."""
         for chk, future in list(self.uploading.items()):
             if future.done():
                 del self.uploading[chk]
-                self.uploaded[chk] = future.result()  # an upload error fails the task
+                try:
+                    self.uploaded[chk] = future.result()
+                    self._upload_failures = 0
+                except Exception as exc:
+                    self._upload_failures += 1
+                    if self._upload_failures >= _MAX_UPLOAD_FAILURES:
+                        raise  # not a race with an abort: the store is failing
+                    log.warning(
+                        "snapshot upload failed task=%s checkpoint_id=%d: %s: %s (declined)",
+                        self.name, chk, type(exc).__name__, exc,
+                    )  # fmt: skip
+                    self.declined.append((chk, f"snapshot upload failed: {exc}"))
+                    self.aligned.discard(chk)
         ready = []
         for chk in sorted(self.uploaded):
             if chk in self.aligned:
@@ -663,6 +790,8 @@ class Task:
             self.sink_pending[name] = [(c, x) for c, x in pending if c > checkpoint_id]
         for op in self.ops.values():
             op.commit(checkpoint_id)
+        if self.replay is not None:
+            self.replay.commit(checkpoint_id)
         for chk in [c for c in self.uploaded if c <= checkpoint_id]:
             del self.uploaded[chk]
 
@@ -692,6 +821,18 @@ class Task:
             "late": late,
             "dups": dups,
             "stale": self.stale_dropped,
+            "replayed": self.replay.stats.duplicates if self.replay is not None else 0,
             "lag": lag,
             "watermark": self.watermark,
         }
+
+
+def _replay_dedup(env: TaskEnv, task: str, client: Any) -> Deduplicator:
+    """The IDs a channel task processed, for local recovery: kept until the watermark passed
+    them by the recovery horizon, in Bloom filters before a Redis store (docs/dedup.md). A copy
+    older than the horizon is passed (counted and logged): dropping it could lose a late record.
+    """
+    store = RedisIdStore(client, f"eosflow:{env.plan.job}:replay:{task}")
+    return Deduplicator(
+        store, within_ms=env.recovery_horizon_ms, late="pass", name=f"replay:{task}"
+    )

@@ -67,7 +67,8 @@ def run_worker(spec: dict[str, Any]) -> int:
     """Runs until the coordinator says stop (0) or goes away (1)."""
     worker, parallelism = int(spec["worker"]), int(spec["workers"])
     flow = load_flow(spec["pipeline"])
-    plan = compile_flow(flow, parallelism)
+    recovery = str(spec.get("recovery", "global"))
+    plan = compile_flow(flow, parallelism, combine=recovery != "local")
     wanted = spec.get("fingerprint")
     if wanted is not None and plan.fingerprint() != wanted:
         raise ConfigError(
@@ -96,6 +97,10 @@ def run_worker(spec: dict[str, Any]) -> int:
         fault=_fault_hook(worker, spec.get("faults", [])),
         end_offsets=end_offsets,
         checkpoint_interval=spec.get("checkpoint_interval"),
+        recovery=recovery,
+        recovery_horizon_ms=int(spec.get("recovery_horizon_ms", 3_600_000)),
+        stale_through=int(spec.get("stale_through", 0)),
+        sink_generation=spec.get("sink_generation"),
     )
     tasks = [Task(env, stage, worker) for stage in plan.stages]
     counts = {str(k): int(v) for k, v in spec["source_counts"].items()}
@@ -106,8 +111,8 @@ def run_worker(spec: dict[str, Any]) -> int:
         task.open(state, counts)
     sources = [t for t in tasks if t.is_source]
     log.info(
-        "worker=%d generation=%d pid=%d python=%s restored_checkpoint=%d tasks=%d",
-        worker, env.generation, os.getpid(), sys.executable, restore, len(tasks),
+        "worker=%d generation=%d pid=%d python=%s restored_checkpoint=%d tasks=%d recovery=%s",
+        worker, env.generation, os.getpid(), sys.executable, restore, len(tasks), recovery,
     )  # fmt: skip
     client.send(
         {
@@ -137,6 +142,9 @@ def run_worker(spec: dict[str, Any]) -> int:
             idle = read == 0
             writer.poll()
             for task in tasks:
+                for chk, reason in task.declined:
+                    client.send({"t": "decline", "chk": chk, "task": task.name, "reason": reason})
+                task.declined.clear()
                 for chk, handle in task.ready_acks():
                     env.fault("after-snapshot-before-ack")
                     client.send(

@@ -110,11 +110,21 @@ def assert_faults_fired(
 
 
 class _Killer(threading.Thread):
-    """SIGKILLs a random worker at random moments once ``start_after`` restarts happened."""
+    """SIGKILLs a random worker (of ``victims``, default any) at random moments once
+    ``start_after`` restarts happened."""
 
-    def __init__(self, runner: Runner, *, kills: int, start_after: int, rng: random.Random) -> None:
+    def __init__(
+        self,
+        runner: Runner,
+        *,
+        kills: int,
+        start_after: int,
+        rng: random.Random,
+        victims: list[int] | None = None,
+    ) -> None:
         super().__init__(name="chaos-killer", daemon=True)
         self.runner, self.kills, self.start_after, self.rng = runner, kills, start_after, rng
+        self.victims = victims
         self.done: list[tuple[float, int]] = []
         self.stop = threading.Event()
 
@@ -147,7 +157,7 @@ class _Killer(threading.Thread):
                 or not self._live(workers)
             ):
                 continue
-            victim = self.rng.randrange(len(workers))
+            victim = self.rng.choice(self.victims or range(len(workers)))
             pid = workers[victim].pid
             if pid is None:
                 continue
@@ -174,6 +184,8 @@ def run_chaos(
     runner: str = "local",
     read_output: Callable[[dict[str, str]], Iterable[Any]] | None = None,
     duplicates: float = 0.0,
+    recovery: str = "global",
+    victims: list[int] | None = None,
 ) -> ChaosRun:
     """Produce ``records`` clicks, run ``pipeline`` (a file in ``tests/e2e/pipelines``) until
     idle while SIGKILLing workers, and read what it committed. ``runner``: ``local`` or
@@ -183,6 +195,7 @@ def run_chaos(
     and ``env``. ``duplicates``: the share of clicks written twice (same ``event_id``, a later
     offset). ``read_output(job_env)`` returns the committed output items (default: the JSON
     lines of the file sink in ``OUTPUT_DIR``); they are compared as :func:`canonical` bytes.
+    ``recovery``: ``global`` or ``local``; ``victims``: the workers random kills choose from.
     """
     run_id = uuid.uuid4().hex[:8]
     job_env = {
@@ -203,6 +216,7 @@ def run_chaos(
         state_dir=str(tmp / "state"),
         faults=faults,
         max_restarts=len(faults) + random_kills + 5,
+        recovery=recovery,
         restart_backoff=0.1,
         max_backoff=0.5,
         progress=sys.stderr,
@@ -215,7 +229,9 @@ def run_chaos(
         job = SparkRunner(str(PIPELINES / pipeline), options)
     else:
         job = LocalRunner(str(PIPELINES / pipeline), options)
-    killer = _Killer(job, kills=random_kills, start_after=len(faults), rng=random.Random(seed))
+    killer = _Killer(
+        job, kills=random_kills, start_after=len(faults), rng=random.Random(seed), victims=victims
+    )
     killer.start()
     try:
         result = job.run()

@@ -1,0 +1,110 @@
+"""Local recovery (``--recovery local``): worker 1 is SIGKILLed again and again, at every named
+protocol point and at random moments, while worker 0 keeps running; only worker 1 restarts.
+
+The pipeline has two shuffles (``pipelines/two_level_count.py``): records derived from source
+offsets cross the first, window results cross the second. A restarted worker re-emits what it
+had emitted since the checkpoint it restored; worker 0's tasks must drop exactly those copies by
+ID and keep everything else. The committed output of both levels is compared with the answer
+computed from the click generator alone.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from processor.runtime.runner import Fault
+from sinks import read_jsonl
+from tests.e2e.harness import (
+    assert_exactly_once,
+    assert_faults_fired,
+    canonical,
+    chaos_seed,
+    click_events,
+    expected_window_counts,
+    run_chaos,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.chaos]
+
+#: Every named protocol point, always on worker 1 (the one restarted alone).
+WORKER_1_FAULTS = [
+    Fault(0, 1, "mid-alignment", 3),
+    Fault(1, 1, "after-snapshot-before-ack", 2),
+    Fault(2, 1, "after-completion-before-commit", 2),
+    Fault(3, 1, "during-recovery", 1),
+]
+WORKER_START = re.compile(r"worker=(\d) generation=(\d+) pid=(\d+) .* recovery=(\w+)")
+
+
+def _outputs(job_env: dict[str, str]) -> list[Any]:
+    out = Path(job_env["OUTPUT_DIR"])
+    return [["pages", x] for x in read_jsonl(out / "pages")] + [
+        ["totals", x] for x in read_jsonl(out / "totals")
+    ]
+
+
+def _expected(records: int, seed: int) -> Counter[bytes]:
+    pages = expected_window_counts(click_events(records, seed=seed))
+    totals: Counter[int] = Counter()
+    for event in click_events(records, seed=seed):
+        ts = int(str(event["ts_ms"]))
+        totals[ts - ts % 10_000] += 1
+    want: Counter[bytes] = Counter()
+    for line, n in pages.items():
+        want[canonical(["pages", json.loads(line)])] += n
+    for start, n in totals.items():
+        value = {"start_ms": start, "end_ms": start + 10_000, "value": n}
+        want[canonical(["totals", [start, value]])] += 1
+    return want
+
+
+@pytest.mark.parametrize("mode", ["aligned", "unaligned"])
+def test_only_the_killed_worker_restarts_and_the_output_is_exactly_once(
+    kafka_endpoint: tuple[str, str], redis_url: str, tmp_path: Path, mode: str
+) -> None:
+    seed = chaos_seed()
+    records = 120_000
+    random_kills = 3
+    run = run_chaos(
+        "two_level_count.py",
+        brokers=kafka_endpoint[0],
+        tmp=tmp_path,
+        records=records,
+        seed=seed,
+        mode=mode,
+        interval=0.5,
+        faults=WORKER_1_FAULTS,
+        random_kills=random_kills,
+        recovery="local",
+        victims=[1],
+        env={"EOSFLOW_REDIS_URL": redis_url},
+        read_output=_outputs,
+    )
+    print(f"seed={seed} random kills (s after start, worker): {run.random_kills}")
+    print(f"restarts={run.result.restarts} causes={run.result.restart_causes}")
+    assert_faults_fired(run, WORKER_1_FAULTS, random_kills, seed=seed)
+    assert all(c.startswith("worker 1 ") for c in run.result.restart_causes), (
+        run.result.restart_causes
+    )
+
+    # Worker 0 started once and ran through every restart of worker 1, in one generation.
+    starts = {
+        name: [m.groups() for m in WORKER_START.finditer(text)] for name, text in run.logs.items()
+    }
+    assert len(starts["worker-0.log"]) == 1, f"seed={seed}: worker 0 restarted: {starts}"
+    # worker 1: its first start and every restart (one died in recovery, before this line)
+    assert len(starts["worker-1.log"]) == run.result.restarts, starts
+    assert {g for _w, g, _p, _r in starts["worker-1.log"]} == {starts["worker-0.log"][0][1]}
+    # ...and its tasks dropped the copies worker 1 re-emitted (else the test proves nothing).
+    status = json.loads((tmp_path / "state" / "jobs" / run.result.job / "status.json").read_text())
+    replayed = {t: s["replayed"] for t, s in status["tasks"].items() if t.endswith(".0")}
+    print(f"copies dropped by worker 0's tasks: {replayed}")
+    assert sum(replayed.values()) > 0, f"seed={seed}: no re-emitted copy reached worker 0"
+
+    assert_exactly_once(_expected(records, seed), run.output, seed=seed)
