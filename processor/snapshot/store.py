@@ -419,7 +419,8 @@ class SnapshotStore:
             chk = self._chk_dir(job, checkpoint_id)
             if checkpoint_id in done:
                 self._fs.rm_file(f"{chk}/{MANIFEST}")
-            self._fs.rm(chk, recursive=True)
+            if not self._rm_tree(chk):
+                continue
             deleted.append(checkpoint_id)
             log.info(
                 "deleted checkpoint checkpoint_id=%d job=%r completed=%s",
@@ -443,9 +444,24 @@ class SnapshotStore:
                 reason="completed",
                 path=chk,
             )
-        with contextlib.suppress(FileNotFoundError):
-            self._fs.rm(chk, recursive=True)
+        if self._rm_tree(chk):
             log.info("discarded checkpoint_id=%d job=%r", checkpoint_id, job)
+
+    def _rm_tree(self, path: str) -> bool:
+        """Deletes a checkpoint directory; ``False`` if a task was still writing into it (a
+        slow upload of an aborted checkpoint, whose task then declines it): it is left for
+        the next :meth:`retain`, which deletes orphans."""
+        for _attempt in range(3):
+            try:
+                self._fs.rm(path, recursive=True)
+                return True
+            except FileNotFoundError:
+                return True
+            except OSError as exc:  # e.g. "Directory not empty": a file appeared meanwhile
+                error = exc
+                time.sleep(0.05)
+        log.warning("could not delete %s yet (%s); retention will retry", path, error)
+        return False
 
     # -- job bookkeeping -----------------------------------------------------------------------
 
