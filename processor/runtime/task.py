@@ -109,13 +109,13 @@ class Task:
         # processed, so the copies a restarted upstream worker re-emits are dropped.
         self.lineage = Lineage() if env.recovery == "local" else None
         self.replay: Deduplicator | None = None
+        self._replay_client: Any = None
         self.records_in = 0
         self.bad_records = 0
         self.stale_dropped = 0
         self._build_operators()
         if self.lineage is not None and not self.is_source:
-            self._replay_client = redis_client(None, name="eosflow-replay")
-            self.replay = _replay_dedup(env, self.name, self._replay_client)
+            self.replay, self._replay_client = _replay_dedup(env, self.name)
         self.reader = env.reader_factory(f"eosflow-{self.plan.job}")
         self.pos: dict[TP, int] = {}
         self.modes: dict[TP, int] = {}
@@ -318,7 +318,7 @@ class Task:
             writer.close()
         for op in self.ops.values():
             op.close()
-        if self.replay is not None:
+        if self._replay_client is not None:
             self._replay_client.close()
 
     # -- the data path ---------------------------------------------------------------------------
@@ -827,12 +827,14 @@ class Task:
         }
 
 
-def _replay_dedup(env: TaskEnv, task: str, client: Any) -> Deduplicator:
+def _replay_dedup(env: TaskEnv, task: str) -> tuple[Deduplicator, Any]:
     """The IDs a channel task processed, for local recovery: kept until the watermark passed
     them by the recovery horizon, in Bloom filters before a Redis store (docs/dedup.md). A copy
     older than the horizon is passed (counted and logged): dropping it could lose a late record.
     """
+    client = redis_client(None, name="eosflow-replay")
     store = RedisIdStore(client, f"eosflow:{env.plan.job}:replay:{task}")
-    return Deduplicator(
+    dedup = Deduplicator(
         store, within_ms=env.recovery_horizon_ms, late="pass", name=f"replay:{task}"
     )
+    return dedup, client

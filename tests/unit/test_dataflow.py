@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from typing import Any
 
@@ -92,6 +93,9 @@ def test_windowed_count_gets_a_combiner_when_it_has_a_merge() -> None:
     ).sink("out2", _Sink())
     combine = {e.dst_step: e.combine for e in compile_flow(flow, 2).edges}
     assert combine == {"per-window": True, "no-merge": False}
+    # local recovery: partials depend on batch boundaries, so a restarted worker could not
+    # re-emit them with the same IDs
+    assert not any(e.combine for e in compile_flow(flow, 2, combine=False).edges)
 
 
 def test_aggregation_of_an_aggregation_needs_no_shuffle_when_the_key_is_unchanged() -> None:
@@ -140,3 +144,19 @@ def test_step_name_dead_letters_is_reserved_when_added() -> None:
     flow = _flow()
     with pytest.raises(DefinitionError, match="reserved for the dataflow's dead-letter"):
         flow.source("clicks", "t").sink("dead-letters", _Sink())
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"recovery": "partial"}, "recovery 'partial': choose one of"),
+        ({"recovery": "local", "mode": "sync"}, "--recovery local needs checkpoints"),
+        ({"recovery": "local", "recovery_horizon": 0.5}, "recovery horizon must be at least 1s"),
+    ],
+)
+def test_recovery_options_are_checked_at_start_up(options: dict[str, Any], message: str) -> None:
+    from processor.errors import ConfigError
+    from processor.runtime.runner import RunOptions
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        RunOptions(**options).validate()

@@ -51,6 +51,13 @@ def test_settings_that_would_break_exactly_once_are_refused(tmp_path: Path, key:
         SparkRunner(PIPELINE, _options(tmp_path), spark)
 
 
+def test_local_recovery_is_refused_on_spark_with_the_alternatives(tmp_path: Path) -> None:
+    options = _options(tmp_path)
+    options.recovery = "local"
+    with pytest.raises(ConfigError, match="use --recovery global with --runner spark"):
+        SparkRunner(PIPELINE, options)
+
+
 def test_default_master_is_local_with_one_slot_per_worker(tmp_path: Path) -> None:
     runner = SparkRunner(PIPELINE, _options(tmp_path, workers=3))
     assert runner.master == "local[3]" and runner.local_master
