@@ -9,6 +9,7 @@ generated events, never by the engine.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
 import time
@@ -80,6 +81,38 @@ def expected_window_counts(
         canonical([page, {"start_ms": s, "end_ms": s + window_ms, "value": n}])
         for (page, s), n in counts.items()
     )
+
+
+def expected_two_level_counts(
+    events: Iterator[dict[str, object]], window_ms: int = 10_000
+) -> Counter[bytes]:
+    """Every output line of ``two_level_count.py`` (local-recovery tests and bench), tagged
+    with its sink: ``["pages", <windowed-count line>]`` and ``["totals", [start, {start_ms,
+    end_ms, value}]]``, the clicks per window summed over pages."""
+    per_page: Counter[tuple[str, int]] = Counter()
+    for event in events:
+        ts = int(str(event["ts_ms"]))
+        per_page[(str(event["page"]), ts - ts % window_ms)] += 1
+    totals: Counter[int] = Counter()
+    out: Counter[bytes] = Counter()
+    for (page, start), n in per_page.items():
+        totals[start] += n
+        value = {"start_ms": start, "end_ms": start + window_ms, "value": n}
+        out[canonical(["pages", [page, value]])] += 1
+    for start, n in totals.items():
+        value = {"start_ms": start, "end_ms": start + window_ms, "value": n}
+        out[canonical(["totals", [start, value]])] += 1
+    return out
+
+
+def read_two_level_output(output_dir: str) -> list[object]:
+    """The committed lines of ``two_level_count.py``'s two sinks, tagged like
+    :func:`expected_two_level_counts`."""
+    from sinks import read_jsonl
+
+    return [["pages", x] for x in read_jsonl(os.path.join(output_dir, "pages"))] + [
+        ["totals", x] for x in read_jsonl(os.path.join(output_dir, "totals"))
+    ]
 
 
 def compare_outputs(want: Counter[bytes], got: Counter[bytes]) -> tuple[int, int]:

@@ -34,8 +34,10 @@ from clicks import (  # noqa: E402
     click_events,
     compare_outputs,
     expected_running_totals,
+    expected_two_level_counts,
     expected_window_counts,
     produce_clicks,
+    read_two_level_output,
     with_duplicates,
 )
 
@@ -47,7 +49,9 @@ __all__ = [
     "chaos_seed",
     "click_events",
     "expected_running_totals",
+    "expected_two_level_counts",
     "expected_window_counts",
+    "read_two_level_output",
     "with_duplicates",
 ]
 

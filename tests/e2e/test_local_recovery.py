@@ -12,21 +12,18 @@ from __future__ import annotations
 
 import json
 import re
-from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from processor.runtime.runner import Fault
-from sinks import read_jsonl
 from tests.e2e.harness import (
     assert_exactly_once,
     assert_faults_fired,
-    canonical,
     chaos_seed,
     click_events,
-    expected_window_counts,
+    expected_two_level_counts,
+    read_two_level_output,
     run_chaos,
 )
 
@@ -40,28 +37,6 @@ WORKER_1_FAULTS = [
     Fault(3, 1, "during-recovery", 1),
 ]
 WORKER_START = re.compile(r"worker=(\d) generation=(\d+) pid=(\d+) .* recovery=(\w+)")
-
-
-def _outputs(job_env: dict[str, str]) -> list[Any]:
-    out = Path(job_env["OUTPUT_DIR"])
-    return [["pages", x] for x in read_jsonl(out / "pages")] + [
-        ["totals", x] for x in read_jsonl(out / "totals")
-    ]
-
-
-def _expected(records: int, seed: int) -> Counter[bytes]:
-    pages = expected_window_counts(click_events(records, seed=seed))
-    totals: Counter[int] = Counter()
-    for event in click_events(records, seed=seed):
-        ts = int(str(event["ts_ms"]))
-        totals[ts - ts % 10_000] += 1
-    want: Counter[bytes] = Counter()
-    for line, n in pages.items():
-        want[canonical(["pages", json.loads(line)])] += n
-    for start, n in totals.items():
-        value = {"start_ms": start, "end_ms": start + 10_000, "value": n}
-        want[canonical(["totals", [start, value]])] += 1
-    return want
 
 
 @pytest.mark.parametrize("mode", ["aligned", "unaligned"])
@@ -84,7 +59,7 @@ def test_only_the_killed_worker_restarts_and_the_output_is_exactly_once(
         recovery="local",
         victims=[1],
         env={"EOSFLOW_REDIS_URL": redis_url},
-        read_output=_outputs,
+        read_output=lambda job_env: read_two_level_output(job_env["OUTPUT_DIR"]),
     )
     print(f"seed={seed} random kills (s after start, worker): {run.random_kills}")
     print(f"restarts={run.result.restarts} causes={run.result.restart_causes}")
@@ -93,7 +68,8 @@ def test_only_the_killed_worker_restarts_and_the_output_is_exactly_once(
         run.result.restart_causes
     )
 
-    assert_exactly_once(_expected(records, seed), run.output, seed=seed)
+    want = expected_two_level_counts(click_events(records, seed=seed))
+    assert_exactly_once(want, run.output, seed=seed)
 
     # Worker 0 started once and ran through every restart of worker 1, in one generation.
     starts = {
