@@ -18,7 +18,8 @@ both alike):
 
 Every run's committed output is compared with the answer computed from the click generator.
 Results go to ``bench/results/local-recovery-<date>.json`` and the Markdown table is printed
-(``bench/RESULTS.md``, "Local recovery").
+(``bench/RESULTS.md``, "Local recovery"). ``--work-us`` (default 100) is the pipeline's CPU work
+per click; ``--work-us 0 --no-kill`` shows the bare per-record overhead of local recovery.
 """
 
 from __future__ import annotations
@@ -180,6 +181,10 @@ def main() -> int:
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--kill-after", type=float, default=3.0, help="s after start-up")
+    parser.add_argument(
+        "--work-us", type=int, default=100, help="CPU work per click in the pipeline (WORK_US)"
+    )
+    parser.add_argument("--no-kill", action="store_true", help="only the runs without failure")
     parser.add_argument("--out", type=Path, default=BENCH / "results")
     parser.add_argument("-v", "--verbose", action="store_true", help="the runner's progress")
     args = parser.parse_args()
@@ -198,10 +203,11 @@ def main() -> int:
                 "CLICKS_TOPIC": topic,
                 "EOSFLOW_KAFKA_BROKERS": endpoints.kafka_brokers,
                 "EOSFLOW_REDIS_URL": endpoints.redis_url,
+                "WORK_US": str(args.work_us),
             }
             for rep in range(args.repeats):
                 order = ["global", "local"] if rep % 2 == 0 else ["local", "global"]
-                for kill in (False, True):
+                for kill in (False,) if args.no_kill else (False, True):
                     for recovery in order:
                         r = _run(args, environ, work, recovery, kill)
                         runs.append(r)
@@ -218,7 +224,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"local-recovery-{started:%Y-%m-%d-%H%M%S}.json"
     command = " ".join([Path(sys.executable).name, *sys.argv])
-    results = {"command": command, "records": args.records, "runs": runs}
+    results = {"command": command, "records": args.records, "work_us": args.work_us, "runs": runs}
     path.write_text(json.dumps(results, indent=1))
     print(_table(runs))
     _say(f"results: {path}")
