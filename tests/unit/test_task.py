@@ -142,21 +142,24 @@ class ListSink:
         pass
 
 
-def _task(tmp_path: Path, log: Log, mode: str, generation: int = 1) -> Task:
-    flow = Dataflow("job")
-    (flow.source("s", "in").key_by("k", lambda v: v).count("count").sink("out", ListSink()))
-    plan = compile_flow(flow, 2)
-    env = TaskEnv(
+def _env(tmp_path: Path, log: Log, plan: Any, reader: Reader | None = None, **kw: Any) -> TaskEnv:
+    return TaskEnv(
         plan=plan,
-        generation=generation,
-        mode=mode,
         writer=Writer(log),
-        reader_factory=lambda _group: Reader(log),
+        reader_factory=lambda _group: reader or Reader(log),
         store=SnapshotStore(tmp_path.as_uri()),
         uploads=ThreadPoolExecutor(1),
         fault=lambda _point: None,
         end_offsets=None,
+        **{"generation": 1, "mode": "aligned", **kw},
     )
+
+
+def _task(tmp_path: Path, log: Log, mode: str, generation: int = 1) -> Task:
+    flow = Dataflow("job")
+    (flow.source("s", "in").key_by("k", lambda v: v).count("count").sink("out", ListSink()))
+    plan = compile_flow(flow, 2)
+    env = _env(tmp_path, log, plan, generation=generation, mode=mode)
     ListSink.committed = []
     return Task(env, plan.stage_of("count"), 0)
 
@@ -331,19 +334,7 @@ def _local_task(
     flow = Dataflow("job")
     (flow.source("s", "in").key_by("k", lambda v: v).count("count").sink("out", ListSink()))
     plan = compile_flow(flow, 2, combine=False)
-    env = TaskEnv(
-        plan=plan,
-        generation=1,
-        mode="aligned",
-        writer=Writer(log),
-        reader_factory=lambda _group: Reader(log),
-        store=SnapshotStore(tmp_path.as_uri()),
-        uploads=ThreadPoolExecutor(1),
-        fault=lambda _point: None,
-        end_offsets=None,
-        recovery="local",
-        stale_through=stale_through,
-    )
+    env = _env(tmp_path, log, plan, recovery="local", stale_through=stale_through)
     ListSink.committed = []
     return Task(env, plan.stage_of("count"), 0)
 
@@ -421,18 +412,7 @@ def test_channel_record_ids_follow_ancestry_not_the_order_records_arrive_in(
                 return list(reversed(original(max_records, timeout)))
 
             reader.poll = poll  # type: ignore[method-assign]
-        env = TaskEnv(
-            plan=plan,
-            generation=1,
-            mode="aligned",
-            writer=Writer(log),
-            reader_factory=lambda _group: reader,
-            store=SnapshotStore(tmp_path.as_uri()),
-            uploads=ThreadPoolExecutor(1),
-            fault=lambda _point: None,
-            end_offsets=None,
-            recovery="local",
-        )
+        env = _env(tmp_path, log, plan, reader, recovery="local")
         task = Task(env, plan.stage_of("s"), 0)
         task.open(None, {"in": 4})
         task.step(0.0, 100)
