@@ -143,8 +143,12 @@ def run_example(
         help="spark: the workers run as a Spark barrier job (needs Java 17)",
     )  # fmt: skip
     parser.add_argument("--master", help="Spark master (default local[WORKERS])")
+    parser.add_argument(
+        "--recovery", default="global", choices=["global", "local"],
+        help="local: a failed worker restarts alone (docs/local-recovery.md; starts Redis too)",
+    )  # fmt: skip
     args = parser.parse_args()
-    with servers(["kafka"]) as endpoints:
+    with servers(["kafka", "redis"] if args.recovery == "local" else ["kafka"]) as endpoints:
         assert endpoints.kafka_brokers is not None
         run_id = uuid.uuid4().hex[:8]
         work = tempfile.mkdtemp(prefix=f"eosflow-example-{run_id}-")
@@ -164,6 +168,7 @@ def run_example(
             environ=endpoints.as_env(),
             state_dir=f"{work}/state",
             progress=sys.stdout,
+            recovery=args.recovery,
         )
         if args.runner == "spark":
             from processor.runtime.spark import SparkOptions, SparkRunner

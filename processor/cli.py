@@ -169,7 +169,9 @@ def _run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    with servers(["kafka"]) as endpoints:
+    # local recovery keeps record IDs in Redis: embedded too unless EOSFLOW_REDIS_URL names one
+    wanted = ["kafka", "redis"] if args.recovery == "local" else ["kafka"]
+    with servers(wanted) as endpoints:
         options = RunOptions(
             workers=args.workers,
             checkpoint_interval=args.checkpoint_interval,

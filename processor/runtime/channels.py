@@ -45,7 +45,7 @@ class TaskEnv:
         clock: Callable[[], float] = time.monotonic,
         checkpoint_interval: float | None = None,
         recovery: str = "global",
-        recovery_horizon_ms: int = 3_600_000,
+        recovery_horizon_ms: int = 600_000,
         stale_through: int = 0,
         sink_generation: int | None = None,
     ) -> None:

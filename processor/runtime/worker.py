@@ -98,7 +98,7 @@ def run_worker(spec: dict[str, Any]) -> int:
         end_offsets=end_offsets,
         checkpoint_interval=spec.get("checkpoint_interval"),
         recovery=recovery,
-        recovery_horizon_ms=int(spec.get("recovery_horizon_ms", 3_600_000)),
+        recovery_horizon_ms=int(spec.get("recovery_horizon_ms", 600_000)),
         stale_through=int(spec.get("stale_through", 0)),
         sink_generation=spec.get("sink_generation"),
     )
