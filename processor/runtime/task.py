@@ -38,9 +38,8 @@ from typing import Any
 
 import orjson
 
-from dedup.core import Deduplicator
 from dedup.ids import emission_id, source_id
-from dedup.store import RedisIdStore, redis_client
+from dedup.operator import ReplayCheck
 from processor.checkpoint.aligner import (
     AbortCheckpoint,
     Action,
@@ -108,14 +107,11 @@ class Task:
         # ID in ``lineage``; channel inputs are checked against ``replay``, the IDs this task
         # processed, so the copies a restarted upstream worker re-emits are dropped.
         self.lineage = Lineage() if env.recovery == "local" else None
-        self.replay: Deduplicator | None = None
-        self._replay_client: Any = None
+        self.replay: ReplayCheck | None = None
         self.records_in = 0
         self.bad_records = 0
         self.stale_dropped = 0
         self._build_operators()
-        if self.lineage is not None and not self.is_source:
-            self.replay, self._replay_client = _replay_dedup(env, self.name)
         self.reader = env.reader_factory(f"eosflow-{self.plan.job}")
         self.pos: dict[TP, int] = {}
         self.modes: dict[TP, int] = {}
@@ -143,6 +139,7 @@ class Task:
         # Where the batch being pushed came from, and how the input of the operator now
         # processing maps onto it (read only when a record fails; see _push and _on_error).
         self._origins: Origins | None = None
+        self._message: Message | None = None  # the one being pushed (local recovery)
         self._index: _Index = False
         self._dropped: list[int] | None = None
 
@@ -173,6 +170,10 @@ class Task:
             for parent in step.parents:
                 if parent in self.ops:  # parents in other stages arrive through channels
                     self.ops[parent].children.append(self.ops[name])
+        if self.lineage is not None and not self.is_source:  # an operator like the others
+            self.replay = ReplayCheck(stage.name, env.recovery_horizon_ms)
+            self.replay.open(self._sink_context(self.replay.name, self.subtask, plan.parallelism))
+            self.ops[self.replay.name] = self.replay
         self.dead: DeadLetters | None = None
         self.committers: list[tuple[str, SinkWriter]] = [(s.name, s.writer) for s in self.sinks]
         if plan.flow.dead_letter_sink is not None:
@@ -269,8 +270,6 @@ class Task:
             seen = set()
             for _name, writer in self.committers:
                 writer.recover([])
-        if self.replay is not None:
-            self.replay.restore(state.get("replay") if state is not None else None)
         # Restarted alone (local recovery) in the generation the other workers still run: every
         # channel record after the restored positions is live, and copies are dropped by ID.
         alone = (
@@ -318,8 +317,6 @@ class Task:
             writer.close()
         for op in self.ops.values():
             op.close()
-        if self._replay_client is not None:
-            self._replay_client.close()
 
     # -- the data path ---------------------------------------------------------------------------
 
@@ -429,11 +426,13 @@ class Task:
             self._origins = source_origins(msgs, topic, failed)
             for child in self.entry[topic].children:
                 self._push(child, batch, True)
-        for m, record in single:
+        if single:
             assert lineage is not None
+            self._origins = self._pushing
+        for m, record in single:
             topic = m.topic()
-            lineage.set(source_id(topic, m.partition(), m.offset()))
-            self._origins = lambda _i, m=m: m
+            lineage.set(source_id(topic, m.partition(), m.offset()))  # type: ignore[union-attr]
+            self._message = m
             for child in self.entry[topic].children:
                 self._push(child, [record], True)
         self._origins = None
@@ -485,11 +484,8 @@ class Task:
             return
         self.watermark = wm
         self._flush()
-        if self.replay is not None:
-            self.replay.advance(wm)
         lineage = self.lineage
-        for name in self.stage.steps:
-            op = self.ops[name]
+        for name, op in self.ops.items():  # the stage's steps in order (and the replay check)
             fired = op.on_watermark(wm)
             if fired and lineage is None:
                 for child in op.children:
@@ -591,13 +587,18 @@ class Task:
         replay, lineage, entry = self.replay, self.lineage, self.entry
         assert replay is not None and lineage is not None
         fresh = replay.check([rid for _m, _r, rid in held], [r[2] for _m, r, _rid in held])
+        self._origins = self._pushing
         for (m, record, rid), new in zip(held, fresh, strict=True):
             if new:
                 lineage.set(rid)
-                self._origins = lambda _i, m=m: m
+                self._message = m
                 self._push(entry[m.topic()], [record], True)
         self._origins = None
         return len(held)
+
+    def _pushing(self, _index: int) -> Message | None:
+        """Origins while records are pushed one at a time: the message being pushed."""
+        return self._message
 
     def _drain(
         self,
@@ -711,8 +712,6 @@ class Task:
                 self.sink_pending[name].append((checkpoint_id, committable))
         for op in self.ops.values():
             op.prepare(checkpoint_id)  # dedup: IDs into the store before the snapshot
-        if self.replay is not None:
-            self.replay.prepare(checkpoint_id)
         seen = self.barrier_seen.pop(checkpoint_id, set())
         for old in [c for c in self.barrier_seen if c < checkpoint_id]:
             del self.barrier_seen[old]
@@ -728,8 +727,6 @@ class Task:
             "operators": {n: op.snapshot() for n, op in self.ops.items() if op.stateful},
             "sinks": {n: list(p) for n, p in self.sink_pending.items()},
         }
-        if self.replay is not None:
-            state["replay"] = self.replay.snapshot()
         env = self.env
         if env.mode == "sync":  # stop-the-world: serialize and upload in the task loop
             future: Future[SnapshotHandle] = Future()
@@ -790,8 +787,6 @@ class Task:
             self.sink_pending[name] = [(c, x) for c, x in pending if c > checkpoint_id]
         for op in self.ops.values():
             op.commit(checkpoint_id)
-        if self.replay is not None:
-            self.replay.commit(checkpoint_id)
         for chk in [c for c in self.uploaded if c <= checkpoint_id]:
             del self.uploaded[chk]
 
@@ -808,7 +803,8 @@ class Task:
         out = sum(o.written for o in self.outputs)
         sunk = sum(s.written for s in self.sinks)
         late = sum(op.late_dropped for op in self.ops.values())
-        dups = sum(op.duplicates for op in self.ops.values())
+        replayed = self.replay.duplicates if self.replay is not None else 0
+        dups = sum(op.duplicates for op in self.ops.values()) - replayed  # the dedup steps
         lag = 0
         if self.is_source and self.env.end_offsets is not None:
             lag = sum(max(0, self.env.end_offsets.get(tp, 0) - o) for tp, o in self.pos.items())
@@ -821,20 +817,7 @@ class Task:
             "late": late,
             "dups": dups,
             "stale": self.stale_dropped,
-            "replayed": self.replay.stats.duplicates if self.replay is not None else 0,
+            "replayed": replayed,
             "lag": lag,
             "watermark": self.watermark,
         }
-
-
-def _replay_dedup(env: TaskEnv, task: str) -> tuple[Deduplicator, Any]:
-    """The IDs a channel task processed, for local recovery: kept until the watermark passed
-    them by the recovery horizon, in Bloom filters before a Redis store (docs/dedup.md). A copy
-    older than the horizon is passed (counted and logged): dropping it could lose a late record.
-    """
-    client = redis_client(None, name="eosflow-replay")
-    store = RedisIdStore(client, f"eosflow:{env.plan.job}:replay:{task}")
-    dedup = Deduplicator(
-        store, within_ms=env.recovery_horizon_ms, late="pass", name=f"replay:{task}"
-    )
-    return dedup, client

@@ -324,13 +324,15 @@ def _local_task(
     tmp_path: Path, log: Log, monkeypatch: pytest.MonkeyPatch, *, stale_through: int = 0
 ) -> Task:
     """The count task of :func:`_task` under ``--recovery local``, with an in-memory ID store."""
-    from dedup.core import Deduplicator, MemoryIdStore
-    from processor.runtime import task as task_module
+    import dedup.operator
+    from dedup.core import MemoryIdStore
 
-    def memory_replay(env: TaskEnv, name: str) -> tuple[Deduplicator, None]:
-        return Deduplicator(MemoryIdStore(), within_ms=60_000, late="pass", name=name), None
+    class NoClient:
+        def close(self) -> None:
+            pass
 
-    monkeypatch.setattr(task_module, "_replay_dedup", memory_replay)
+    monkeypatch.setattr(dedup.operator, "redis_client", lambda _url: NoClient())
+    monkeypatch.setattr(dedup.operator, "RedisIdStore", lambda _client, _prefix: MemoryIdStore())
     flow = Dataflow("job")
     (flow.source("s", "in").key_by("k", lambda v: v).count("count").sink("out", ListSink()))
     plan = compile_flow(flow, 2, combine=False)
