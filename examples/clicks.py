@@ -14,8 +14,9 @@ import random
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 PAGES = ("/", "/search", "/item", "/cart", "/checkout", "/help")
 
@@ -222,6 +223,23 @@ def produce_clicks(
 
     ``duplicates``: the share of events written twice (see :func:`with_duplicates`); the
     answer of a deduplicating job is still computed from :func:`click_events` alone."""
+    events = with_duplicates(click_events(records, users=users, seed=seed), duplicates, seed=seed)
+    return produce_json(
+        brokers, topic, events, key=lambda e: str(e["user"]), partitions=partitions, total=records
+    )
+
+
+def produce_json(
+    brokers: str,
+    topic: str,
+    events: Iterable[object],
+    *,
+    key: Callable[[Any], str],
+    partitions: int = 8,
+    total: int = 0,
+) -> float:
+    """Create ``topic`` and write ``events`` to it as JSON, keyed by ``key(event)``; returns
+    seconds taken (progress on stderr every 50,000 of ``total``)."""
     import orjson
 
     from connectors import KafkaSettings, TopicAdmin, create_producer, producer_config
@@ -236,19 +254,18 @@ def produce_clicks(
             failures.append(err)
 
     start = time.monotonic()
-    events = with_duplicates(click_events(records, users=users, seed=seed), duplicates, seed=seed)
     for i, event in enumerate(events):
-        key = str(event["user"]).encode()
+        k = key(event).encode()
         while True:
             try:
-                producer.produce(topic, orjson.dumps(event), key=key, on_delivery=delivered)
+                producer.produce(topic, orjson.dumps(event), key=k, on_delivery=delivered)
                 break
             except BufferError:  # local queue full: let deliveries drain
                 producer.poll(0.05)
         if i % 50_000 == 0:
             producer.poll(0)
             if i:
-                print(f"  produced {i:,}/{records:,}", file=sys.stderr)
+                print(f"  produced {i:,}/{total:,}", file=sys.stderr)
     left = producer.flush(60)
     if left or failures:
         raise RuntimeError(f"{left} records undelivered, first failures: {failures[:3]}")

@@ -12,6 +12,12 @@ Rules (DESIGN.md, "Execution model"):
 * **Partial combining.** A windowed aggregation with a ``merge`` function (``count``, ``reduce``,
   ``aggregate(merge=...)``) gets a combiner on the upstream side of its shuffle: each batch sends
   one partial accumulator per key and window instead of every record.
+* **Loops.** An ``iterate`` head starts a new stage fed by a forward channel; the body's feedback
+  step writes to the head through another forward channel. A depth-first search over the stage
+  graph from the sources classifies every edge: the edges to a stage still on the search's stack
+  are the back-edges (the graph is a DAG plus back-edges). Each back-edge must be the feedback
+  edge of an ``iterate``; checkpoints treat it with Algorithm 2 of Carbone et al. (2015), see
+  docs/iterations.md. Channels inside a loop carry each record's iteration count.
 * **Union.** Streams of one stage stay in it; streams of different source stages merge those
   stages (a source stage has no inputs, so this cannot make a cycle); otherwise the union starts a
   new stage fed by *forward* channels (upstream subtask ``u`` writes to ``u``).
@@ -42,6 +48,8 @@ class Edge:
         dst_step: the step that reads it.
         shuffle: key-routed (``True``) or forward, upstream ``u`` to downstream ``u`` (``False``).
         combine: the upstream side sends partial accumulators of a windowed aggregation.
+        back: a back-edge (found by the depth-first search): the feedback of a loop.
+        loop: both ends are in a loop; records carry their iteration count.
     """
 
     topic: str
@@ -51,6 +59,8 @@ class Edge:
     dst_stage: str
     shuffle: bool
     combine: bool
+    back: bool = False
+    loop: bool = False
 
 
 @dataclass(frozen=True)
@@ -91,6 +101,11 @@ class Plan:
     def edges(self) -> tuple[Edge, ...]:
         return tuple(e for s in self.stages for e in s.outputs)
 
+    @property
+    def cyclic(self) -> bool:
+        """The dataflow has loops (``iterate``)."""
+        return any(e.back for e in self.edges)
+
     def task_names(self) -> list[str]:
         return [s.task(i) for s in self.stages for i in range(self.parallelism)]
 
@@ -122,6 +137,8 @@ class Plan:
             lines.append(f"  stage {s.name!r} ({kind}): {' -> '.join(s.steps)}")
             for e in s.outputs:
                 how = "shuffle" + (" + combiner" if e.combine else "") if e.shuffle else "forward"
+                if e.back:
+                    how = "back-edge (loop feedback)"
                 lines.append(f"    {how} {e.src_step} -> {e.dst_step} via topic {e.topic}")
         return "\n".join(lines)
 
@@ -195,6 +212,13 @@ def compile_flow(flow: Dataflow, parallelism: int, *, combine: bool = True) -> P
                 stage_of[step.name] = stages.new(is_source=False)
                 channel_edges.append((parent.name, step.name, True))
             partitioned[step.name] = step.keyed
+        elif step.kind == "iterate":
+            # A loop head runs in its own stage: its back-edge input is a channel, and a source
+            # stage reads no channels.
+            (parent,) = parents
+            stage_of[step.name] = stages.new(is_source=False)
+            channel_edges.append((parent.name, step.name, False))
+            partitioned[step.name] = False
         elif step.kind == "union":
             _place_union(step, parents, stages, stage_of, channel_edges)
             partitioned[step.name] = all(partitioned[p.name] for p in parents)
@@ -202,6 +226,9 @@ def compile_flow(flow: Dataflow, parallelism: int, *, combine: bool = True) -> P
             (parent,) = parents
             stage_of[step.name] = stage_of[parent.name]
             partitioned[step.name] = step.kind != "key_by" and partitioned[parent.name]
+    for step in steps.values():  # loop feedback: a forward channel back to the head
+        if step.kind == "iterate":
+            channel_edges.append((step.params["feedback"], step.name, False))
     return _build(flow, parallelism, stages, stage_of, channel_edges, combine=combine)
 
 
@@ -237,11 +264,28 @@ def _build(
     for name in steps:  # topological order within each stage
         members.setdefault(stages.find(stage_of[name]), []).append(name)
     names = {sid: ms[0] for sid, ms in members.items()}
+    stage_edges = [
+        (names[stages.find(stage_of[src])], names[stages.find(stage_of[dst])])
+        for src, dst, _shuffle in channel_edges
+    ]
+    sources = [names[sid] for sid in members if stages.is_source[sid]]
+    back = _back_edges(sources, stage_edges)
+    loop_stages = _loop_stages(stage_edges, back)
     edges: list[Edge] = []
-    for src, dst, shuffle in channel_edges:
+    for i, (src, dst, shuffle) in enumerate(channel_edges):
+        feedback = steps[dst].kind == "iterate" and steps[dst].params["feedback"] == src
+        if feedback != (i in back):
+            what = "the feedback of a loop" if feedback else f"{src!r} -> {dst!r}"
+            raise DefinitionError(
+                f"dataflow {flow.name!r}: {what} is not the back-edge a depth-first search "
+                "from the sources finds: a stream from outside a loop joins its body (a union "
+                "inside the body); union it with the loop's input before iterate instead"
+            )
+        in_loop = any(stage_edges[i][0] in ls and stage_edges[i][1] in ls for ls in loop_stages)
         agg = steps[dst]
         combines = (
             combine
+            and not in_loop
             and shuffle
             and agg.kind == "aggregate"
             and agg.params["window"] is not None
@@ -256,6 +300,8 @@ def _build(
                 dst_stage=names[stages.find(stage_of[dst])],
                 shuffle=shuffle,
                 combine=combines,
+                back=i in back,
+                loop=in_loop,
             )
         )
     if len({e.topic for e in edges}) != len(edges):
@@ -276,3 +322,58 @@ def _build(
         if stage.sources and stage.inputs:
             raise DefinitionError(f"internal: stage {stage.name!r} mixes sources and channels")
     return Plan(flow=flow, parallelism=parallelism, stages=tuple(out))
+
+
+def _back_edges(sources: list[str], edges: list[tuple[str, str]]) -> set[int]:
+    """Indexes of the back-edges of the stage graph ``edges``: a depth-first search from
+    ``sources`` (in order, children in edge order), an edge to a stage on the stack is one."""
+    out: dict[str, list[int]] = {}
+    for i, (src, _dst) in enumerate(edges):
+        out.setdefault(src, []).append(i)
+    back: set[int] = set()
+    on_stack: set[str] = set()
+    done: set[str] = set()
+    for root in sources:
+        if root in done:
+            continue
+        # iterative DFS: (stage, index of the next outgoing edge to explore)
+        stack: list[tuple[str, int]] = [(root, 0)]
+        on_stack.add(root)
+        while stack:
+            stage, k = stack[-1]
+            succ = out.get(stage, [])
+            if k == len(succ):
+                stack.pop()
+                on_stack.discard(stage)
+                done.add(stage)
+                continue
+            stack[-1] = (stage, k + 1)
+            i = succ[k]
+            dst = edges[i][1]
+            if dst in on_stack:
+                back.add(i)
+            elif dst not in done:
+                stack.append((dst, 0))
+                on_stack.add(dst)
+    return back
+
+
+def _loop_stages(edges: list[tuple[str, str]], back: set[int]) -> list[set[str]]:
+    """Per back-edge ``tail -> head``: the stages on a path from the head to the tail."""
+
+    def reach(start: str, forward: bool) -> set[str]:
+        seen, todo = {start}, [start]
+        while todo:
+            stage = todo.pop()
+            for src, dst in edges:
+                a, b = (src, dst) if forward else (dst, src)
+                if a == stage and b not in seen:
+                    seen.add(b)
+                    todo.append(b)
+        return seen
+
+    loops = []
+    for i in sorted(back):
+        tail, head = edges[i]
+        loops.append(reach(head, True) & reach(tail, False))
+    return loops

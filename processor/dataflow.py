@@ -98,7 +98,8 @@ class Step:
     Attributes:
         name: stable kebab-case identifier.
         kind: ``source``, ``map``, ``filter``, ``flat_map``, ``key_by``, ``aggregate``,
-            ``dedup``, ``union`` or ``sink``.
+            ``dedup``, ``union``, ``iterate`` (a loop head; ``params["feedback"]`` names the
+            step whose output is fed back to it) or ``sink``.
         parents: names of the steps feeding this one.
         keyed: the step's output is keyed (partitioned by key after a shuffle or ``key_by``).
         params: kind-specific settings (functions, serde, window...).
@@ -129,6 +130,7 @@ class Dataflow:
             )
         self.name = name
         self.steps: dict[str, Step] = {}
+        self._open_loops: list[str] = []  # iterate steps whose body is being built
         self.dead_letter_sink: Sink | None = None
         if dead_letters is not None:
             self.dead_letters(dead_letters)
@@ -235,6 +237,7 @@ class Dataflow:
         if not any(s.kind == "source" for s in self.steps.values()):
             raise DefinitionError(f"dataflow {self.name!r} has no source")
         consumed = {p for s in self.steps.values() for p in s.parents}
+        consumed |= {s.params["feedback"] for s in self.steps.values() if s.kind == "iterate"}
         dangling = [
             s.name for s in self.steps.values() if s.kind != "sink" and s.name not in consumed
         ]
@@ -369,6 +372,81 @@ class Stream:
         step = self.flow._add(Step(name, "union", tuple(s.step.name for s in streams), keyed))
         return self._same(step)
 
+    def iterate(
+        self,
+        name: str,
+        body: Callable[[Stream], tuple[Stream, Stream]],
+        *,
+        max_iterations: int | None = None,
+    ) -> Stream:
+        """A loop: ``body(loop)`` builds steps on ``loop`` and returns ``(feedback, output)``.
+
+        ``loop`` carries this stream's records and every record of ``feedback``, which goes back
+        to the loop's head through an internal channel topic (a back-edge); ``output`` is what
+        the loop emits (this method returns it). Records circulate until the body stops feeding
+        them back: a streaming iteration, e.g. label propagation over a stream of graph edges
+        (``examples/connected_components.py``).
+
+        Exactly once, loops included: checkpoints follow Algorithm 2 of Carbone et al. (2015),
+        the records in flight on the back-edge are part of the snapshot, and ``--until-idle``
+        ends only when a checkpoint finds no record in the loop (docs/iterations.md).
+
+        Args:
+            body: builds the loop body. ``loop`` is unkeyed; key it inside the body.
+            max_iterations: a record fed back more than this many times is dropped from the
+                loop (counted, logged, and sent to the dead-letter destination if the dataflow
+                has one). ``None``: no limit (the body must end every loop itself).
+
+        Raises:
+            DefinitionError: ``body`` does not return two streams of this dataflow, the
+                feedback stream does not come from ``loop``, or loops are nested.
+        """
+        flow = self.flow
+        if flow._open_loops:
+            raise DefinitionError(
+                f"iterate {name!r} is inside the body of iterate {flow._open_loops[-1]!r}: "
+                "nested loops are not supported; give the inner loop's body to the outer one"
+            )
+        if max_iterations is not None and (
+            isinstance(max_iterations, bool)
+            or not isinstance(max_iterations, int)
+            or max_iterations < 1
+        ):
+            raise DefinitionError(
+                f"iterate {name!r}: max_iterations must be a positive int or None, "
+                f"got {max_iterations!r}"
+            )
+        if not callable(body):
+            raise DefinitionError(f"iterate {name!r}: body must be callable, got {body!r}")
+        head = self._then(name, "iterate", False, max_iterations=max_iterations, feedback=None)
+        flow._open_loops.append(name)
+        try:
+            result = body(Stream(flow, head))
+        finally:
+            flow._open_loops.pop()
+        if (
+            not isinstance(result, tuple)
+            or len(result) != 2
+            or not all(isinstance(s, Stream) and s.flow is flow for s in result)
+        ):
+            raise DefinitionError(
+                f"iterate {name!r}: body must return (feedback, output), two streams built "
+                f"from its argument, got {result!r}"
+            )
+        feedback, output = result
+        if feedback.step is head:
+            raise DefinitionError(
+                f"iterate {name!r}: the feedback stream is the loop itself (every record would "
+                "circulate forever); feed back the output of a step of the body"
+            )
+        if not _descends(flow, feedback.step.name, head.name):
+            raise DefinitionError(
+                f"iterate {name!r}: the feedback stream (step {feedback.step.name!r}) does not "
+                "come from the loop's stream: build it from body's argument"
+            )
+        head.params["feedback"] = feedback.step.name
+        return output
+
     def sink(self, name: str, sink: Sink) -> None:
         """Write the values to ``sink`` (committed when a checkpoint completes).
 
@@ -380,6 +458,18 @@ class Stream:
                 "(use one of eosflow's sinks, e.g. sinks.FileSink or sinks.ConsoleSink)"
             )
         self._then(name, "sink", False, sink=sink)
+
+
+def _descends(flow: Dataflow, step: str, ancestor: str) -> bool:
+    todo, seen = [step], set()
+    while todo:
+        name = todo.pop()
+        if name == ancestor:
+            return True
+        if name not in seen:
+            seen.add(name)
+            todo.extend(flow.steps[name].parents)
+    return False
 
 
 class KeyedStream(Stream):

@@ -112,6 +112,11 @@ class DeserializationError(EosflowError):
         super().__init__(f"{by}could not decode record{where}: {cause}{preview}")
 
 
+class IterationLimitError(EosflowError):
+    """A record went around a loop more than its ``iterate(max_iterations=)`` allows (the cause
+    of its dead letter)."""
+
+
 class KafkaClientError(EosflowError):
     """A Kafka client or broker error, with librdkafka's own classification.
 

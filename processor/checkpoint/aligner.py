@@ -17,6 +17,19 @@ small class per state, each event returns the next state and the actions for the
         Collecting(n) ──last channel delivers n──▶ Idle   [AlignmentDone n]
         Collecting(n) ──barrier m > n──▶ Collecting(m)    [AbortCheckpoint n, TakeSnapshot m, ...]
 
+    aligned, with back-edge inputs (a loop head; Algorithm 2 of Carbone et al. 2015)
+
+        Idle ──barrier n on regular c──▶ Aligning(n)  [Pause c]
+        Aligning(n) ──last *regular* channel delivers n──▶ Collecting(n)
+                                        [TakeSnapshot n, ForwardBarrier n, Resume paused]
+        Collecting(n) ──last back-edge delivers n──▶ Idle  [AlignmentDone n]
+
+    Back-edges are never paused and never start a checkpoint: their barrier only comes around
+    after this task forwarded it, so waiting for it before the snapshot (plain ABS) deadlocks.
+    The records they deliver between the snapshot and the barrier are the loop's in-flight
+    records (the *back-edge log*); in a Kafka channel they stay replayable by offset, so the
+    snapshot keeps the back-edges' positions and recovery replays up to the barrier.
+
 A barrier whose id is not newer than the newest one this task has started is stale (a checkpoint
 that was subsumed or aborted, or a barrier replayed after recovery) and ignored. End-of-stream on
 a channel removes it from the set alignment waits for (a finished channel delivers no barriers).
@@ -102,6 +115,7 @@ Action = Pause | Resume | TakeSnapshot | ForwardBarrier | AlignmentDone | AbortC
 class _Ctx:
     live: set[Channel]
     unaligned: bool
+    back: frozenset[Channel] = frozenset()  # back-edge channels (Algorithm 2)
     newest: int = 0  # newest checkpoint id this task has started (barriers <= it are stale)
     paused: set[Channel] = field(default_factory=set)
 
@@ -135,8 +149,8 @@ class _Idle(_State):
     def barrier(
         self, ctx: _Ctx, channel: Channel, checkpoint_id: int
     ) -> tuple[_State, list[Action]]:
-        if checkpoint_id <= ctx.newest or channel not in ctx.live:
-            return self, []
+        if checkpoint_id <= ctx.newest or channel not in ctx.live or channel in ctx.back:
+            return self, []  # a back-edge's barrier only comes around after a snapshot here
         return _start(ctx, channel, checkpoint_id, [])
 
     def finished(self, ctx: _Ctx, channel: Channel) -> tuple[_State, list[Action]]:
@@ -171,14 +185,14 @@ class _InProgress(_State):
     ) -> tuple[_State, list[Action]]:
         if channel not in ctx.live or checkpoint_id < self.checkpoint_id:
             return self, []
-        if checkpoint_id > self.checkpoint_id:
+        if checkpoint_id > self.checkpoint_id and channel not in ctx.back:
             # A newer barrier overtook this checkpoint on some channel: it can never align.
             actions: list[Action] = [
                 AbortCheckpoint(self.checkpoint_id, f"subsumed by {checkpoint_id}")
             ]
             actions += _resume_all(ctx)
             return _start(ctx, channel, checkpoint_id, actions)
-        if channel in self.arrived:
+        if channel in self.arrived or checkpoint_id != self.checkpoint_id:
             return self, []  # a replayed duplicate of a barrier already counted
         self.arrived.add(channel)
         return self.check(ctx, [], channel)
@@ -207,7 +221,10 @@ class _Aligning(_InProgress):
         if ctx.live <= self.arrived:
             actions += [TakeSnapshot(n), ForwardBarrier(n), *_resume_all(ctx), AlignmentDone(n)]
             return _Idle(), actions
-        if channel is not None:
+        if ctx.live - ctx.back <= self.arrived:  # Algorithm 2: log the back-edges until n returns
+            actions += [TakeSnapshot(n), ForwardBarrier(n), *_resume_all(ctx)]
+            return _Collecting(n, self.arrived), actions
+        if channel is not None and channel not in ctx.back:
             ctx.paused.add(channel)
             actions.append(Pause(channel))
         return self, actions
@@ -230,6 +247,8 @@ class BarrierAligner:
         channels: the task's input channels (e.g. ``(topic, partition)`` pairs).
         unaligned: snapshot at the first barrier and never pause (default: aligned).
         restored_checkpoint: the checkpoint this task restored; its barriers and older are stale.
+        back_edges: the channels of ``channels`` that are loop back-edges (Algorithm 2: they are
+            not aligned before the snapshot, only collected after it).
     """
 
     def __init__(
@@ -238,12 +257,16 @@ class BarrierAligner:
         *,
         unaligned: bool = False,
         restored_checkpoint: int = 0,
+        back_edges: Collection[Channel] = (),
     ) -> None:
         if not channels:
             raise ValueError(
                 "a task with no input channels is a source: use trigger(), not barriers"
             )
-        self._ctx = _Ctx(set(channels), unaligned, newest=restored_checkpoint)
+        back = frozenset(back_edges)
+        if not back <= set(channels) or back == set(channels):
+            raise ValueError("back-edges must be some, not all, of the task's channels")
+        self._ctx = _Ctx(set(channels), unaligned, back, newest=restored_checkpoint)
         self._state: _State = _Idle()
 
     def on_barrier(
@@ -289,6 +312,12 @@ class BarrierAligner:
     def pending_checkpoint(self) -> int | None:
         """The checkpoint being aligned, if any."""
         return self._state.pending
+
+    @property
+    def collecting(self) -> int | None:
+        """The checkpoint whose snapshot is taken and whose barrier has not yet arrived on every
+        live channel (unaligned, or a loop head's back-edges), if any."""
+        return self._state.checkpoint_id if isinstance(self._state, _Collecting) else None
 
     @property
     def paused(self) -> frozenset[Channel]:

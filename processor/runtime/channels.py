@@ -22,7 +22,7 @@ from processor.wire import (
     key_to_downstream,
 )
 
-__all__ = ["ChannelOut", "Lineage", "TaskEnv"]
+__all__ = ["ChannelOut", "Lineage", "Loop", "TaskEnv"]
 
 TP = tuple[str, int]
 
@@ -90,6 +90,17 @@ class Lineage:
         self.seq += 1
 
 
+class Loop:
+    """A task in a loop: the iteration count of the records being pushed (how many times they
+    went around the loop's back-edge). The task sets it before each push; a loop channel writes
+    it with every record; the loop head adds one to what it reads from the back-edge."""
+
+    __slots__ = ("iteration",)
+
+    def __init__(self) -> None:
+        self.iteration = 0
+
+
 class ChannelOut(Operator):
     """Writes records to an output channel: key-routed (shuffle) or to ``u -> u`` (forward)."""
 
@@ -102,6 +113,7 @@ class ChannelOut(Operator):
         *,
         lineage: Lineage | None = None,
         tag: int = 0,
+        loop: Loop | None = None,
     ) -> None:
         self.name = f"->{edge.topic}"
         self.children = []
@@ -123,20 +135,28 @@ class ChannelOut(Operator):
         self.tag = tag << 32
         self._seq = -1
         self._n = 0
+        # A channel inside a loop (edge.loop): records carry their iteration as a 4th element.
+        self.loop = loop if edge.loop else None
 
     def process(self, batch: list[Record]) -> list[Record]:
         if self.lineage is not None:
             return self._process_with_ids(batch)
         write, topic, dumps = self.writer.write, self.topic, orjson.dumps
+        it = self.loop.iteration if self.loop is not None else None
         if self.shuffle:
             base, n = self.partitions[0], self.parallelism
             for k, v, t in batch:
                 kb = k.encode() if type(k) is str else dumps(k)
-                write(topic, base + key_to_downstream(kb, n), dumps((k, v, t)))
+                value = dumps((k, v, t) if it is None else (k, v, t, it))
+                write(topic, base + key_to_downstream(kb, n), value)
         else:
             (partition,) = self.partitions
-            for r in batch:
-                write(topic, partition, dumps(r))
+            if it is None:
+                for r in batch:
+                    write(topic, partition, dumps(r))
+            else:
+                for k, v, t in batch:
+                    write(topic, partition, dumps((k, v, t, it)))
         self.written += len(batch)
         return []
 

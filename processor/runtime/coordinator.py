@@ -31,6 +31,7 @@ class _Pending:
     checkpoint_id: int
     started: float
     acks: dict[str, SnapshotHandle] = field(default_factory=dict)
+    loop_log: int = 0  # records on loop back-edges between the heads' snapshots and barrier
 
 
 @dataclass
@@ -42,6 +43,10 @@ class CheckpointStats:
     completed: int = 0
     aborted: int = 0
     durations: list[float] = field(default_factory=list)
+    #: loops: the back-edge log of the last completed checkpoint, and (id, records, seconds)
+    #: of the recent ones
+    last_loop_log: int = 0
+    loop_logs: list[tuple[int, int, float]] = field(default_factory=list)
 
 
 class CheckpointCoordinator:
@@ -106,8 +111,11 @@ class CheckpointCoordinator:
         log.debug("triggered checkpoint_id=%d generation=%d", chk, self.generation)
         return chk
 
-    def on_ack(self, checkpoint_id: int, task: str, handle: SnapshotHandle) -> bool:
-        """Records an acknowledgement; True when it completed the checkpoint."""
+    def on_ack(
+        self, checkpoint_id: int, task: str, handle: SnapshotHandle, loop_log: int = 0
+    ) -> bool:
+        """Records an acknowledgement; True when it completed the checkpoint. ``loop_log``: the
+        back-edge records a loop head logged for it (docs/iterations.md)."""
         pending = self.pending
         if pending is None or pending.checkpoint_id != checkpoint_id:
             log.debug("late ack checkpoint_id=%d task=%s ignored", checkpoint_id, task)
@@ -115,6 +123,8 @@ class CheckpointCoordinator:
         if task not in self.tasks:
             log.warning("ack from unknown task=%s checkpoint_id=%d", task, checkpoint_id)
             return False
+        if task not in pending.acks:
+            pending.loop_log += loop_log
         pending.acks[task] = handle
         if len(pending.acks) < len(self.tasks):
             return False
@@ -123,7 +133,11 @@ class CheckpointCoordinator:
             self.job,
             checkpoint_id,
             pending.acks,
-            {"generation": self.generation, "duration_ms": int(duration * 1000)},
+            {
+                "generation": self.generation,
+                "duration_ms": int(duration * 1000),
+                "loop_log": pending.loop_log,
+            },
         )
         self.pending = None
         stats = self.stats
@@ -131,10 +145,13 @@ class CheckpointCoordinator:
         stats.completed += 1
         stats.durations.append(duration)
         del stats.durations[:-1000]
+        stats.last_loop_log = pending.loop_log
+        stats.loop_logs.append((checkpoint_id, pending.loop_log, duration))
+        del stats.loop_logs[:-1000]
         self._next_due = self.clock() + (self.interval_s or 0.0)
         log.info(
-            "completed checkpoint_id=%d generation=%d duration_ms=%d",
-            checkpoint_id, self.generation, int(duration * 1000),
+            "completed checkpoint_id=%d generation=%d duration_ms=%d loop_log=%d",
+            checkpoint_id, self.generation, int(duration * 1000), pending.loop_log,
         )  # fmt: skip
         self.store.retain(self.job, self.keep)
         return True

@@ -57,7 +57,7 @@ ErrorHandler: TypeAlias = "Callable[[Operator, list[Record], int, Exception], No
 
 
 class Operator:
-    """Base: a stateless pass-through (``union``).
+    """Base: a stateless pass-through (``union``, a loop's ``iterate`` head).
 
     Attributes:
         keeps_index: output record ``i`` comes from input record ``i`` whenever no record of the
@@ -460,7 +460,7 @@ def build_operator(step: Step, *, merged_input: bool = False) -> Operator:
         return FlatMap(step)
     if kind == "key_by":
         return KeyBy(step)
-    if kind == "union":
+    if kind in ("union", "iterate"):  # a loop head passes records on (the task counts loops)
         return Passthrough(step)
     if kind == "dedup":
         # The one place the engine reaches into dedup/ (like the CLI wiring): the operator

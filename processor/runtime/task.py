@@ -14,6 +14,14 @@ is in one of three modes until it is live again:
   until ``GenerationStart`` of the current generation;
 * live (no entry).
 
+Loops (docs/iterations.md): a loop head's back-edge inputs follow Algorithm 2 of Carbone et al.
+(2015): they are not aligned; the snapshot is taken once the regular inputs delivered the
+barrier, and keeps the back-edges' positions at that moment; the records read from a back-edge
+until the barrier comes around are the back-edge log (counted, acked with the snapshot). On
+restore, the back-edges replay that log (``_REPLAY``) while the regular inputs stay paused. The
+head ignores watermarks from back-edges, and records carry their iteration count in loop
+channels (``max_iterations``).
+
 Dead letters (:mod:`processor.runtime.dead_letters`): with a dead-letter destination, every task
 opens its own writer of it and treats it like a sink (prepare at the barrier, committable in the
 snapshot, commit on completion, recover on restart). Records that fail to decode, and records
@@ -53,8 +61,8 @@ from processor.checkpoint.aligner import (
 from processor.compiler import Stage
 from processor.contracts import Message, SinkContext, SinkWriter
 from processor.dataflow import DEAD_LETTERS
-from processor.errors import DeserializationError, EosflowError
-from processor.runtime.channels import ChannelOut, Lineage, TaskEnv
+from processor.errors import DeserializationError, EosflowError, IterationLimitError
+from processor.runtime.channels import ChannelOut, Lineage, Loop, TaskEnv
 from processor.runtime.dead_letters import DeadLetters, Origins, channel_origins, source_origins
 from processor.runtime.operators import (
     MAX_WATERMARK,
@@ -108,6 +116,22 @@ class Task:
         # processed, so the copies a restarted upstream worker re-emits are dropped.
         self.lineage = Lineage() if env.recovery == "local" else None
         self.replay: ReplayCheck | None = None
+        # Loops: the iteration count of what is pushed, for a task with a loop channel.
+        loop_edges = [e for e in (*stage.inputs, *stage.outputs) if e.loop]
+        self.loop = Loop() if loop_edges else None
+        self.loop_topics = {e.topic for e in stage.inputs if e.loop}
+        steps = self.plan.flow.steps
+        self.back_topics: dict[str, int | None] = {
+            e.topic: steps[e.dst_step].params["max_iterations"] for e in stage.inputs if e.back
+        }
+        self.back: set[TP] = set()  # back-edge input partitions
+        self.back_logging: set[TP] = set()  # back-edges whose barrier has not come around yet
+        self.loop_log: dict[int, int] = {}  # checkpoint -> back-edge records logged
+        self.logging_id = 0
+        self.replaying: set[TP] = set()  # back-edges replaying the restored log
+        self.held: list[TP] = []  # regular inputs paused while they do
+        self.log_replayed = 0
+        self.loop_exhausted = 0
         self.records_in = 0
         self.bad_records = 0
         self.stale_dropped = 0
@@ -186,7 +210,13 @@ class Task:
             self.committers.append((DEAD_LETTERS, self.dead.writer))
         for tag, edge in enumerate(stage.outputs):
             out = ChannelOut(
-                edge, self.subtask, plan.parallelism, env.writer, lineage=self.lineage, tag=tag
+                edge,
+                self.subtask,
+                plan.parallelism,
+                env.writer,
+                lineage=self.lineage,
+                tag=tag,
+                loop=self.loop,
             )
             self.outputs.append(out)
             head: Operator = out
@@ -278,15 +308,23 @@ class Task:
             and state["generation"] == self.generation
         )
         if not self.is_source:
+            self.back = {tp for tp in tps if tp[0] in self.back_topics}
             for tp in tps:
-                self.channel_wm.setdefault(tp, MIN_WATERMARK)
+                if tp in self.back:  # a loop's watermark comes from its regular inputs only
+                    self.channel_wm.pop(tp, None)
+                else:
+                    self.channel_wm.setdefault(tp, MIN_WATERMARK)
                 if alone:
                     continue
                 replay = state is not None and tp not in seen and positions[tp] is not None
                 self.modes[tp] = _REPLAY if replay else _DROP
             self.aligner = BarrierAligner(
-                tps, unaligned=self.env.mode == "unaligned", restored_checkpoint=self._stale()
+                tps,
+                unaligned=self.env.mode == "unaligned",
+                restored_checkpoint=self._stale(),
+                back_edges=self.back,
             )
+            self.replaying = {tp for tp in self.back if self.modes.get(tp) == _REPLAY}
         else:
             for tp in tps:
                 self.max_ts.setdefault(tp, MIN_WATERMARK)
@@ -296,6 +334,9 @@ class Task:
             start = "latest" if starts == {"latest"} else "earliest"
         self.reader.open(positions, start=start)
         self.pos = {tp: o for tp, o in self.reader.positions().items()}
+        if self.replaying:  # replay the back-edge log before consuming the regular inputs
+            self.held = [tp for tp in tps if tp not in self.back]
+            self.reader.pause(self.held)
         if state is not None:
             self.env.fault("during-recovery")
         for out in self.outputs:
@@ -485,6 +526,8 @@ class Task:
         self.watermark = wm
         self._flush()
         lineage = self.lineage
+        if self.loop is not None:
+            self.loop.iteration = 0  # what a watermark fires starts its own loop count
         for name, op in self.ops.items():  # the stage's steps in order (and the replay check)
             fired = op.on_watermark(wm)
             if fired and lineage is None:
@@ -503,6 +546,9 @@ class Task:
     def _channel_batch(self, msgs: list[Message]) -> None:
         if self.replay is not None:
             self._channel_batch_ids(msgs)
+            return
+        if self.loop is not None:
+            self._loop_batch(msgs)
             return
         entry, pos, modes, blocked = self.entry, self.pos, self.modes, self.blocked
         buckets: dict[str, list[Record]] = {}
@@ -580,6 +626,87 @@ class Task:
         n += self._deliver(held)
         self.records_in += n
 
+    def _loop_batch(self, msgs: list[Message]) -> None:
+        """A task in a loop: loop channel records are ``[key, value, ts, iteration]``; runs of
+        records with one input and one iteration are pushed together, with the iteration in
+        :attr:`loop`. A loop head adds one to what its back-edges deliver, drops what exceeds
+        ``max_iterations``, and counts the back-edge log of the checkpoint it is collecting."""
+        pos, modes, blocked, loads = self.pos, self.modes, self.blocked, orjson.loads
+        loop_topics, back_topics = self.loop_topics, self.back_topics
+        logging_tps = self.back_logging
+        run: list[Record] = []
+        run_msgs: list[Message] = []
+        run_key: tuple[str, int] | None = None
+        n = replayed = 0
+        for m in msgs:
+            topic: Any = m.topic()
+            tp = (topic, m.partition())
+            if tp in blocked:
+                self.stash.setdefault(tp, []).append(m)
+                continue
+            offset: Any = m.offset()
+            pos[tp] = offset + 1
+            headers = m.headers()
+            ctl = decode_control(headers) if headers is not None else None
+            if ctl is not None:
+                self._push_run(run_key, run, run_msgs)
+                run, run_msgs, run_key = [], [], None
+                self._control(tp, ctl, modes.get(tp))
+                continue
+            mode = modes.get(tp)
+            if mode == _DROP:
+                self.stale_dropped += 1
+                continue
+            item = loads(m.value())  # type: ignore[arg-type]
+            k = tuple(item[0]) if type(item[0]) is list else item[0]
+            record = (k, item[1], item[2])
+            it = item[3] if topic in loop_topics else 0
+            if topic in back_topics:
+                it += 1
+                if mode == _REPLAY:
+                    replayed += 1
+                elif tp in logging_tps:  # the log of the checkpoint whose barrier is coming around
+                    self.loop_log[self.logging_id] += 1
+                limit = back_topics[topic]
+                if limit is not None and it > limit:
+                    self._iteration_limit(m, record, limit)
+                    continue
+            if run_key != (topic, it):
+                self._push_run(run_key, run, run_msgs)
+                run, run_msgs, run_key = [], [], (topic, it)
+            run.append(record)
+            run_msgs.append(m)
+            n += 1
+        self._push_run(run_key, run, run_msgs)
+        self.records_in += n
+        self.log_replayed += replayed
+
+    def _push_run(
+        self, key: tuple[str, int] | None, run: list[Record], msgs: list[Message]
+    ) -> None:
+        if key is None or not run:
+            return
+        assert self.loop is not None
+        self.loop.iteration = key[1]
+        self._origins = msgs.__getitem__
+        self._push(self.entry[key[0]], run, True)
+        self._origins = None
+
+    def _iteration_limit(self, m: Message, record: Record, limit: int) -> None:
+        """A record came around the loop more than ``max_iterations`` times: dropped from the
+        loop, counted and logged, and a dead letter when the dataflow has a destination."""
+        self.loop_exhausted += 1
+        head = self.entry[m.topic()].name
+        if self.dead is not None:
+            exc = IterationLimitError(f"went around loop {head!r} more than {limit} times")
+            self.dead.function_failed(head, record, exc, m)
+        if self.loop_exhausted <= 20 or self.loop_exhausted % 10_000 == 0:
+            log.warning(
+                "record dropped from loop %r after max_iterations=%d task=%s count=%d%s",
+                head, limit, self.name, self.loop_exhausted,
+                " (dead letter)" if self.dead is not None else "",
+            )  # fmt: skip
+
     def _deliver(self, held: list[tuple[Message, Record, int]]) -> int:
         """Pushes the records of ``held`` whose IDs are new to this task, each on its own."""
         if not held:
@@ -619,6 +746,7 @@ class Task:
             if ctl.generation == self.generation:
                 if mode is not None:
                     del self.modes[tp]
+                    self._replayed(tp)
             elif ctl.generation > self.generation:
                 raise EosflowError(
                     f"task {self.name}: channel {tp} carries generation {ctl.generation}, newer "
@@ -631,9 +759,11 @@ class Task:
             if mode == _REPLAY:
                 if ctl.checkpoint_id >= self.restored_id:
                     self.modes[tp] = _DROP
+                    self._replayed(tp)
                 return
             if ctl.generation != self.generation:
                 return
+            self.back_logging.discard(tp)
             self.barrier_seen.setdefault(ctl.checkpoint_id, set()).add(tp)
             self.barrier_unaligned.setdefault(ctl.checkpoint_id, ctl.unaligned)
             assert self.aligner is not None
@@ -642,11 +772,27 @@ class Task:
             if self.aligner.pending_checkpoint is not None:
                 self.env.fault("mid-alignment")
         elif isinstance(ctl, Watermark):
+            if tp in self.back:
+                return  # feedback of this task's own output: waiting for it would stall
             self.channel_wm[tp] = max(self.channel_wm.get(tp, MIN_WATERMARK), ctl.ts_ms)
             self._advance_watermark(min(self.channel_wm.values()))
         elif isinstance(ctl, EndOfStream):
             assert self.aligner is not None
             self._actions(self.aligner.on_end_of_stream(tp))
+
+    def _replayed(self, tp: TP) -> None:
+        """``tp`` left replay mode; once every back-edge replayed its log, the regular inputs
+        (paused since the restore) are read again."""
+        if tp not in self.replaying:
+            return
+        self.replaying.discard(tp)
+        if not self.replaying and self.held:
+            log.info(
+                "back-edge log replayed task=%s records=%d; reading inputs",
+                self.name, self.log_replayed,
+            )  # fmt: skip
+            self.reader.resume(self.held)
+            self.held = []
 
     def _actions(self, actions: list[Action]) -> None:
         for action in actions:
@@ -715,6 +861,11 @@ class Task:
         seen = self.barrier_seen.pop(checkpoint_id, set())
         for old in [c for c in self.barrier_seen if c < checkpoint_id]:
             del self.barrier_seen[old]
+        if self.back:  # Algorithm 2: log the back-edges until the barrier comes around
+            self.back_logging.clear()
+            self.back_logging |= self.back - seen
+            self.logging_id = checkpoint_id
+            self.loop_log[checkpoint_id] = 0
         state = {
             "task": self.name,
             "checkpoint": checkpoint_id,
@@ -740,6 +891,8 @@ class Task:
         self.uploading[checkpoint_id] = future
 
     def _forget(self, checkpoint_id: int) -> None:
+        if self.back and self.loop_log.pop(checkpoint_id, None) is not None:
+            self.back_logging.clear()
         self.uploading.pop(checkpoint_id, None)
         self.uploaded.pop(checkpoint_id, None)
         self.aligned.discard(checkpoint_id)
@@ -818,6 +971,7 @@ class Task:
             "dups": dups,
             "stale": self.stale_dropped,
             "replayed": replayed,
+            "loop_limit": self.loop_exhausted,
             "lag": lag,
             "watermark": self.watermark,
         }

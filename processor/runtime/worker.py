@@ -153,6 +153,7 @@ def run_worker(spec: dict[str, Any]) -> int:
                             "chk": chk,
                             "task": task.name,
                             "handle": [handle.path, handle.size, handle.checksum],
+                            "log": task.loop_log.pop(chk, 0),  # a loop head's back-edge log
                         }
                     )
             now = time.monotonic()
