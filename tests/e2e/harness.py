@@ -190,6 +190,7 @@ def run_chaos(
     duplicates: float = 0.0,
     recovery: str = "global",
     victims: list[int] | None = None,
+    produce: Callable[[str, str], object] | None = None,
 ) -> ChaosRun:
     """Produce ``records`` clicks, run ``pipeline`` (a file in ``tests/e2e/pipelines``) until
     idle while SIGKILLing workers, and read what it committed. ``runner``: ``local`` or
@@ -200,6 +201,7 @@ def run_chaos(
     offset). ``read_output(job_env)`` returns the committed output items (default: the JSON
     lines of the file sink in ``OUTPUT_DIR``); they are compared as :func:`canonical` bytes.
     ``recovery``: ``global`` or ``local``; ``victims``: the workers random kills choose from.
+    ``produce(brokers, topic)``: writes the input instead of the clicks (to ``CLICKS_TOPIC``).
     """
     run_id = uuid.uuid4().hex[:8]
     job_env = {
@@ -209,7 +211,10 @@ def run_chaos(
         "EOSFLOW_KAFKA_BROKERS": brokers,
         **(env or {}),
     }
-    produce_clicks(brokers, job_env["CLICKS_TOPIC"], records, seed=seed, duplicates=duplicates)
+    if produce is not None:
+        produce(brokers, job_env["CLICKS_TOPIC"])
+    else:
+        produce_clicks(brokers, job_env["CLICKS_TOPIC"], records, seed=seed, duplicates=duplicates)
     faults = faults or []
     options = RunOptions(
         workers=workers,
