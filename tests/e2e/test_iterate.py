@@ -34,32 +34,17 @@ from tests.e2e.harness import (
     assert_faults_fired,
     canonical,
     chaos_seed,
-    click_events,
     run_chaos,
 )
 
 sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(ROOT / "tests" / "e2e" / "pipelines"))
 
 from clicks import produce_json
 from connected_components import check_labels, graph_edges, reference_labels
-
-MAX_ITERATIONS = 4  # pipelines/loop_hops.py
+from loop_hops import expected_hops
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
-
-
-def expected_hops(records: int, seed: int) -> tuple[Counter[bytes], Counter[bytes]]:
-    """(output, dead letters) of ``loop_hops.py``, from the click generator alone."""
-    out: Counter[bytes] = Counter()
-    dead: Counter[bytes] = Counter()
-    for c in click_events(records, seed=seed):
-        hops = int(str(c["amount"])) % 6
-        record = {"id": c["event_id"], "page": c["page"], "hops": hops}
-        if hops <= MAX_ITERATIONS:
-            out[canonical([c["event_id"], {**record, "n": hops + 1}])] += 1
-        else:  # fed back a 5th time: over the limit, with its 5 passes counted
-            dead[canonical(["loop", "IterationLimitError", {**record, "n": hops}])] += 1
-    return out, dead
 
 
 def record_loop_logs(result: RunResult, tmp: Path, seed: int) -> list[tuple[int, int, float]]:
