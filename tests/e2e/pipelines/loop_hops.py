@@ -15,8 +15,6 @@ import os
 from collections import Counter
 from typing import Any
 
-from clicks import canonical, click_events
-
 from connectors.serde import JsonSerde
 from processor.dataflow import Dataflow, Stream
 from sinks import FileSink
@@ -28,7 +26,10 @@ HOPS_MOD = int(os.environ.get("HOPS_MOD", "6"))
 def expected_hops(
     records: int, seed: int, hops_mod: int = HOPS_MOD
 ) -> tuple[Counter[bytes], Counter[bytes]]:
-    """(output, dead letters as ``[step, error_type, value]``) for the clicks of ``seed``."""
+    """(output, dead letters as ``[step, error_type, value]``) for the clicks of ``seed``
+    (``examples/`` must be on ``sys.path``: workers load this file without it)."""
+    from clicks import canonical, click_events
+
     out: Counter[bytes] = Counter()
     dead: Counter[bytes] = Counter()
     for c in click_events(records, seed=seed):
