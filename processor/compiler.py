@@ -279,7 +279,8 @@ def _build(
             raise DefinitionError(
                 f"dataflow {flow.name!r}: {what} is not the back-edge a depth-first search "
                 "from the sources finds: a stream from outside a loop joins its body (a union "
-                "inside the body); union it with the loop's input before iterate instead"
+                "inside the body) and the search reached the loop through it; union that "
+                "stream with the loop's input before iterate instead"
             )
         in_loop = any(stage_edges[i][0] in ls and stage_edges[i][1] in ls for ls in loop_stages)
         agg = steps[dst]

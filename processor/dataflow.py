@@ -418,32 +418,17 @@ class Stream:
             )
         if not callable(body):
             raise DefinitionError(f"iterate {name!r}: body must be callable, got {body!r}")
+        before = set(flow.steps)
         head = self._then(name, "iterate", False, max_iterations=max_iterations, feedback=None)
         flow._open_loops.append(name)
         try:
-            result = body(Stream(flow, head))
+            feedback, output = _loop_result(name, flow, head, body(Stream(flow, head)))
+        except BaseException:
+            for step in set(flow.steps) - before:  # no half-built loop stays in the flow
+                del flow.steps[step]
+            raise
         finally:
             flow._open_loops.pop()
-        if (
-            not isinstance(result, tuple)
-            or len(result) != 2
-            or not all(isinstance(s, Stream) and s.flow is flow for s in result)
-        ):
-            raise DefinitionError(
-                f"iterate {name!r}: body must return (feedback, output), two streams built "
-                f"from its argument, got {result!r}"
-            )
-        feedback, output = result
-        if feedback.step is head:
-            raise DefinitionError(
-                f"iterate {name!r}: the feedback stream is the loop itself (every record would "
-                "circulate forever); feed back the output of a step of the body"
-            )
-        if not _descends(flow, feedback.step.name, head.name):
-            raise DefinitionError(
-                f"iterate {name!r}: the feedback stream (step {feedback.step.name!r}) does not "
-                "come from the loop's stream: build it from body's argument"
-            )
         head.params["feedback"] = feedback.step.name
         return output
 
@@ -458,6 +443,31 @@ class Stream:
                 "(use one of eosflow's sinks, e.g. sinks.FileSink or sinks.ConsoleSink)"
             )
         self._then(name, "sink", False, sink=sink)
+
+
+def _loop_result(name: str, flow: Dataflow, head: Step, result: Any) -> tuple[Stream, Stream]:
+    """Checks what an ``iterate`` body returned: ``(feedback, output)``."""
+    if (
+        not isinstance(result, tuple)
+        or len(result) != 2
+        or not all(isinstance(s, Stream) and s.flow is flow for s in result)
+    ):
+        raise DefinitionError(
+            f"iterate {name!r}: body must return (feedback, output), two streams built "
+            f"from its argument, got {result!r}"
+        )
+    feedback, output = result
+    if feedback.step is head:
+        raise DefinitionError(
+            f"iterate {name!r}: the feedback stream is the loop itself (every record would "
+            "circulate forever); feed back the output of a step of the body"
+        )
+    if not _descends(flow, feedback.step.name, head.name):
+        raise DefinitionError(
+            f"iterate {name!r}: the feedback stream (step {feedback.step.name!r}) does not "
+            "come from the loop's stream: build it from body's argument"
+        )
+    return feedback, output
 
 
 def _descends(flow: Dataflow, step: str, ancestor: str) -> bool:

@@ -582,3 +582,19 @@ def test_algorithm_2_completes_every_checkpoint_with_a_consistent_cut_when_recor
         assert needed == body.snapshots[n] + sum(k + 1 for _, k in log)
     assert any(c == "b" for log in run.log.values() for c, _ in log), "empty back-edge logs"
     assert source.snapshots[run.completed[-1]] == len(hops)  # the last one covers every record
+
+
+def test_a_refused_loop_leaves_no_step_behind() -> None:
+    flow = Dataflow("job")
+    src = flow.source("s", "in")
+    sink = _Sink()
+
+    def body(loop: Stream) -> tuple[Stream, Stream]:
+        loop.map("x", str).sink("side", sink)
+        return loop, src
+
+    with pytest.raises(DefinitionError, match="the loop itself"):
+        src.iterate("loop", body)
+    assert list(flow.steps) == ["s"]
+    src.sink("main", sink)
+    assert not compile_flow(flow, 1).cyclic

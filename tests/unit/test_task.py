@@ -429,3 +429,107 @@ def test_channel_record_ids_follow_ancestry_not_the_order_records_arrive_in(
     forward, backward = run(False), run(True)
     assert len(forward) == 12  # 6 inputs (subtask 0 reads partitions 0 and 2), 2 outputs each
     assert forward == backward
+
+
+# -- loops (docs/iterations.md) ---------------------------------------------------------------
+
+
+def _loop_head(tmp_path: Path, log: Log, generation: int = 1) -> tuple[Task, Any, Any]:
+    """Subtask 0 of the head of ``source -> iterate(key_by -> count)``: its regular input and
+    back-edge partitions."""
+    flow = Dataflow("job")
+
+    def body(loop: Any) -> Any:
+        counts = loop.key_by("k", lambda v: v["k"]).count("count")
+        return counts.filter("again", lambda n: n < 3), counts
+
+    flow.source("s", "in").iterate("loop", body, max_iterations=2).sink("out", ListSink())
+    plan = compile_flow(flow, 2)
+    stage = plan.stage_of("loop")
+    (regular,) = [(e.topic, 0) for e in stage.inputs if not e.back]
+    (back,) = [(e.topic, 0) for e in stage.inputs if e.back]
+    ListSink.committed = []
+    env = _env(tmp_path, log, plan, generation=generation)
+    return Task(env, stage, 0), regular, back
+
+
+def _fed_back(log: Log, tp: tuple[str, int], key: str, iteration: int) -> None:
+    log._append(tp, orjson.dumps([key, {"k": key}, 0, iteration]), None)
+
+
+def _written_iterations(log: Log) -> list[tuple[str, int]]:
+    """(key, iteration) of the data records the head wrote into the loop."""
+    out = []
+    for _topic, _p, value, headers in log.written:
+        if headers is None:
+            k, _v, _t, it = orjson.loads(value)
+            out.append((k, it))
+    return out
+
+
+def test_loop_head_snapshots_on_regular_barriers_and_acks_when_the_barrier_comes_around(
+    tmp_path: Path,
+) -> None:
+    log = Log()
+    task, regular, back = _loop_head(tmp_path, log)
+    for tp in (regular, back):
+        log.ctl(tp, GenerationStart(1))
+    log.data(regular, "a")
+    log.ctl(regular, Barrier(1, 1))
+    log.data(regular, "b")  # after the barrier: not paused, the head is not aligning any more
+    task.open(None, {"in": 2})
+    task.step(0.0, 100)
+    assert not task.blocked and _acks(task) == []  # snapshot taken, barrier still going around
+    _fed_back(log, back, "a", 0)  # the back-edge log of checkpoint 1: two records
+    _fed_back(log, back, "a", 1)
+    _fed_back(log, back, "z", 2)  # over max_iterations=2 once the head adds one: dropped
+    task.step(0.0, 100)
+    assert _acks(task) == []
+    log.ctl(back, Barrier(1, 1))
+    _fed_back(log, back, "b", 0)  # after the barrier: not in the log
+    task.step(0.0, 100)
+    assert _acks(task) == [1]
+    assert task.loop_log.pop(1) == 3  # what the worker sends with the ack
+    assert task.loop_exhausted == 1
+    snap = task.env.store.read_task_snapshot(str(tmp_path / "job/chk-0000000001/loop.0.snap"))
+    assert snap["positions"] == {regular: 3, back: 1}  # the back-edge log starts at offset 1
+    assert snap["barrier_seen"] == [regular]
+    assert _written_iterations(log) == [("a", 0), ("b", 0), ("a", 1), ("a", 2), ("b", 1)]
+
+
+def test_restored_loop_head_replays_the_back_edge_log_before_reading_its_input(
+    tmp_path: Path,
+) -> None:
+    log = Log()
+    task, regular, back = _loop_head(tmp_path, log, generation=2)
+    log.ctl(back, GenerationStart(1))
+    _fed_back(log, back, "x", 0)  # offset 1, 2: the log of checkpoint 1
+    _fed_back(log, back, "y", 1)
+    log.ctl(back, Barrier(1, 1))
+    _fed_back(log, back, "stale", 0)  # the failed generation's, after the barrier: dropped
+    log.ctl(back, GenerationStart(2))
+    log.ctl(regular, GenerationStart(1))
+    log.ctl(regular, Barrier(1, 1))
+    log.ctl(regular, GenerationStart(2))
+    log.data(regular, "new")
+    state = {
+        "checkpoint": 1,
+        "generation": 1,
+        "positions": {regular: 2, back: 1},
+        "barrier_seen": [regular],
+        "channel_wm": {regular: 0},
+        "max_ts": {},
+        "watermark": 0,
+        "operators": {},
+        "sinks": {"out": []},
+    }
+    task.open(state, {"in": 2})
+    assert task.replaying == {back} and regular in task.reader.paused
+    first = task.reader.poll  # what the first poll returns: the back-edge only
+    polls: list[list[Any]] = []
+    task.reader.poll = lambda *a: polls.append(first(*a)) or polls[-1]  # type: ignore[method-assign]
+    task.step(0.0, 100)
+    assert {m.topic() for m in polls[0]} == {back[0]}
+    assert not task.replaying and regular not in task.reader.paused
+    assert _written_iterations(log) == [("x", 1), ("y", 2), ("new", 0)]  # the log first
+    assert task.log_replayed == 2 and task.stale_dropped == 1
