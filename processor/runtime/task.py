@@ -763,7 +763,8 @@ class Task:
                 return
             if ctl.generation != self.generation:
                 return
-            self.back_logging.discard(tp)
+            if ctl.checkpoint_id == self.logging_id:  # not a late barrier of an aborted one
+                self.back_logging.discard(tp)
             self.barrier_seen.setdefault(ctl.checkpoint_id, set()).add(tp)
             self.barrier_unaligned.setdefault(ctl.checkpoint_id, ctl.unaligned)
             assert self.aligner is not None
