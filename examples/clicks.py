@@ -121,21 +121,9 @@ def compare_outputs(want: Counter[bytes], got: Counter[bytes]) -> tuple[int, int
     return sum((want - got).values()), sum((got - want).values())
 
 
-def run_example(
-    pipeline: str, expected: Callable[[Iterator[dict[str, object]]], Counter[bytes]], label: str
-) -> None:
-    """Command line of the engine examples: write clicks, run the job until idle, check."""
-    import os
-    import tempfile
-    import uuid
-
-    from processor.embedded import servers
-    from processor.runtime.local import LocalRunner, RunOptions
-    from sinks import read_jsonl
-
+def example_parser(label: str) -> argparse.ArgumentParser:
+    """The options every engine example takes (workers, checkpoints, runner, recovery)."""
     parser = argparse.ArgumentParser(description=f"eosflow example: {label}")
-    parser.add_argument("--records", type=int, default=200_000)
-    parser.add_argument("--users", type=int, default=1000)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--checkpoint-interval", type=float, default=1.0, help="seconds")
     parser.add_argument("--mode", default="aligned", choices=["aligned", "unaligned", "sync"])
@@ -148,19 +136,32 @@ def run_example(
         "--recovery", default="global", choices=["global", "local"],
         help="local: a failed worker restarts alone (docs/local-recovery.md; starts Redis too)",
     )  # fmt: skip
-    args = parser.parse_args()
+    return parser
+
+
+def run_until_idle(
+    pipeline: str,
+    args: argparse.Namespace,
+    label: str,
+    produce: Callable[[str, str], str],
+) -> Any:
+    """Starts the embedded servers, sets ``JOB_NAME`` and ``OUTPUT_DIR``, calls
+    ``produce(brokers, run_id)`` to write the input (it says what it wrote), and runs
+    ``pipeline`` until idle as ``args`` say; returns the :class:`RunResult`."""
+    import tempfile
+    import uuid
+
+    from processor.embedded import servers
+    from processor.runtime.local import LocalRunner, RunOptions
+
     with servers(["kafka", "redis"] if args.recovery == "local" else ["kafka"]) as endpoints:
         assert endpoints.kafka_brokers is not None
         run_id = uuid.uuid4().hex[:8]
         work = tempfile.mkdtemp(prefix=f"eosflow-example-{run_id}-")
         os.environ["JOB_NAME"] = f"{label.replace(' ', '-')}-{run_id}"
-        os.environ["CLICKS_TOPIC"] = f"clicks-{run_id}"
         os.environ["OUTPUT_DIR"] = f"{work}/output"
         print(f"kafka: {endpoints.kafka_brokers} ({endpoints.origin['kafka']})")
-        took = produce_clicks(
-            endpoints.kafka_brokers, os.environ["CLICKS_TOPIC"], args.records, users=args.users
-        )
-        print(f"wrote {args.records:,} clicks to {os.environ['CLICKS_TOPIC']} in {took:.1f}s")
+        print(produce(endpoints.kafka_brokers, run_id))
         options = RunOptions(
             workers=args.workers,
             checkpoint_interval=args.checkpoint_interval,
@@ -174,9 +175,27 @@ def run_example(
         if args.runner == "spark":
             from processor.runtime.spark import SparkOptions, SparkRunner
 
-            result = SparkRunner(pipeline, options, SparkOptions(master=args.master)).run()
-        else:
-            result = LocalRunner(pipeline, options).run()
+            return SparkRunner(pipeline, options, SparkOptions(master=args.master)).run()
+        return LocalRunner(pipeline, options).run()
+
+
+def run_example(
+    pipeline: str, expected: Callable[[Iterator[dict[str, object]]], Counter[bytes]], label: str
+) -> None:
+    """Command line of the engine examples: write clicks, run the job until idle, check."""
+    from sinks import read_jsonl
+
+    parser = example_parser(label)
+    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--users", type=int, default=1000)
+    args = parser.parse_args()
+
+    def produce(brokers: str, run_id: str) -> str:
+        topic = os.environ["CLICKS_TOPIC"] = f"clicks-{run_id}"
+        took = produce_clicks(brokers, topic, args.records, users=args.users)
+        return f"wrote {args.records:,} clicks to {topic} in {took:.1f}s"
+
+    result = run_until_idle(pipeline, args, label, produce)
     got = Counter(canonical(item) for item in read_jsonl(os.environ["OUTPUT_DIR"]))
     want = expected(click_events(args.records, users=args.users))
     missing, extra = compare_outputs(want, got)

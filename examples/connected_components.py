@@ -140,60 +140,22 @@ def check_labels(lines: Iterable[list[int]], want: dict[int, int]) -> list[str]:
 
 
 def main() -> None:
-    import argparse
-    import sys
-    import tempfile
-    import uuid
+    from clicks import example_parser, produce_json, run_until_idle
 
-    from clicks import produce_json
-
-    from processor.embedded import servers
-    from processor.runtime.local import LocalRunner, RunOptions
     from sinks import read_jsonl
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = example_parser("connected components")
     parser.add_argument("--edges", type=int, default=30_000)
     parser.add_argument("--nodes", type=int, default=50_000)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--checkpoint-interval", type=float, default=1.0, help="seconds")
-    parser.add_argument("--mode", default="aligned", choices=["aligned", "unaligned", "sync"])
-    parser.add_argument(
-        "--runner", default="local", choices=["local", "spark"],
-        help="spark: the workers run as a Spark barrier job (needs Java 17)",
-    )  # fmt: skip
     args = parser.parse_args()
-    with servers(["kafka"]) as endpoints:
-        assert endpoints.kafka_brokers is not None
-        run_id = uuid.uuid4().hex[:8]
-        work = tempfile.mkdtemp(prefix=f"eosflow-example-{run_id}-")
-        os.environ["JOB_NAME"] = f"connected-components-{run_id}"
-        os.environ["EDGES_TOPIC"] = f"edges-{run_id}"
-        os.environ["OUTPUT_DIR"] = f"{work}/output"
-        print(f"kafka: {endpoints.kafka_brokers} ({endpoints.origin['kafka']})")
-        edges = graph_edges(args.edges, nodes=args.nodes)
-        took = produce_json(
-            endpoints.kafka_brokers,
-            os.environ["EDGES_TOPIC"],
-            edges,
-            key=lambda e: str(e["u"]),
-            total=args.edges,
-        )
-        print(f"wrote {args.edges:,} edges to {os.environ['EDGES_TOPIC']} in {took:.1f}s")
-        options = RunOptions(
-            workers=args.workers,
-            checkpoint_interval=args.checkpoint_interval,
-            mode=args.mode,
-            until_idle=True,
-            environ=endpoints.as_env(),
-            state_dir=f"{work}/state",
-            progress=sys.stdout,
-        )
-        if args.runner == "spark":
-            from processor.runtime.spark import SparkOptions, SparkRunner
 
-            result = SparkRunner(__file__, options, SparkOptions()).run()
-        else:
-            result = LocalRunner(__file__, options).run()
+    def produce(brokers: str, run_id: str) -> str:
+        topic = os.environ["EDGES_TOPIC"] = f"edges-{run_id}"
+        edges = graph_edges(args.edges, nodes=args.nodes)
+        took = produce_json(brokers, topic, edges, key=lambda e: str(e["u"]), total=args.edges)
+        return f"wrote {args.edges:,} edges to {topic} in {took:.1f}s"
+
+    result = run_until_idle(__file__, args, "connected components", produce)
     lines = read_jsonl(os.environ["OUTPUT_DIR"])
     want = reference_labels(graph_edges(args.edges, nodes=args.nodes))
     logs = [n for _c, n, _s in result.loop_logs]
@@ -207,7 +169,7 @@ def main() -> None:
     problems = check_labels(lines, want)
     if problems:
         print("FAILED:\n  " + "\n  ".join(problems[:20]))
-        sys.exit(1)
+        raise SystemExit(1)
     print("OK: every node's label is the smallest node of its component, no line twice")
 
 
