@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Any
 
@@ -597,19 +598,10 @@ class Task:
     def _channel_batch_ids(self, msgs: list[Message]) -> None:
         """Local recovery: channel records are ``[key, value, ts, id hex]``; the ones whose ID
         this task processed already are dropped, the others pushed one at a time."""
-        pos, modes, blocked, loads = self.pos, self.modes, self.blocked, orjson.loads
+        modes, loads = self.modes, orjson.loads
         held: list[tuple[Message, Record, int]] = []
         n = 0
-        for m in msgs:
-            topic: Any = m.topic()
-            tp = (topic, m.partition())
-            if tp in blocked:
-                self.stash.setdefault(tp, []).append(m)
-                continue
-            offset: Any = m.offset()
-            pos[tp] = offset + 1
-            headers = m.headers()
-            ctl = decode_control(headers) if headers is not None else None
+        for m, topic, tp, ctl in self._unstashed(msgs):
             if ctl is None:
                 if modes.get(tp) == _DROP:
                     self.stale_dropped += 1
@@ -617,7 +609,7 @@ class Task:
                 item = loads(m.value())  # type: ignore[arg-type]
                 k = tuple(item[0]) if type(item[0]) is list else item[0]
                 # a record written without IDs (before a switch to local recovery): its place
-                rid = int(item[3], 16) if len(item) > 3 else source_id(topic, tp[1], offset)
+                rid = int(item[3], 16) if len(item) > 3 else source_id(topic, tp[1], m.offset())
                 held.append((m, (k, item[1], item[2]), rid))
                 continue
             n += self._deliver(held)
@@ -626,28 +618,34 @@ class Task:
         n += self._deliver(held)
         self.records_in += n
 
-    def _loop_batch(self, msgs: list[Message]) -> None:
-        """A task in a loop: loop channel records are ``[key, value, ts, iteration]``; runs of
-        records with one input and one iteration are pushed together, with the iteration in
-        :attr:`loop`. A loop head adds one to what its back-edges deliver, drops what exceeds
-        ``max_iterations``, and counts the back-edge log of the checkpoint it is collecting."""
-        pos, modes, blocked, loads = self.pos, self.modes, self.blocked, orjson.loads
-        loop_topics, back_topics = self.loop_topics, self.back_topics
-        logging_tps = self.back_logging
-        run: list[Record] = []
-        run_msgs: list[Message] = []
-        run_key: tuple[str, int] | None = None
-        n = replayed = 0
+    def _unstashed(self, msgs: list[Message]) -> Iterator[tuple[Message, Any, TP, Any]]:
+        """``(message, topic, channel, control or None)`` for the messages of channels that are
+        not blocked, their positions advanced; a blocked channel's messages are stashed. (The
+        checks run as the caller consumes: a control record may block its channel.)"""
+        pos, blocked = self.pos, self.blocked
         for m in msgs:
             topic: Any = m.topic()
             tp = (topic, m.partition())
             if tp in blocked:
                 self.stash.setdefault(tp, []).append(m)
                 continue
-            offset: Any = m.offset()
-            pos[tp] = offset + 1
+            pos[tp] = m.offset() + 1
             headers = m.headers()
-            ctl = decode_control(headers) if headers is not None else None
+            yield m, topic, tp, decode_control(headers) if headers is not None else None
+
+    def _loop_batch(self, msgs: list[Message]) -> None:
+        """A task in a loop: loop channel records are ``[key, value, ts, iteration]``; runs of
+        records with one input and one iteration are pushed together, with the iteration in
+        :attr:`loop`. A loop head adds one to what its back-edges deliver, drops what exceeds
+        ``max_iterations``, and counts the back-edge log of the checkpoint it is collecting."""
+        modes, loads = self.modes, orjson.loads
+        loop_topics, back_topics = self.loop_topics, self.back_topics
+        logging_tps = self.back_logging
+        run: list[Record] = []
+        run_msgs: list[Message] = []
+        run_key: tuple[str, int] | None = None
+        n = replayed = 0
+        for m, topic, tp, ctl in self._unstashed(msgs):
             if ctl is not None:
                 self._push_run(run_key, run, run_msgs)
                 run, run_msgs, run_key = [], [], None
