@@ -129,8 +129,12 @@ class Task:
         self.back_logging: set[TP] = set()  # back-edges whose barrier has not come around yet
         self.loop_log: dict[int, int] = {}  # checkpoint -> back-edge records logged
         self.logging_id = 0
-        self.replaying: set[TP] = set()  # back-edges replaying the restored log
-        self.held: list[TP] = []  # regular inputs paused while they do
+        # Back-edges not live yet (replaying the restored log, then dropping the failed
+        # generation's records until this generation's marker), and the regular inputs held
+        # until every back-edge is live: a snapshot taken before would record a back-edge
+        # position inside a dead generation's records, which a restore would replay.
+        self.replaying: set[TP] = set()
+        self.held: list[TP] = []
         self.log_replayed = 0
         self.loop_exhausted = 0
         self.records_in = 0
@@ -325,7 +329,7 @@ class Task:
                 restored_checkpoint=self._stale(),
                 back_edges=self.back,
             )
-            self.replaying = {tp for tp in self.back if self.modes.get(tp) == _REPLAY}
+            self.replaying = {tp for tp in self.back if tp in self.modes}
         else:
             for tp in tps:
                 self.max_ts.setdefault(tp, MIN_WATERMARK)
@@ -337,6 +341,7 @@ class Task:
         self.pos = {tp: o for tp, o in self.reader.positions().items()}
         if self.replaying:  # replay the back-edge log before consuming the regular inputs
             self.held = [tp for tp in tps if tp not in self.back]
+            self.blocked |= set(self.held)  # anything fetched anyway is stashed, not processed
             self.reader.pause(self.held)
         if state is not None:
             self.env.fault("during-recovery")
@@ -757,7 +762,6 @@ class Task:
             if mode == _REPLAY:
                 if ctl.checkpoint_id >= self.restored_id:
                     self.modes[tp] = _DROP
-                    self._replayed(tp)
                 return
             if ctl.generation != self.generation:
                 return
@@ -780,8 +784,8 @@ class Task:
             self._actions(self.aligner.on_end_of_stream(tp))
 
     def _replayed(self, tp: TP) -> None:
-        """``tp`` left replay mode; once every back-edge replayed its log, the regular inputs
-        (paused since the restore) are read again."""
+        """``tp`` is live; once every back-edge is (its log replayed, the failed generation's
+        records after it dropped), the regular inputs held since the restore are read again."""
         if tp not in self.replaying:
             return
         self.replaying.discard(tp)
@@ -790,7 +794,7 @@ class Task:
                 "back-edge log replayed task=%s records=%d; reading inputs",
                 self.name, self.log_replayed,
             )  # fmt: skip
-            self.reader.resume(self.held)
+            self.to_resume |= set(self.held)  # _resume_pending: stash first, then the reader
             self.held = []
 
     def _actions(self, actions: list[Action]) -> None:
@@ -890,7 +894,8 @@ class Task:
         self.uploading[checkpoint_id] = future
 
     def _forget(self, checkpoint_id: int) -> None:
-        if self.back and self.loop_log.pop(checkpoint_id, None) is not None:
+        logged = self.loop_log.pop(checkpoint_id, None) is not None
+        if logged and checkpoint_id == self.logging_id:
             self.back_logging.clear()
         self.uploading.pop(checkpoint_id, None)
         self.uploaded.pop(checkpoint_id, None)

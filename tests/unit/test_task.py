@@ -508,11 +508,11 @@ def test_restored_loop_head_replays_the_back_edge_log_before_reading_its_input(
     _fed_back(log, back, "y", 1)
     log.ctl(back, Barrier(1, 1))
     _fed_back(log, back, "stale", 0)  # the failed generation's, after the barrier: dropped
-    log.ctl(back, GenerationStart(2))
     log.ctl(regular, GenerationStart(1))
     log.ctl(regular, Barrier(1, 1))
     log.ctl(regular, GenerationStart(2))
     log.data(regular, "new")
+    log.ctl(regular, Barrier(2, 2))
     state = {
         "checkpoint": 1,
         "generation": 1,
@@ -526,11 +526,16 @@ def test_restored_loop_head_replays_the_back_edge_log_before_reading_its_input(
     }
     task.open(state, {"in": 2})
     assert task.replaying == {back} and regular in task.reader.paused
-    first = task.reader.poll  # what the first poll returns: the back-edge only
-    polls: list[list[Any]] = []
-    task.reader.poll = lambda *a: polls.append(first(*a)) or polls[-1]  # type: ignore[method-assign]
     task.step(0.0, 100)
-    assert {m.topic() for m in polls[0]} == {back[0]}
+    assert _written_iterations(log) == [("x", 1), ("y", 2)]  # the log only
+    # Still dropping the failed generation's records: a snapshot now would record a back-edge
+    # position among them, and a restore from it would replay them. The input stays held.
+    assert task.replaying == {back} and regular in task.reader.paused
+    log.ctl(back, GenerationStart(2))
+    task.step(0.0, 100)
     assert not task.replaying and regular not in task.reader.paused
     assert _written_iterations(log) == [("x", 1), ("y", 2), ("new", 0)]  # the log first
     assert task.log_replayed == 2 and task.stale_dropped == 1
+    assert _acks(task) == []  # checkpoint 2: snapshot taken once the back-edge was live
+    snap = task.env.store.read_task_snapshot(str(tmp_path / "job/chk-0000000002/loop.0.snap"))
+    assert snap["positions"][back] == 6  # after this generation's marker
