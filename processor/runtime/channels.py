@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from itertools import repeat
+from typing import Any
 
 import orjson
 
@@ -140,38 +142,40 @@ class ChannelOut(Operator):
 
     def process(self, batch: list[Record]) -> list[Record]:
         if self.lineage is not None:
-            return self._process_with_ids(batch)
+            return self._write_tagged(batch, self._ids(len(batch)))
+        if self.loop is not None:
+            return self._write_tagged(batch, repeat(self.loop.iteration))
         write, topic, dumps = self.writer.write, self.topic, orjson.dumps
-        it = self.loop.iteration if self.loop is not None else None
         if self.shuffle:
             base, n = self.partitions[0], self.parallelism
             for k, v, t in batch:
                 kb = k.encode() if type(k) is str else dumps(k)
-                value = dumps((k, v, t) if it is None else (k, v, t, it))
-                write(topic, base + key_to_downstream(kb, n), value)
+                write(topic, base + key_to_downstream(kb, n), dumps((k, v, t)))
         else:
             (partition,) = self.partitions
-            if it is None:
-                for r in batch:
-                    write(topic, partition, dumps(r))
-            else:
-                for k, v, t in batch:
-                    write(topic, partition, dumps((k, v, t, it)))
+            for r in batch:
+                write(topic, partition, dumps(r))
         self.written += len(batch)
         return []
 
-    def _process_with_ids(self, batch: list[Record]) -> list[Record]:
+    def _ids(self, count: int) -> list[str]:
+        """Local recovery: the IDs of the next ``count`` outputs for the record being pushed."""
         lineage = self.lineage
         assert lineage is not None
         if lineage.seq != self._seq:
             self._seq, self._n = lineage.seq, 0
-        parent, tag, n = lineage.parent, self.tag, self._n
-        self._n += len(batch)
+        parent, first = lineage.parent, self.tag + self._n
+        self._n += count
+        return [f"{derived_id(parent, first + i):x}" for i in range(count)]
+
+    def _write_tagged(self, batch: list[Record], tags: Iterable[Any]) -> list[Record]:
+        """Writes ``[key, value, ts, tag]`` records: a record ID (local recovery) or an
+        iteration count (a channel inside a loop)."""
         write, topic, dumps = self.writer.write, self.topic, orjson.dumps
-        base, count = self.partitions[0], self.parallelism
-        for i, (k, v, t) in enumerate(batch):
-            value = dumps((k, v, t, f"{derived_id(parent, tag + n + i):x}"))
-            if self.shuffle:
+        base, count, shuffle = self.partitions[0], self.parallelism, self.shuffle
+        for (k, v, t), tag in zip(batch, tags, strict=False):
+            value = dumps((k, v, t, tag))
+            if shuffle:
                 kb = k.encode() if type(k) is str else dumps(k)
                 write(topic, base + key_to_downstream(kb, count), value)
             else:

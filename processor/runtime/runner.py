@@ -708,16 +708,14 @@ class Runner:
                 out += int(st["sunk"])
         return rin, out, lag
 
-    def _bad_counts(self) -> tuple[int, int, int]:
-        """Dead letters routed, bad records skipped and duplicates dropped (``dedup`` steps),
-        over every task of this generation."""
-        dead = bad = dups = 0
-        for w in self.workers:
-            for st in w.stats.values():
-                dead += int(st.get("dead", 0))
-                bad += int(st.get("bad", 0))
-                dups += int(st.get("dups", 0))
-        return dead, bad, dups
+    def _bad_counts(self) -> tuple[int, int, int, int]:
+        """Dead letters routed, bad records skipped, duplicates dropped (``dedup`` steps) and
+        records dropped from loops over ``max_iterations``, over every task of this generation."""
+        keys = ("dead", "bad", "dups", "loop_limit")
+        totals = [
+            sum(int(st.get(k, 0)) for w in self.workers for st in w.stats.values()) for k in keys
+        ]
+        return totals[0], totals[1], totals[2], totals[3]
 
     def _say(self, text: str) -> None:
         if self.options.progress is not None:
@@ -735,9 +733,10 @@ class Runner:
         self._last_in = (now, rin)
         st = self.coordinator.stats
         lag_text = f" lag={lag:,}" if self.options.until_idle else ""
-        dead, bad, dups = self._bad_counts()
+        dead, bad, dups, over = self._bad_counts()
         lag_text += (f" dead={dead:,}" if dead else "") + (f" skipped={bad:,}" if bad else "")
         lag_text += f" duplicates={dups:,}" if dups else ""
+        lag_text += f" over_max_iterations={over:,}" if over else ""
         loop_text = f", loop log {st.last_loop_log:,}" if self.plan.cyclic else ""
         self._say(
             f"gen={self.generation} in={rin:,} ({rate:,.0f}/s) out={out:,}{lag_text} "
@@ -748,7 +747,7 @@ class Runner:
 
     def _status(self, state: str) -> None:
         rin, out, lag = self._counters()
-        dead, bad, dups = self._bad_counts()
+        dead, bad, dups, over = self._bad_counts()
         st = self.coordinator.stats
         status = {
             "job": self.job,
@@ -780,6 +779,8 @@ class Runner:
             "dead_letters": dead,
             "bad_records_skipped": bad,
             "duplicates_dropped": dups,
+            "over_max_iterations": over,
+            "last_loop_log": st.last_loop_log,
             "tasks": {k: v for w in self.workers for k, v in w.stats.items()},
             "snapshot_url": self.store.url,
         }

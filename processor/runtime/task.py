@@ -18,9 +18,9 @@ Loops (docs/iterations.md): a loop head's back-edge inputs follow Algorithm 2 of
 (2015): they are not aligned; the snapshot is taken once the regular inputs delivered the
 barrier, and keeps the back-edges' positions at that moment; the records read from a back-edge
 until the barrier comes around are the back-edge log (counted, acked with the snapshot). On
-restore, the back-edges replay that log (``_REPLAY``) while the regular inputs stay paused. The
-head ignores watermarks from back-edges, and records carry their iteration count in loop
-channels (``max_iterations``).
+restore, the back-edges replay that log (``_REPLAY``), then drop the failed generation's records;
+the regular inputs stay held until every back-edge is live. The head ignores watermarks from
+back-edges, and records carry their iteration count in loop channels (``max_iterations``).
 
 Dead letters (:mod:`processor.runtime.dead_letters`): with a dead-letter destination, every task
 opens its own writer of it and treats it like a sink (prepare at the barrier, committable in the
