@@ -46,7 +46,7 @@ sys.path.insert(0, str(PIPELINE.parent))
 
 from clicks import canonical, produce_clicks  # noqa: E402
 from jobs import drop_channel_topics  # noqa: E402
-from loop_hops import expected_hops  # noqa: E402
+from loop_hops import MAX_ITERATIONS, expected_hops  # noqa: E402
 
 from processor.embedded import servers  # noqa: E402
 from processor.runtime.local import LocalRunner, RunOptions  # noqa: E402
@@ -112,7 +112,7 @@ def _hops(records: int, seed: int, hops_mod: int) -> list[int]:
     from clicks import click_events
 
     hops = [int(str(c["amount"])) % hops_mod for c in click_events(records, seed=seed)]
-    return [min(h, 4) for h in hops]  # 5 hops: dropped after its 5th pass (max_iterations=4)
+    return [min(h, MAX_ITERATIONS) for h in hops]  # more: dropped after MAX_ITERATIONS + 1 passes
 
 
 def markdown(runs: list[dict[str, Any]]) -> str:
