@@ -1,4 +1,9 @@
-"""Kafka connectors: client configuration, topic admin, the partition reader, serializers, probe."""
+"""Kafka connectors: client configuration, topic admin, the partition reader, serializers, probe.
+
+Serializers a pipeline names in ``Dataflow.source(..., serde=)`` and in sinks: :class:`JsonSerde`,
+:class:`AvroSerde`, :class:`ConfluentAvroSerde` (Schema Registry wire format), :class:`StringSerde`,
+:class:`RawSerde`.
+"""
 
 from connectors.admin import TopicAdmin, TopicInfo, TopicSpec
 from connectors.config import (
@@ -12,12 +17,25 @@ from connectors.config import (
 from connectors.errors import ErrorClass, classify, error_class
 from connectors.probe import BrokerCapabilities, probe_broker
 from connectors.reader import PartitionReader
+from connectors.serde import (
+    AvroSerde,
+    ConfluentAvroSerde,
+    JsonSerde,
+    RawSerde,
+    StringSerde,
+    serde_for,
+)
 
 __all__ = [
+    "AvroSerde",
     "BrokerCapabilities",
+    "ConfluentAvroSerde",
     "ErrorClass",
+    "JsonSerde",
     "KafkaSettings",
     "PartitionReader",
+    "RawSerde",
+    "StringSerde",
     "TopicAdmin",
     "TopicInfo",
     "TopicSpec",
@@ -29,4 +47,5 @@ __all__ = [
     "error_class",
     "probe_broker",
     "producer_config",
+    "serde_for",
 ]

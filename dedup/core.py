@@ -26,7 +26,7 @@ checkpoint are deleted on :meth:`Deduplicator.commit` (deleting earlier could re
 restore of that checkpoint still needs). A record whose timestamp is below the cut-off can no
 longer be checked: the ``late`` policy drops it or passes it, and either is counted and logged.
 
-**Redis down**: the store retries, then fails the task (:class:`dedup.store.RedisUnavailable`);
+**Redis down**: the store retries, then fails the task (:class:`dedup.errors.RedisUnavailable`);
 no record passes unchecked.
 
 Invariants:
@@ -45,7 +45,7 @@ from typing import Any, Protocol
 
 from dedup.buckets import BloomBuckets
 from dedup.store import decode_tag, encode_tag
-from processor.errors import ConfigError
+from dedup.errors import DedupConfigError
 
 __all__ = ["DedupStats", "Deduplicator", "IdStore", "MemoryIdStore"]
 
@@ -369,14 +369,14 @@ class Deduplicator:
             self.filters.restore(None)
             return
         if state.get("version") != STATE_VERSION:
-            raise ConfigError(
+            raise DedupConfigError(
                 f"dedup {self.name}: the checkpoint holds dedup state version "
                 f"{state.get('version')!r}, this eosflow reads version {STATE_VERSION}: run the "
                 "eosflow release that wrote it, or reset the job to start afresh"
             )
         for name, mine in (("bucket_ms", self.bucket_ms), ("within_ms", self.within_ms)):
             if state[name] != mine:
-                raise ConfigError(
+                raise DedupConfigError(
                     f"dedup {self.name}: the checkpoint was taken with {name}={state[name]}, "
                     f"this job says {mine}; the filters and stored buckets depend on it. Keep "
                     "the old within=/bucket=, or reset the job (new job name or "

@@ -36,7 +36,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from dedup.ids import ID_BYTES
-from processor.errors import ConfigError, InfrastructureError
+from dedup.errors import DedupConfigError, RedisUnavailable
 
 __all__ = ["RedisIdStore", "RedisUnavailable", "Tag", "decode_tag", "encode_tag", "redis_client"]
 
@@ -73,10 +73,6 @@ return 1
 """
 
 
-class RedisUnavailable(InfrastructureError):
-    """Redis could not be reached for longer than the store's ``give_up_s``."""
-
-
 def encode_tag(run: int, epoch: int) -> bytes:
     return _TAG.pack(run, epoch)
 
@@ -91,16 +87,16 @@ def redis_client(url: str | None, *, timeout_s: float = 10.0, name: str = "eosfl
     store retries, and logs each attempt).
 
     Raises:
-        ConfigError: no URL, or not a Redis URL.
+        DedupConfigError: no URL, or not a Redis URL.
     """
     url = url or os.environ.get("EOSFLOW_REDIS_URL")
     if not url:
-        raise ConfigError(
+        raise DedupConfigError(
             "dedup needs Redis for its ID store: pass redis_url='redis://host:port/db' or set "
             "EOSFLOW_REDIS_URL (eosflow dev up starts one on loopback)"
         )
     if not url.startswith(("redis://", "rediss://", "unix://")):
-        raise ConfigError(
+        raise DedupConfigError(
             f"{url.split('@')[-1]!r} is not a Redis URL: expected redis://host:port/db, "
             "rediss://... or unix:///path/to/socket"
         )

@@ -28,6 +28,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from dedup.errors import DedupError
 from processor import __version__
 from processor.embedded import ENV_VARS, SERVICES, DevCluster, servers, state_file
 from processor.embedded._process import is_running
@@ -477,7 +478,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda _sig, _frame: sys.exit(143))
     try:
         return int(args.func(args))
-    except EosflowError as exc:
+    except (EosflowError, DedupError) as exc:
         print(f"eosflow: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -39,56 +39,13 @@ from typing import Any
 
 from processor.contracts import Serde, Sink
 from processor.errors import DefinitionError
+from processor.windows import Sliding, Tumbling, duration_ms
 
 __all__ = ["DEAD_LETTERS", "Dataflow", "KeyedStream", "Sliding", "Step", "Stream", "Tumbling"]
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}\Z")
 #: The step name of the dead-letter destination (reserved: no step may use it).
 DEAD_LETTERS = "dead-letters"
-
-
-def _ms(what: str, value: timedelta) -> int:
-    if not isinstance(value, timedelta):
-        raise DefinitionError(f"{what} must be a datetime.timedelta, got {value!r}")
-    ms = int(value.total_seconds() * 1000)
-    if ms < 0:
-        raise DefinitionError(f"{what} must not be negative, got {value}")
-    return ms
-
-
-@dataclass(frozen=True)
-class Sliding:
-    """Event-time windows of ``size`` starting every ``slide`` (aligned to the epoch)."""
-
-    size: timedelta
-    slide: timedelta
-
-    def __post_init__(self) -> None:
-        size, slide = _ms("window size", self.size), _ms("window slide", self.slide)
-        if size <= 0 or slide <= 0:
-            raise DefinitionError(f"window size and slide must be positive, got {self}")
-        if size % slide:
-            raise DefinitionError(
-                f"window size {self.size} must be a multiple of the slide {self.slide}"
-            )
-
-    @property
-    def size_ms(self) -> int:
-        return _ms("window size", self.size)
-
-    @property
-    def slide_ms(self) -> int:
-        return _ms("window slide", self.slide)
-
-
-class Tumbling(Sliding):
-    """Event-time windows of ``size`` that do not overlap."""
-
-    def __init__(self, size: timedelta) -> None:
-        super().__init__(size, size)
-
-    def __repr__(self) -> str:
-        return f"Tumbling({self.size!r})"
 
 
 @dataclass
@@ -222,7 +179,7 @@ class Dataflow:
             "topic": topic,
             "serde": serde,
             "timestamp": _callable(name, "timestamp", timestamp, optional=True),
-            "max_out_of_orderness_ms": _ms("max_out_of_orderness", max_out_of_orderness),
+            "max_out_of_orderness_ms": duration_ms("max_out_of_orderness", max_out_of_orderness),
             "start": start,
         }
         step = self._add(Step(name, "source", (), False, params))
@@ -324,8 +281,8 @@ class Stream:
             fp_rate: target false-positive rate of the filters (costs lookups, never
                 correctness).
         """
-        within_ms = _ms("within", within)
-        bucket_ms = None if bucket is None else _ms("bucket", bucket)
+        within_ms = duration_ms("within", within)
+        bucket_ms = None if bucket is None else duration_ms("bucket", bucket)
         if within_ms <= 0:
             raise DefinitionError(f"dedup {name!r}: within must be positive, got {within}")
         if bucket_ms is not None and not 0 < bucket_ms <= within_ms:
@@ -504,7 +461,7 @@ class KeyedStream(Stream):
             "add": _callable(name, "add", add),
             "merge": _callable(name, "merge", merge, optional=True),
             "window": window,
-            "allowed_lateness_ms": _ms("allowed_lateness", allowed_lateness),
+            "allowed_lateness_ms": duration_ms("allowed_lateness", allowed_lateness),
         }
         return KeyedStream(self.flow, self._then(name, "aggregate", True, **params))
 

@@ -19,10 +19,17 @@ errors are also :class:`ValueError` so that code written against plain Python ke
                                             (``reason``: corrupt, unknown_version, missing,
                                             completed)
 
+The dedup library (:mod:`dedup`) imports nothing from the engine, so its errors are a tree of
+their own in :mod:`dedup.errors`, reported by the CLI like these::
+
+    DedupError
+    ├── DedupConfigError (ValueError)       bad dedup settings; says how to fix it
+    └── RedisUnavailable                    the ID store did not answer in time (fail closed)
+
 Invariants:
     Messages say what was expected, what came, where (step, topic, partition, offset) and how to
-    fix it. Nothing here imports a third-party package: the engine, connectors, sinks and dedup
-    all raise these types.
+    fix it. Nothing here imports a third-party package: the engine, connectors and sinks all
+    raise these types.
 """
 
 from __future__ import annotations

@@ -440,36 +440,3 @@ class SinkOp(Operator):
                 self.writer.write([v for _k, v, _t in batch])
             self.written += len(batch)
         return []
-
-
-def build_router(step: Step) -> Operator:
-    """The head before a global ``dedup`` step's shuffle: keys records by their ID."""
-    from dedup.operator import IdRouter  # see build_operator
-
-    return IdRouter(step)
-
-
-def build_operator(step: Step, *, merged_input: bool = False) -> Operator:
-    """The operator of a non-source, non-sink step."""
-    kind = step.kind
-    if kind == "map":
-        return Map(step)
-    if kind == "filter":
-        return Filter(step)
-    if kind == "flat_map":
-        return FlatMap(step)
-    if kind == "key_by":
-        return KeyBy(step)
-    if kind in ("union", "iterate"):  # a loop head passes records on (the task counts loops)
-        return Passthrough(step)
-    if kind == "dedup":
-        # The one place the engine reaches into dedup/ (like the CLI wiring): the operator
-        # needs the Bloom filters and the Redis store, which live there.
-        from dedup.operator import DedupOperator
-
-        return DedupOperator(step)
-    if kind == "aggregate":
-        if step.params["window"] is None:
-            return Aggregate(step)
-        return WindowedAggregate(step, merged_input=merged_input)
-    raise ValueError(f"no operator for step kind {kind!r}")

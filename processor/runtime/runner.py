@@ -1,4 +1,5 @@
-"""What every runner shares: the coordinator loop, supervision and reporting.
+"""What every runner shares: the coordinator loop and supervision (reporting:
+:mod:`processor.runtime.reporting`; options and results: :mod:`processor.runtime.job`).
 
 A runner compiles the pipeline, creates the channel topics, starts ``N`` workers of a
 generation, triggers checkpoints on the interval, and supervises: when a worker dies, every
@@ -25,21 +26,28 @@ import os
 import re
 import secrets
 import signal
-import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from processor.compiler import Plan, compile_flow
 from processor.contracts import preflight_sink
-from processor.embedded.cluster import state_dir
-from processor.errors import ConfigError, EosflowError
+from processor.errors import ConfigError
 from processor.runtime.control import Connection, ControlServer
 from processor.runtime.coordinator import CheckpointCoordinator
+from processor.runtime.job import (
+    Fault,
+    JobFailed,
+    RunOptions,
+    RunResult,
+    WorkerHandle,
+    default_snapshot_url,
+    job_dir,
+    jobs_dir,
+)
 from processor.runtime.pipeline import load_flow, load_object
-from processor.runtime.worker import FAULT_POINTS
+from processor.runtime.reporting import RunnerReporting
 from processor.snapshot.store import SnapshotHandle, SnapshotStore
 
 __all__ = [
@@ -56,8 +64,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-MODES = ("aligned", "unaligned", "sync", "none")
-RECOVERIES = ("global", "local")
 # The same failure this many times in a row before the workers all started is a configuration
 # or environment problem, not bad luck: fail instead of spending the restart budget on it.
 _MAX_UNSTARTED = 3
@@ -81,120 +87,6 @@ def _preflight_redis() -> None:
         client.close()
 
 
-class JobFailed(EosflowError):
-    """The job exhausted its restarts (the message holds the last cause)."""
-
-
-@dataclass(frozen=True)
-class Fault:
-    """SIGKILL worker ``worker`` the ``nth`` time it reaches ``point``, in start ``attempt``
-    (0: the first start, 1: after the first restart...)."""
-
-    attempt: int
-    worker: int
-    point: str
-    nth: int = 1
-
-    @classmethod
-    def parse(cls, text: str) -> Fault:
-        parts = text.split(":")
-        try:
-            attempt, worker, point = int(parts[0]), int(parts[1]), parts[2]
-            nth = int(parts[3]) if len(parts) > 3 else 1
-        except (IndexError, ValueError):
-            raise ConfigError(
-                f"fault {text!r}: expected ATTEMPT:WORKER:POINT[:N], e.g. 0:1:mid-alignment:2"
-            ) from None
-        if point not in FAULT_POINTS:
-            raise ConfigError(f"fault {text!r}: unknown point {point!r}; use one of {FAULT_POINTS}")
-        return cls(attempt, worker, point, nth)
-
-
-@dataclass
-class RunOptions:
-    """How to run a job. Durations in seconds."""
-
-    workers: int = 2
-    checkpoint_interval: float = 1.0
-    mode: str = "aligned"
-    until_idle: bool = False
-    snapshot_url: str | None = None
-    checkpoint_timeout: float = 60.0
-    keep_checkpoints: int = 3
-    max_restarts: int = 10
-    restart_backoff: float = 0.5
-    max_backoff: float = 10.0
-    faults: list[Fault] = field(default_factory=list)
-    transport: str = "connectors.transport:from_env"
-    environ: dict[str, str] = field(default_factory=dict)
-    state_dir: str | None = None
-    progress: TextIO | None = None
-    progress_every: float = 2.0
-    max_records: int = 5000
-    log_level: str = "INFO"
-    #: ``global``: every worker restarts from the latest completed checkpoint; ``local``: only
-    #: the failed one (docs/local-recovery.md; needs Redis for the record IDs).
-    recovery: str = "global"
-    #: Local recovery: how far behind the watermark (event time) a re-emitted copy is still
-    #: recognised; older copies are passed, counted and logged.
-    recovery_horizon: float = 600.0
-
-    def validate(self) -> None:
-        if self.mode not in MODES:
-            raise ConfigError(f"mode {self.mode!r}: choose one of {MODES}")
-        if self.workers < 1:
-            raise ConfigError(f"workers must be at least 1, got {self.workers}")
-        if self.checkpoint_interval <= 0:
-            raise ConfigError(
-                f"checkpoint interval must be positive, got {self.checkpoint_interval}s"
-            )
-        if self.checkpoint_timeout <= self.checkpoint_interval / 10:
-            raise ConfigError("checkpoint timeout is too short for the interval; raise it")
-        if self.recovery not in RECOVERIES:
-            raise ConfigError(f"recovery {self.recovery!r}: choose one of {RECOVERIES}")
-        if self.recovery == "local" and self.mode in ("sync", "none"):
-            raise ConfigError(
-                f"--recovery local needs checkpoints in aligned or unaligned mode, not "
-                f"--mode {self.mode}: a restarted worker restores the latest completed one"
-            )
-        if self.recovery_horizon < 1:
-            raise ConfigError(f"recovery horizon must be at least 1s, got {self.recovery_horizon}s")
-
-
-@dataclass
-class RunResult:
-    job: str
-    generation: int
-    restarts: int
-    checkpoints: int
-    last_checkpoint: int
-    records_in: int
-    records_out: int
-    seconds: float
-    restart_causes: list[str]
-    checkpoint_durations: list[float]
-    ready_s: float  # start-up: from run() until every worker of the first generation connected
-    # until the final checkpoint was triggered (input drained, or stop requested); the rest of
-    # ``seconds`` is that checkpoint, its commits and the workers' exit
-    final_trigger_s: float = float("nan")
-    #: loops: (checkpoint id, back-edge log records, duration s) of the completed checkpoints
-    loop_logs: list[tuple[int, int, float]] = field(default_factory=list)
-
-
-def jobs_dir(state: str | None = None) -> Path:
-    """Where jobs keep status, worker logs and (by default) checkpoints."""
-    return (Path(state) if state else state_dir()) / "jobs"
-
-
-def job_dir(job: str, state: str | None = None) -> Path:
-    return jobs_dir(state) / job
-
-
-def default_snapshot_url(job: str, state: str | None = None) -> str:
-    """Where a job keeps its checkpoints unless ``--snapshot-url`` says otherwise."""
-    return (job_dir(job, state) / "checkpoints").resolve().as_uri()
-
-
 @contextlib.contextmanager
 def _environment(extra: dict[str, str]) -> Iterator[None]:
     """``os.environ`` plus ``extra`` while the pipeline file is loaded in this process."""
@@ -210,19 +102,7 @@ def _environment(extra: dict[str, str]) -> Iterator[None]:
                 os.environ[key] = value
 
 
-@dataclass
-class WorkerHandle:
-    """The runner's view of one worker of the current generation."""
-
-    index: int
-    pid: int | None = None  # the worker's process id (from its hello on Spark)
-    host: str | None = None
-    conn: Connection | None = None
-    drained: bool = False
-    stats: dict[str, Any] = field(default_factory=dict)
-
-
-class Runner:
+class Runner(RunnerReporting):
     """Runs ``pipeline`` (a file path) with :class:`RunOptions`; subclasses start the workers.
 
     Subclasses implement :meth:`_launch`, :meth:`_dead_worker`, :meth:`_stop_workers` and
@@ -692,121 +572,3 @@ class Runner:
             self._handle(*self.server.inbox.get_nowait())
         self._report(force=True)
         return True
-
-    # -- reporting -------------------------------------------------------------------------------
-
-    def _counters(self) -> tuple[int, int, int]:
-        """Records read by source tasks, handed to sinks, source lag."""
-        sources = {s.name for s in self.plan.stages if s.sources}
-        rin = out = lag = 0
-        for w in self.workers:
-            for task, st in w.stats.items():
-                stage = task.rsplit(".", 1)[0]
-                if stage in sources:
-                    rin += int(st["in"])
-                    lag += int(st["lag"])
-                out += int(st["sunk"])
-        return rin, out, lag
-
-    def _bad_counts(self) -> tuple[int, int, int, int]:
-        """Dead letters routed, bad records skipped, duplicates dropped (``dedup`` steps) and
-        records dropped from loops over ``max_iterations``, over every task of this generation."""
-        keys = ("dead", "bad", "dups", "loop_limit")
-        totals = [
-            sum(int(st.get(k, 0)) for w in self.workers for st in w.stats.values()) for k in keys
-        ]
-        return totals[0], totals[1], totals[2], totals[3]
-
-    def _say(self, text: str) -> None:
-        if self.options.progress is not None:
-            elapsed = time.monotonic() - self._started
-            print(f"[{elapsed:7.1f}s] {self.job}: {text}", file=self.options.progress, flush=True)
-
-    def _report(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now < self._progress_next:
-            return
-        self._progress_next = now + self.options.progress_every
-        rin, out, lag = self._counters()
-        then, before = self._last_in
-        rate = (rin - before) / (now - then) if now > then and rin >= before else 0.0
-        self._last_in = (now, rin)
-        st = self.coordinator.stats
-        lag_text = f" lag={lag:,}" if self.options.until_idle else ""
-        dead, bad, dups, over = self._bad_counts()
-        lag_text += (f" dead={dead:,}" if dead else "") + (f" skipped={bad:,}" if bad else "")
-        lag_text += f" duplicates={dups:,}" if dups else ""
-        lag_text += f" over_max_iterations={over:,}" if over else ""
-        loop_text = f", loop log {st.last_loop_log:,}" if self.plan.cyclic else ""
-        self._say(
-            f"gen={self.generation} in={rin:,} ({rate:,.0f}/s) out={out:,}{lag_text} "
-            f"checkpoint={st.last_completed} ({st.last_duration_s * 1000:.0f} ms{loop_text}) "
-            f"restarts={self.restarts}"
-        )
-        self._status("running")
-
-    def _status(self, state: str) -> None:
-        rin, out, lag = self._counters()
-        dead, bad, dups, over = self._bad_counts()
-        st = self.coordinator.stats
-        status = {
-            "job": self.job,
-            "state": state,
-            "pid": os.getpid(),
-            "updated_ms": int(time.time() * 1000),
-            "uptime_s": round(time.monotonic() - self._started, 1),
-            "generation": self.generation,
-            "restarts": self.restarts,
-            "restart_causes": self.restart_causes[-10:],
-            "mode": self.options.mode,
-            "runner": self.runner,
-            "workers": [
-                {"worker": w.index, "pid": w.pid, "host": w.host, "connected": w.conn is not None}
-                for w in self.workers
-            ],
-            "checkpoint": {
-                "last_completed": st.last_completed,
-                "last_duration_ms": int(st.last_duration_s * 1000),
-                "completed": st.completed,
-                "aborted": st.aborted,
-                "pending": self.coordinator.pending.checkpoint_id
-                if self.coordinator.pending
-                else None,
-            },
-            "records_in": rin,
-            "records_out": out,
-            "source_lag": lag,
-            "dead_letters": dead,
-            "bad_records_skipped": bad,
-            "duplicates_dropped": dups,
-            "over_max_iterations": over,
-            "last_loop_log": st.last_loop_log,
-            "tasks": {k: v for w in self.workers for k, v in w.stats.items()},
-            "snapshot_url": self.store.url,
-        }
-        path = self.dir / "status.json"
-        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".status-")
-        with os.fdopen(fd, "w") as f:
-            json.dump(status, f, indent=1)
-        os.replace(tmp, path)
-
-    def _result(self) -> RunResult:
-        rin, out, _ = self._counters()
-        st = self.coordinator.stats
-        return RunResult(
-            job=self.job,
-            generation=self.generation,
-            restarts=self.restarts,
-            checkpoints=st.completed,
-            last_checkpoint=st.last_completed,
-            records_in=rin,
-            records_out=out,
-            seconds=time.monotonic() - self._started,
-            restart_causes=list(self.restart_causes),
-            checkpoint_durations=list(st.durations),
-            loop_logs=list(st.loop_logs),
-            ready_s=self.ready_s if self.ready_s is not None else float("nan"),
-            final_trigger_s=(
-                self.final_trigger_s if self.final_trigger_s is not None else float("nan")
-            ),
-        )

@@ -12,7 +12,7 @@ import redis
 
 from dedup.core import Deduplicator
 from dedup.store import RedisIdStore, RedisUnavailable, encode_tag, redis_client
-from processor.errors import ConfigError
+from dedup.errors import DedupConfigError
 
 pytestmark = pytest.mark.integration
 
@@ -86,9 +86,9 @@ def test_lookup_fails_closed_when_redis_is_down() -> None:
 
 def test_redis_client_says_how_to_configure_a_missing_url(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("EOSFLOW_REDIS_URL", raising=False)
-    with pytest.raises(ConfigError, match="EOSFLOW_REDIS_URL"):
+    with pytest.raises(DedupConfigError, match="EOSFLOW_REDIS_URL"):
         redis_client(None)
-    with pytest.raises(ConfigError, match="not a Redis URL"):
+    with pytest.raises(DedupConfigError, match="not a Redis URL"):
         redis_client("http://example:6379")
 
 

@@ -11,12 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from processor.dataflow import Dataflow, Sliding, Tumbling
+from processor.runtime.registry import build_operator
 from processor.runtime.operators import (
     MAX_WATERMARK,
     Aggregate,
     Combiner,
     WindowedAggregate,
-    build_operator,
 )
 from processor.snapshot import codec
 

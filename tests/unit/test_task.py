@@ -324,15 +324,15 @@ def _local_task(
     tmp_path: Path, log: Log, monkeypatch: pytest.MonkeyPatch, *, stale_through: int = 0
 ) -> Task:
     """The count task of :func:`_task` under ``--recovery local``, with an in-memory ID store."""
-    import dedup.operator
+    import processor.runtime.dedup_step as dedup_step
     from dedup.core import MemoryIdStore
 
     class NoClient:
         def close(self) -> None:
             pass
 
-    monkeypatch.setattr(dedup.operator, "redis_client", lambda _url: NoClient())
-    monkeypatch.setattr(dedup.operator, "RedisIdStore", lambda _client, _prefix: MemoryIdStore())
+    monkeypatch.setattr(dedup_step, "redis_client", lambda _url: NoClient())
+    monkeypatch.setattr(dedup_step, "RedisIdStore", lambda _client, _prefix: MemoryIdStore())
     flow = Dataflow("job")
     (flow.source("s", "in").key_by("k", lambda v: v).count("count").sink("out", ListSink()))
     plan = compile_flow(flow, 2, combine=False)

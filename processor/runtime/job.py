@@ -1,0 +1,155 @@
+"""What a run takes and gives: :class:`RunOptions`, :class:`Fault`, :class:`RunResult`,
+:class:`JobFailed`, the runner's view of a worker, and where a job keeps its files."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from processor.embedded.cluster import state_dir
+from processor.errors import ConfigError, EosflowError
+from processor.runtime.control import Connection
+from processor.runtime.worker import FAULT_POINTS
+
+__all__ = [
+    "MODES",
+    "RECOVERIES",
+    "Fault",
+    "JobFailed",
+    "RunOptions",
+    "RunResult",
+    "WorkerHandle",
+    "default_snapshot_url",
+    "job_dir",
+    "jobs_dir",
+]
+
+MODES = ("aligned", "unaligned", "sync", "none")
+RECOVERIES = ("global", "local")
+
+
+class JobFailed(EosflowError):
+    """The job exhausted its restarts (the message holds the last cause)."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    """SIGKILL worker ``worker`` the ``nth`` time it reaches ``point``, in start ``attempt``
+    (0: the first start, 1: after the first restart...)."""
+
+    attempt: int
+    worker: int
+    point: str
+    nth: int = 1
+
+    @classmethod
+    def parse(cls, text: str) -> Fault:
+        parts = text.split(":")
+        try:
+            attempt, worker, point = int(parts[0]), int(parts[1]), parts[2]
+            nth = int(parts[3]) if len(parts) > 3 else 1
+        except (IndexError, ValueError):
+            raise ConfigError(
+                f"fault {text!r}: expected ATTEMPT:WORKER:POINT[:N], e.g. 0:1:mid-alignment:2"
+            ) from None
+        if point not in FAULT_POINTS:
+            raise ConfigError(f"fault {text!r}: unknown point {point!r}; use one of {FAULT_POINTS}")
+        return cls(attempt, worker, point, nth)
+
+
+@dataclass
+class RunOptions:
+    """How to run a job. Durations in seconds."""
+
+    workers: int = 2
+    checkpoint_interval: float = 1.0
+    mode: str = "aligned"
+    until_idle: bool = False
+    snapshot_url: str | None = None
+    checkpoint_timeout: float = 60.0
+    keep_checkpoints: int = 3
+    max_restarts: int = 10
+    restart_backoff: float = 0.5
+    max_backoff: float = 10.0
+    faults: list[Fault] = field(default_factory=list)
+    transport: str = "connectors.transport:from_env"
+    environ: dict[str, str] = field(default_factory=dict)
+    state_dir: str | None = None
+    progress: TextIO | None = None
+    progress_every: float = 2.0
+    max_records: int = 5000
+    log_level: str = "INFO"
+    #: ``global``: every worker restarts from the latest completed checkpoint; ``local``: only
+    #: the failed one (docs/local-recovery.md; needs Redis for the record IDs).
+    recovery: str = "global"
+    #: Local recovery: how far behind the watermark (event time) a re-emitted copy is still
+    #: recognised; older copies are passed, counted and logged.
+    recovery_horizon: float = 600.0
+
+    def validate(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"mode {self.mode!r}: choose one of {MODES}")
+        if self.workers < 1:
+            raise ConfigError(f"workers must be at least 1, got {self.workers}")
+        if self.checkpoint_interval <= 0:
+            raise ConfigError(
+                f"checkpoint interval must be positive, got {self.checkpoint_interval}s"
+            )
+        if self.checkpoint_timeout <= self.checkpoint_interval / 10:
+            raise ConfigError("checkpoint timeout is too short for the interval; raise it")
+        if self.recovery not in RECOVERIES:
+            raise ConfigError(f"recovery {self.recovery!r}: choose one of {RECOVERIES}")
+        if self.recovery == "local" and self.mode in ("sync", "none"):
+            raise ConfigError(
+                f"--recovery local needs checkpoints in aligned or unaligned mode, not "
+                f"--mode {self.mode}: a restarted worker restores the latest completed one"
+            )
+        if self.recovery_horizon < 1:
+            raise ConfigError(f"recovery horizon must be at least 1s, got {self.recovery_horizon}s")
+
+
+@dataclass
+class RunResult:
+    job: str
+    generation: int
+    restarts: int
+    checkpoints: int
+    last_checkpoint: int
+    records_in: int
+    records_out: int
+    seconds: float
+    restart_causes: list[str]
+    checkpoint_durations: list[float]
+    ready_s: float  # start-up: from run() until every worker of the first generation connected
+    # until the final checkpoint was triggered (input drained, or stop requested); the rest of
+    # ``seconds`` is that checkpoint, its commits and the workers' exit
+    final_trigger_s: float = float("nan")
+    #: loops: (checkpoint id, back-edge log records, duration s) of the completed checkpoints
+    loop_logs: list[tuple[int, int, float]] = field(default_factory=list)
+
+
+def jobs_dir(state: str | None = None) -> Path:
+    """Where jobs keep status, worker logs and (by default) checkpoints."""
+    return (Path(state) if state else state_dir()) / "jobs"
+
+
+def job_dir(job: str, state: str | None = None) -> Path:
+    return jobs_dir(state) / job
+
+
+def default_snapshot_url(job: str, state: str | None = None) -> str:
+    """Where a job keeps its checkpoints unless ``--snapshot-url`` says otherwise."""
+    return (job_dir(job, state) / "checkpoints").resolve().as_uri()
+
+
+@dataclass
+class WorkerHandle:
+    """The runner's view of one worker of the current generation."""
+
+    index: int
+    pid: int | None = None  # the worker's process id (from its hello on Spark)
+    host: str | None = None
+    conn: Connection | None = None
+    drained: bool = False
+    stats: dict[str, Any] = field(default_factory=dict)

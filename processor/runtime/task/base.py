@@ -1,0 +1,327 @@
+"""The task's state, its operators and how records are pushed through them.
+
+:class:`TaskBase` builds the fused operators of one subtask (sources, user steps, sinks, the
+combiners and routers in front of output channels, the dead-letter writer) and holds every field
+the other layers of the task share; :mod:`.checkpoints`, :mod:`.inputs`, :mod:`.sources` and
+:mod:`.core` add behaviour on top, in that order (see :mod:`processor.runtime.task`).
+
+Dead letters (:mod:`processor.runtime.dead_letters`): with a dead-letter destination, every task
+opens its own writer of it and treats it like a sink (prepare at the barrier, committable in the
+snapshot, commit on completion, recover on restart). Records that fail to decode, and records
+whose user function raises (operators call :meth:`TaskBase._on_error` from their slow path), go
+there with the cause. Where the failing record was read is found only when a failure happens: the
+task remembers which messages the batch being pushed came from, and operators that emit one
+output per input (``keeps_index``) keep the index of a record equal to its index in that batch.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future
+from typing import Any
+
+from dedup.ids import emission_id
+from processor.checkpoint.aligner import (
+    BarrierAligner,
+)
+from processor.compiler import Stage
+from processor.contracts import Message, SinkContext, SinkWriter
+from processor.dataflow import DEAD_LETTERS
+from processor.runtime.channels import ChannelOut, Lineage, Loop, TaskEnv
+from processor.runtime.dead_letters import DeadLetters, Origins
+from processor.runtime.dedup_step import ReplayCheck
+from processor.runtime.operators import (
+    MIN_WATERMARK,
+    Combiner,
+    Operator,
+    Record,
+    SinkOp,
+)
+from processor.runtime.registry import build_operator, build_router
+from processor.snapshot.store import SnapshotHandle
+from processor.wire import (
+    Watermark,
+    channel_partition,
+    source_partitions_for,
+)
+
+log = logging.getLogger(__name__)
+
+TP = tuple[str, int]
+#: Recovery modes of a restored channel input (see :mod:`processor.runtime.task.inputs`).
+_REPLAY, _DROP = 1, 2
+#: How an operator's input indexes map onto the pushed batch: ``True`` the same, a list
+#: ``input index -> batch index``, ``False`` unknown.
+_Index = bool | list[int]
+
+
+class TaskBase:
+    """State and operators of one subtask; the layers above add behaviour."""
+
+    def __init__(self, env: TaskEnv, stage: Stage, subtask: int) -> None:
+        self.env = env
+        self.stage = stage
+        self.subtask = subtask
+        self.name = stage.task(subtask)
+        self.plan = env.plan
+        self.generation = env.generation
+        self.is_source = bool(stage.sources)
+        # Local recovery (docs/local-recovery.md): records are pushed one at a time with their
+        # ID in ``lineage``; channel inputs are checked against ``replay``, the IDs this task
+        # processed, so the copies a restarted upstream worker re-emits are dropped.
+        self.lineage = Lineage() if env.recovery == "local" else None
+        self.replay: ReplayCheck | None = None
+        # Loops: the iteration count of what is pushed, for a task with a loop channel.
+        loop_edges = [e for e in (*stage.inputs, *stage.outputs) if e.loop]
+        self.loop = Loop() if loop_edges else None
+        self.loop_topics = {e.topic for e in stage.inputs if e.loop}
+        steps = self.plan.flow.steps
+        self.back_topics: dict[str, int | None] = {
+            e.topic: steps[e.dst_step].params["max_iterations"] for e in stage.inputs if e.back
+        }
+        self.back: set[TP] = set()  # back-edge input partitions
+        self.back_logging: set[TP] = set()  # back-edges whose barrier has not come around yet
+        self.loop_log: dict[int, int] = {}  # checkpoint -> back-edge records logged
+        self.logging_id = 0
+        # Back-edges not live yet (replaying the restored log, then dropping the failed
+        # generation's records until this generation's marker), and the regular inputs held
+        # until every back-edge is live: a snapshot taken before would record a back-edge
+        # position inside a dead generation's records, which a restore would replay.
+        self.replaying: set[TP] = set()
+        self.held: list[TP] = []
+        self.log_replayed = 0
+        self.loop_exhausted = 0
+        self.records_in = 0
+        self.bad_records = 0
+        self.stale_dropped = 0
+        self._build_operators()
+        self.reader = env.reader_factory(f"eosflow-{self.plan.job}")
+        self.pos: dict[TP, int] = {}
+        self.modes: dict[TP, int] = {}
+        self.blocked: set[TP] = set()
+        self.stash: dict[TP, list[Message]] = {}
+        self.to_resume: set[TP] = set()
+        self.channel_wm: dict[TP, int] = {}
+        self.watermark = MIN_WATERMARK
+        self.max_ts: dict[TP, int] = {}
+        self.drained = False
+        self.restored_id = 0
+        self.aligner: BarrierAligner | None = None
+        self.barrier_seen: dict[int, set[TP]] = {}
+        self.barrier_unaligned: dict[int, bool] = {}  # the mode each checkpoint runs in
+        # snapshot bookkeeping: checkpoint id -> future / handle / alignment done
+        self.uploading: dict[int, Future[SnapshotHandle]] = {}
+        self.uploaded: dict[int, SnapshotHandle] = {}
+        self.aligned: set[int] = set()
+        self.declined: list[tuple[int, str]] = []  # (checkpoint, reason) for the coordinator
+        self._upload_failures = 0  # in a row
+        self.sink_pending: dict[str, list[tuple[int, Any]]] = {n: [] for n, _w in self.committers}
+        self.halted = False  # sync mode: a source stops between trigger and completion
+        self._last_wm_emit = 0.0
+        self.batch_size = 500
+        # Where the batch being pushed came from, and how the input of the operator now
+        # processing maps onto it (read only when a record fails; see _push and _on_error).
+        self._origins: Origins | None = None
+        self._message: Message | None = None  # the one being pushed (local recovery)
+        self._index: _Index = False
+        self._dropped: list[int] | None = None
+
+    # -- construction ----------------------------------------------------------------------------
+
+    def _build_operators(self) -> None:
+        plan, env, stage = self.plan, self.env, self.stage
+        steps = plan.flow.steps
+        merged_into = {e.dst_step for e in stage.inputs if e.combine}
+        self.ops: dict[str, Operator] = {}
+        self.sinks: list[SinkOp] = []
+        self.combiners: list[Combiner] = []
+        self.outputs: list[ChannelOut] = []
+        self.routers: list[Operator] = []  # key-by-ID heads of global dedup shuffles
+        for name in stage.steps:
+            step = steps[name]
+            if step.kind == "source":
+                self.ops[name] = Operator(step)
+            elif step.kind == "sink":
+                ctx = self._sink_context(name, self.subtask, plan.parallelism)
+                op = SinkOp(step, step.params["sink"].open(ctx), keyed=steps[step.parents[0]].keyed)
+                self.ops[name] = op
+                self.sinks.append(op)
+            else:
+                built = build_operator(step, merged_input=name in merged_into)
+                self.ops[name] = built
+                built.open(self._sink_context(name, self.subtask, plan.parallelism))
+            for parent in step.parents:
+                if parent in self.ops:  # parents in other stages arrive through channels
+                    self.ops[parent].children.append(self.ops[name])
+        if self.lineage is not None and not self.is_source:  # an operator like the others
+            self.replay = ReplayCheck(stage.name, env.recovery_horizon_ms)
+            self.replay.open(self._sink_context(self.replay.name, self.subtask, plan.parallelism))
+            self.ops[self.replay.name] = self.replay
+        self.dead: DeadLetters | None = None
+        self.committers: list[tuple[str, SinkWriter]] = [(s.name, s.writer) for s in self.sinks]
+        if plan.flow.dead_letter_sink is not None:
+            # One writer per task; its index is unique over the job's tasks (stage-major), so
+            # writers of different stages never share output names.
+            P = plan.parallelism
+            index = plan.stages.index(stage) * P + self.subtask
+            ctx = self._sink_context(DEAD_LETTERS, index, len(plan.stages) * P)
+            self.dead = DeadLetters(plan.flow.dead_letter_sink.open(ctx), self.name)
+            self.committers.append((DEAD_LETTERS, self.dead.writer))
+        for tag, edge in enumerate(stage.outputs):
+            out = ChannelOut(
+                edge,
+                self.subtask,
+                plan.parallelism,
+                env.writer,
+                lineage=self.lineage,
+                tag=tag,
+                loop=self.loop,
+            )
+            self.outputs.append(out)
+            head: Operator = out
+            dst = steps[edge.dst_step]
+            if dst.kind == "dedup" and not dst.keyed:  # global dedup: route copies by ID
+                head = build_router(dst)
+                head.children.append(out)
+                self.routers.append(head)
+            elif edge.combine:
+                combiner = Combiner(steps[edge.dst_step])
+                combiner.children.append(out)
+                self.combiners.append(combiner)
+                head = combiner
+            self.ops[edge.src_step].children.append(head)
+        if self.dead is not None:
+            for operator in [*self.ops.values(), *self.combiners, *self.routers]:
+                operator.on_error = self._on_error
+        # entry operator per input: source topic or channel topic
+        self.entry: dict[str, Operator] = {}
+        for name in stage.sources:
+            self.entry[steps[name].params["topic"]] = self.ops[name]
+        for edge in stage.inputs:
+            self.entry[edge.topic] = self.ops[edge.dst_step]
+        self.source_params: dict[str, tuple[Any, Any, int]] = {}
+        for name in stage.sources:
+            p = steps[name].params
+            self.source_params[p["topic"]] = (
+                p["serde"],
+                p["timestamp"],
+                p["max_out_of_orderness_ms"],
+            )
+
+    def _sink_context(self, step: str, subtask: int, parallelism: int) -> SinkContext:
+        env = self.env
+        return SinkContext(
+            self.plan.job,
+            step,
+            subtask,
+            parallelism,
+            env.sink_generation,
+            checkpoint_interval=env.checkpoint_interval,
+            snapshot_url=env.store.url,
+            fault=env.fault,
+        )
+
+    def input_partitions(self, source_counts: dict[str, int]) -> list[TP]:
+        P, i = self.plan.parallelism, self.subtask
+        steps = self.plan.flow.steps
+        tps: list[TP] = []
+        for name in self.stage.sources:
+            topic = steps[name].params["topic"]
+            tps += [(topic, p) for p in source_partitions_for(i, P, source_counts[topic])]
+        for edge in self.stage.inputs:
+            if edge.shuffle:
+                tps += [(edge.topic, channel_partition(u, i, P)) for u in range(P)]
+            else:
+                tps.append((edge.topic, channel_partition(i, i, P)))
+        return tps
+
+    def _stale(self) -> int:
+        """Checkpoints up to this id are over for this task (restored, or triggered before it
+        was restarted alone): their barriers and triggers are ignored."""
+        return max(self.restored_id, self.env.stale_through)
+
+    def _push(self, op: Operator, batch: list[Record], index: _Index = False) -> None:
+        """``index``: ``True`` when ``batch[i]`` came from the ``i``-th record that
+        ``self._origins`` knows (see :data:`_Index`). Costs nothing per record: the mapping is
+        only built when an operator that keeps indexes dropped a failing record."""
+        self._index, self._dropped = index, None
+        out = op.process(batch)
+        if out:
+            if not op.keeps_index:
+                index = False
+            elif self._dropped is not None and index is not False:
+                dropped = set(self._dropped)
+                kept = [i for i in range(len(batch)) if i not in dropped]
+                index = kept if index is True else [index[i] for i in kept]
+            for child in op.children:
+                self._push(child, out, index)
+
+    def _flush(self) -> None:
+        for combiner in self.combiners:
+            out = combiner.flush()
+            if out:
+                self._push(combiner.children[0], out)
+
+    def _on_error(self, op: Operator, batch: list[Record], index: int, exc: Exception) -> None:
+        """An operator's user function raised on ``batch[index]``: a dead letter."""
+        assert self.dead is not None
+        if self._dropped is None:
+            self._dropped = []
+        self._dropped.append(index)
+        where, origin = self._index, None
+        if where is not False and self._origins is not None:
+            origin = self._origins(index if where is True else where[index])
+        self.dead.function_failed(op.name, batch[index], exc, origin)
+
+    def _pushing(self, _index: int) -> Message | None:
+        """Origins while records are pushed one at a time: the message being pushed."""
+        return self._message
+
+    def _advance_watermark(self, wm: int) -> None:
+        if wm <= self.watermark:
+            return
+        self.watermark = wm
+        self._flush()
+        lineage = self.lineage
+        if self.loop is not None:
+            self.loop.iteration = 0  # what a watermark fires starts its own loop count
+        for name, op in self.ops.items():  # the stage's steps in order (and the replay check)
+            fired = op.on_watermark(wm)
+            if fired and lineage is None:
+                for child in op.children:
+                    self._push(child, fired)
+            elif fired:  # an emission's ID: (step, key, window), its timestamp being end - 1
+                assert lineage is not None
+                for record in fired:
+                    lineage.set(emission_id(name, record[0], record[2], 0))
+                    for child in op.children:
+                        self._push(child, [record])
+        self._flush()
+        for out in self.outputs:
+            out.control(Watermark(wm))
+
+    # -- reporting -------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        out = sum(o.written for o in self.outputs)
+        sunk = sum(s.written for s in self.sinks)
+        late = sum(op.late_dropped for op in self.ops.values())
+        replayed = self.replay.duplicates if self.replay is not None else 0
+        dups = sum(op.duplicates for op in self.ops.values()) - replayed  # the dedup steps
+        lag = 0
+        if self.is_source and self.env.end_offsets is not None:
+            lag = sum(max(0, self.env.end_offsets.get(tp, 0) - o) for tp, o in self.pos.items())
+        return {
+            "in": self.records_in,
+            "out": out,
+            "sunk": sunk,
+            "bad": self.bad_records,
+            "dead": self.dead.count if self.dead is not None else 0,
+            "late": late,
+            "dups": dups,
+            "stale": self.stale_dropped,
+            "replayed": replayed,
+            "loop_limit": self.loop_exhausted,
+            "lag": lag,
+            "watermark": self.watermark,
+        }

@@ -1,0 +1,60 @@
+"""Event-time windows for keyed aggregations: :class:`Tumbling` and :class:`Sliding`.
+
+Windows are aligned to the epoch: a window of ``size`` starting every ``slide`` covers
+``[k * slide, k * slide + size)`` in event time (epoch milliseconds). A window fires once the
+watermark passes its end plus the aggregation's ``allowed_lateness``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from processor.errors import DefinitionError
+
+__all__ = ["Sliding", "Tumbling", "duration_ms"]
+
+
+def duration_ms(what: str, value: timedelta) -> int:
+    """``value`` in whole milliseconds; ``what`` names it in the error."""
+    if not isinstance(value, timedelta):
+        raise DefinitionError(f"{what} must be a datetime.timedelta, got {value!r}")
+    ms = int(value.total_seconds() * 1000)
+    if ms < 0:
+        raise DefinitionError(f"{what} must not be negative, got {value}")
+    return ms
+
+
+@dataclass(frozen=True)
+class Sliding:
+    """Event-time windows of ``size`` starting every ``slide`` (aligned to the epoch)."""
+
+    size: timedelta
+    slide: timedelta
+
+    def __post_init__(self) -> None:
+        size, slide = duration_ms("window size", self.size), duration_ms("window slide", self.slide)
+        if size <= 0 or slide <= 0:
+            raise DefinitionError(f"window size and slide must be positive, got {self}")
+        if size % slide:
+            raise DefinitionError(
+                f"window size {self.size} must be a multiple of the slide {self.slide}"
+            )
+
+    @property
+    def size_ms(self) -> int:
+        return duration_ms("window size", self.size)
+
+    @property
+    def slide_ms(self) -> int:
+        return duration_ms("window slide", self.slide)
+
+
+class Tumbling(Sliding):
+    """Event-time windows of ``size`` that do not overlap."""
+
+    def __init__(self, size: timedelta) -> None:
+        super().__init__(size, size)
+
+    def __repr__(self) -> str:
+        return f"Tumbling({self.size!r})"
