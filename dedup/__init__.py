@@ -17,9 +17,9 @@ Record-ID deduplication (DESIGN.md, "Record IDs and deduplication"; docs/dedup.m
 
 from dedup.consumer import IdDedupConsumer, sink_record_id
 from dedup.core import Deduplicator, DedupStats, MemoryIdStore
+from dedup.errors import DedupConfigError, DedupError, RedisUnavailable
 from dedup.ids import derived_id, emission_id, source_id, value_id
 from dedup.staged import DedupConsumer, StagedDeduplicator
-from dedup.errors import DedupConfigError, DedupError, RedisUnavailable
 from dedup.store import RedisIdStore
 
 __all__ = [

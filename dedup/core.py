@@ -44,8 +44,8 @@ import secrets
 from typing import Any, Protocol
 
 from dedup.buckets import BloomBuckets
-from dedup.store import decode_tag, encode_tag
 from dedup.errors import DedupConfigError
+from dedup.store import decode_tag, encode_tag
 
 __all__ = ["DedupStats", "Deduplicator", "IdStore", "MemoryIdStore"]
 

@@ -35,8 +35,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from dedup.ids import ID_BYTES
 from dedup.errors import DedupConfigError, RedisUnavailable
+from dedup.ids import ID_BYTES
 
 __all__ = ["RedisIdStore", "RedisUnavailable", "Tag", "decode_tag", "encode_tag", "redis_client"]
 

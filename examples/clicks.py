@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from processor.cli import parse_duration
+
 PAGES = ("/", "/search", "/item", "/cart", "/checkout", "/help")
 
 
@@ -125,7 +127,10 @@ def example_parser(label: str) -> argparse.ArgumentParser:
     """The options every engine example takes (workers, checkpoints, runner, recovery)."""
     parser = argparse.ArgumentParser(description=f"eosflow example: {label}")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--checkpoint-interval", type=float, default=1.0, help="seconds")
+    parser.add_argument(
+        "--checkpoint-interval", type=parse_duration, default=1.0, metavar="DURATION",
+        help="as eosflow run: 500ms, 1s, 2m (default 1s)",
+    )  # fmt: skip
     parser.add_argument("--mode", default="aligned", choices=["aligned", "unaligned", "sync"])
     parser.add_argument(
         "--runner", default="local", choices=["local", "spark"],
@@ -136,7 +141,27 @@ def example_parser(label: str) -> argparse.ArgumentParser:
         "--recovery", default="global", choices=["global", "local"],
         help="local: a failed worker restarts alone (docs/local-recovery.md; starts Redis too)",
     )  # fmt: skip
+    parser.add_argument(
+        "--keep", action="store_true",
+        help="keep the scratch directory (output, checkpoints, worker logs) after a passing check",
+    )  # fmt: skip
     return parser
+
+
+def finish(args: argparse.Namespace, problems: list[str], ok: str) -> None:
+    """Says how the check went; removes the example's scratch directory after a pass (unless
+    ``--keep``), keeps it after a failure, and exits 1 on failure."""
+    import shutil
+
+    if problems:
+        print("FAILED:\n  " + "\n  ".join(problems[:20]))
+        print(f"output, checkpoints and worker logs kept in {args.work}")
+        sys.exit(1)
+    print(ok)
+    if args.keep:
+        print(f"output, checkpoints and worker logs kept in {args.work}")
+    else:
+        shutil.rmtree(args.work, ignore_errors=True)
 
 
 def run_until_idle(
@@ -147,7 +172,8 @@ def run_until_idle(
 ) -> Any:
     """Starts the embedded servers, sets ``JOB_NAME`` and ``OUTPUT_DIR``, calls
     ``produce(brokers, run_id)`` to write the input (it says what it wrote), and runs
-    ``pipeline`` until idle as ``args`` say; returns the :class:`RunResult`."""
+    ``pipeline`` until idle as ``args`` say; returns the :class:`RunResult`. The scratch
+    directory (input state, checkpoints, output) is ``args.work``; :func:`finish` removes it."""
     import tempfile
     import uuid
 
@@ -157,7 +183,7 @@ def run_until_idle(
     with servers(["kafka", "redis"] if args.recovery == "local" else ["kafka"]) as endpoints:
         assert endpoints.kafka_brokers is not None
         run_id = uuid.uuid4().hex[:8]
-        work = tempfile.mkdtemp(prefix=f"eosflow-example-{run_id}-")
+        work = args.work = tempfile.mkdtemp(prefix=f"eosflow-example-{run_id}-")
         os.environ["JOB_NAME"] = f"{label.replace(' ', '-')}-{run_id}"
         os.environ["OUTPUT_DIR"] = f"{work}/output"
         print(f"kafka: {endpoints.kafka_brokers} ({endpoints.origin['kafka']})")
@@ -205,10 +231,12 @@ def run_example(
         f"{sum(got.values()):,} output records in {os.environ['OUTPUT_DIR']}, "
         f"{result.checkpoints} checkpoints"
     )
+    problems = []
     if missing or extra:
-        print(f"FAILED: {missing} expected records missing, {extra} duplicated or unexpected")
-        sys.exit(1)
-    print(f"OK: every output record exactly once ({sum(want.values()):,} expected)")
+        problems.append(f"{missing} expected records missing, {extra} duplicated or unexpected")
+    finish(
+        args, problems, f"OK: every output record exactly once ({sum(want.values()):,} expected)"
+    )
 
 
 def with_duplicates(

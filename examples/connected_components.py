@@ -32,8 +32,8 @@ import random
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from connectors.serde import JsonSerde
-from processor.dataflow import Dataflow, Stream
+from connectors import JsonSerde
+from processor import Dataflow, Stream
 from sinks import FileSink
 
 
@@ -140,7 +140,7 @@ def check_labels(lines: Iterable[list[int]], want: dict[int, int]) -> list[str]:
 
 
 def main() -> None:
-    from clicks import example_parser, produce_json, run_until_idle
+    from clicks import example_parser, finish, produce_json, run_until_idle
 
     from sinks import read_jsonl
 
@@ -167,10 +167,11 @@ def main() -> None:
         f"mean {sum(logs) / max(1, len(logs)):,.0f} records"
     )
     problems = check_labels(lines, want)
-    if problems:
-        print("FAILED:\n  " + "\n  ".join(problems[:20]))
-        raise SystemExit(1)
-    print("OK: every node's label is the smallest node of its component, no line twice")
+    finish(
+        args,
+        problems,
+        "OK: every node's label is the smallest node of its component, no line twice",
+    )
 
 
 if __name__ == "__main__":

@@ -29,9 +29,15 @@ import uuid
 import redis
 from clicks import Totals, click_events, expected_totals, produce_clicks
 
-from connectors import KafkaSettings, PartitionReader, TopicAdmin, create_producer, probe_broker
+from connectors import (
+    JsonSerde,
+    KafkaSettings,
+    PartitionReader,
+    TopicAdmin,
+    create_producer,
+    probe_broker,
+)
 from connectors.config import producer_config
-from connectors.serde import JsonSerde
 from processor.embedded import servers
 
 

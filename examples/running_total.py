@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import os
 
-from connectors.serde import JsonSerde
-from processor.dataflow import Dataflow
+from connectors import JsonSerde
+from processor import Dataflow
 from sinks import FileSink
 
 flow = Dataflow(os.environ.get("JOB_NAME", "running-total"))

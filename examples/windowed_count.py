@@ -23,8 +23,8 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 
-from connectors.serde import JsonSerde
-from processor.dataflow import Dataflow, Tumbling
+from connectors import JsonSerde
+from processor import Dataflow, Tumbling
 from sinks import FileSink
 
 WINDOW = timedelta(seconds=10)

@@ -12,18 +12,24 @@ after a restart.
   (readers drop re-published repeats with :class:`dedup.DedupConsumer`); docs/sinks.md.
 - :class:`ConsoleSink`: prints on commit; for development (a terminal is not transactional).
 
-- ``sinks.redis_sink.RedisSink`` (epoch-guarded Lua commits) and ``sinks.postgres.PostgresSink``
-  (``PREPARE TRANSACTION`` / ``COMMIT PREPARED``) are imported from their modules.
+- :class:`PostgresSink`: ``PREPARE TRANSACTION`` at the barrier, ``COMMIT PREPARED`` on
+  completion (needs the ``postgres`` extra: psycopg); docs/sink-postgres.md.
+- :class:`RedisSink`: one subtask's epoch applied atomically by a Lua script guarded by the last
+  committed epoch; docs/sink-redis.md.
 """
 
 from sinks.console import ConsoleSink
 from sinks.files import FileSink, read_avro, read_committed, read_committed_lines, read_jsonl
 from sinks.kafka import KafkaSink
+from sinks.postgres import PostgresSink
+from sinks.redis import RedisSink
 
 __all__ = [
     "ConsoleSink",
     "FileSink",
     "KafkaSink",
+    "PostgresSink",
+    "RedisSink",
     "read_avro",
     "read_committed",
     "read_committed_lines",

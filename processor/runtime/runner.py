@@ -88,7 +88,7 @@ def _preflight_redis() -> None:
 
 
 @contextlib.contextmanager
-def _environment(extra: dict[str, str]) -> Iterator[None]:
+def extra_environ(extra: dict[str, str]) -> Iterator[None]:
     """``os.environ`` plus ``extra`` while the pipeline file is loaded in this process."""
     saved = {k: os.environ.get(k) for k in extra}
     os.environ.update(extra)
@@ -116,7 +116,7 @@ class Runner(RunnerReporting):
         options.validate()
         self.pipeline = str(Path(pipeline).resolve())
         self.options = options
-        with _environment(options.environ):  # the workers see the same variables
+        with extra_environ(options.environ):  # the workers see the same variables
             self.plan: Plan = compile_flow(
                 load_flow(self.pipeline), options.workers, combine=options.recovery != "local"
             )
@@ -396,7 +396,7 @@ class Runner(RunnerReporting):
                 "give Dataflow(..., dead_letters=<sink>) to keep them",
                 self.job,
             )
-        with _environment(self.options.environ):
+        with extra_environ(self.options.environ):
             for sink in sinks:
                 preflight_sink(sink, job=self.job, checkpoint_interval=self._interval())
             if self.options.recovery == "local":

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from processor.errors import ConfigError
-from processor.runtime.runner import Runner, RunOptions
+from processor.runtime.runner import Runner, RunOptions, extra_environ
 
 __all__ = ["SparkOptions", "SparkRunner", "local_slots", "spark_cause"]
 
@@ -185,6 +185,21 @@ def _task(payload: dict[str, Any], _partition: Iterator[Any]) -> Iterator[int]:
         handler.close()
 
 
+def _driver_path() -> str:
+    """``PYTHONPATH`` for local workers that run the driver's interpreter: its ``sys.path``
+    (the pipeline's directory, a checkout that is not installed).
+
+    Why the interpreter is set too: PySpark starts its Python workers with ``PYSPARK_PYTHON``,
+    else the ``python3`` found on ``PATH``; the ``spark.pyspark.python`` setting is only read by
+    ``spark-submit``. A driver started by the path of a virtualenv's interpreter, without the
+    virtualenv activated (cron, systemd, an IDE), got workers without eosflow's dependencies
+    (found by the release check on Apache Kafka). A ``PYSPARK_PYTHON`` the user set is kept,
+    and then the path is theirs too.
+    """
+    paths = [p for p in sys.path if p and os.path.exists(p)]
+    return os.pathsep.join(dict.fromkeys(paths))
+
+
 class SparkRunner(Runner):
     """Runs ``pipeline`` with :class:`RunOptions` on Spark (:class:`SparkOptions`)."""
 
@@ -233,13 +248,16 @@ class SparkRunner(Runner):
                     "spark.driver.bindAddress": "127.0.0.1",
                 }
             )
-            if not os.environ.get("PYSPARK_PYTHON"):
-                settings["spark.pyspark.python"] = sys.executable
+        python: dict[str, str] = {}
+        if self.local_master and not os.environ.get("PYSPARK_PYTHON"):
+            python = {"PYSPARK_PYTHON": sys.executable}
+            settings["spark.executorEnv.PYTHONPATH"] = _driver_path()
         settings.update(self.spark_options.conf)
         for key, value in settings.items():
             builder = builder.config(key, value)
         self._say(f"starting Spark (master {self.master or 'from spark-submit'})")
-        self.session = builder.getOrCreate()
+        with extra_environ(python):  # PySpark reads the workers' interpreter when it starts
+            self.session = builder.getOrCreate()
         sc = self.session.sparkContext
         sc.setLogLevel(self.spark_options.conf.get("spark.log.level", "ERROR"))
         effective = sc.getConf()

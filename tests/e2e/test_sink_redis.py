@@ -120,9 +120,9 @@ def _assert_redis_state(
     # The paths the faults must reach: commits of epochs already committed before the crash
     # (the guard), and staged epochs of checkpoints that never completed (orphans).
     text = "".join(run.logs.values())
-    repeated = text.count("INFO sinks.redis_sink: already committed")
+    repeated = text.count("INFO sinks.redis.writer: already committed")
     orphans = sum(
-        int(n) for n in re.findall(r"redis_sink: recovered .* orphans_deleted=(\d+)", text)
+        int(n) for n in re.findall(r"redis\.writer: recovered .* orphans_deleted=(\d+)", text)
     )
     print(f"seed={seed} commits found already done={repeated} orphans deleted={orphans}")
     assert repeated > 0 and orphans > 0, f"seed={seed}: recovery paths not exercised"

@@ -11,8 +11,8 @@ import pytest
 import redis
 
 from dedup.core import Deduplicator
-from dedup.store import RedisIdStore, RedisUnavailable, encode_tag, redis_client
 from dedup.errors import DedupConfigError
+from dedup.store import RedisIdStore, RedisUnavailable, encode_tag, redis_client
 
 pytestmark = pytest.mark.integration
 

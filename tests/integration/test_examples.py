@@ -40,13 +40,22 @@ def test_quickstart_counts_every_click_once_when_pointed_at_servers_by_environme
 def test_readme_example_runs_on_spark_with_its_one_documented_command(
     kafka_endpoint: tuple[str, str], tmp_path: Path
 ) -> None:
-    """README "On Apache Spark": ``python examples/running_total.py --runner spark``."""
+    """README "On Apache Spark": ``python examples/running_total.py --runner spark``.
+
+    Regression (release check on Apache Kafka 2.3): run as a service manager or cron would, by
+    the interpreter's path from another directory, with its virtualenv not activated (not on
+    ``PATH``), the Spark workers started the ``python3`` found on ``PATH`` and could not import
+    eosflow's dependencies. They must run the driver's interpreter."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("EOSFLOW_")}
+    env.pop("VIRTUAL_ENV", None)
+    env.pop("PYSPARK_PYTHON", None)
+    bin_dir = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p != bin_dir)
     env.update(EOSFLOW_KAFKA_BROKERS=kafka_endpoint[0], EOSFLOW_STATE_DIR=str(tmp_path))
     result = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "running_total.py"), "--runner", "spark",
          "--records", "20000"],
-        env=env, capture_output=True, text=True, timeout=300,
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "on local[2] ready in" in result.stdout

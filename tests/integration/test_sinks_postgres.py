@@ -543,14 +543,14 @@ import sinks.postgres as pg
 from processor.contracts import SinkContext
 
 dsn, table, job = sys.argv[1:4]
-real = pg._sql_with_literal
+real = pg.prepared._sql_with_literal
 
 def killing(template, value):
     if template.startswith("PREPARE") and value.endswith(":3"):
         os.kill(os.getpid(), signal.SIGKILL)  # inside epoch 3's transaction, before PREPARE
     return real(template, value)
 
-pg._sql_with_literal = killing
+pg.prepared._sql_with_literal = killing
 columns = {"user_id": "text", "clicks": "bigint", "amount": "bigint"}
 writer = pg.PostgresSink(table, columns, dsn=dsn).open(SinkContext(job, "out", 0, 1, 1))
 writer.recover([])

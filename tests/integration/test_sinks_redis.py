@@ -1,4 +1,4 @@
-"""Integration tests for sinks.redis_sink against a real Redis (the ``redis_url`` fixture).
+"""Integration tests for sinks.redis against a real Redis (the ``redis_url`` fixture).
 
 Every test writes under its own job name and key prefix, so tests share the server, never keys.
 """
@@ -30,7 +30,7 @@ from processor.errors import (
     SnapshotError,
 )
 from processor.snapshot import codec
-from sinks.redis_sink import OPERATIONS, RedisSink, RedisSinkWriter
+from sinks.redis import OPERATIONS, RedisSink, RedisSinkWriter
 
 
 class Crash(Exception):
@@ -317,7 +317,7 @@ def test_commit_waits_for_redis_when_it_restarts_during_commit(tmp_path: Path, j
                 retrying.set()
 
     handler = Retries(logging.WARNING)
-    logging.getLogger("sinks.redis_sink").addHandler(handler)
+    logging.getLogger("sinks.redis").addHandler(handler)
     try:
         sink = RedisSink("incr", key="n", url=server.url, retry_for=timedelta(seconds=30))
         writer = sink.open(context(job))
@@ -345,7 +345,7 @@ def test_commit_waits_for_redis_when_it_restarts_during_commit(tmp_path: Path, j
         assert client.get("n") == b"6"
         client.close()
     finally:
-        logging.getLogger("sinks.redis_sink").removeHandler(handler)
+        logging.getLogger("sinks.redis").removeHandler(handler)
         stop(server.process)
 
 
@@ -556,7 +556,7 @@ def test_log_lines_carry_key_value_context_when_epoch_is_committed(
     redis_url: str, job: str, p: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     writer = RedisSink("list", key=f"{p}:out", url=redis_url).open(context(job, subtask=2))
-    with caplog.at_level(logging.INFO, logger="sinks.redis_sink"):
+    with caplog.at_level(logging.INFO, logger="sinks.redis"):
         committable = epoch(writer, 7, [1])
         writer.commit(7, committable)
         writer.commit(7, committable)

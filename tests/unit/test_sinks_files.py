@@ -24,12 +24,12 @@ from processor.snapshot import codec
 from sinks.files import (
     FileSink,
     FileSinkWriter,
-    _mount_fstype,
     read_avro,
     read_committed,
     read_committed_lines,
     read_jsonl,
 )
+from sinks.files.directory import _mount_fstype
 
 CLAIM = ".eosflow-sink.json"
 

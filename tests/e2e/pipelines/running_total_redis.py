@@ -25,7 +25,7 @@ from typing import Any
 
 from connectors.serde import JsonSerde
 from processor.dataflow import Dataflow
-from sinks.redis_sink import RedisSink
+from sinks.redis import RedisSink
 
 WORK_S = int(os.environ.get("WORK_US", "100")) / 1e6
 PREFIX = os.environ["REDIS_PREFIX"]

@@ -1,0 +1,136 @@
+"""The Kafka sink's configuration: :class:`KafkaSink`, checked before the job runs, opens
+one writer per subtask (:mod:`sinks.kafka.transactional` or :mod:`sinks.kafka.staged`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from connectors.admin import TopicAdmin
+from connectors.config import KafkaSettings
+from connectors.serde import JsonSerde
+from processor.contracts import Serde, SinkContext
+from processor.errors import ConfigError
+from sinks.kafka.records import _MAX_SLOTS
+from sinks.kafka.staged import StagedKafkaSinkWriter
+from sinks.kafka.transactional import KafkaSinkWriter
+
+__all__ = ["KafkaSink", "check_transaction_timeout"]
+
+_MODES = ("transactional", "staged")
+_DEFAULT_TIMEOUT_MS = 60_000
+
+
+class KafkaSink:
+    """Writes a stream to a Kafka topic, exactly once for ``read_committed`` readers.
+
+    Args:
+        topic: the output topic (must exist; eosflow does not guess its partitioning).
+        transactional_id_prefix: required in transactional mode; unique per job and stable
+            across its restarts (transactional ids derive from it). Two running jobs with the
+            same prefix fence each other.
+        mode: ``"transactional"`` (default) or ``"staged"`` (see the module docstrings of
+            :mod:`sinks.kafka.transactional` and :mod:`sinks.kafka.staged`).
+        serde: encodes values (default JSON).
+        key: function value -> key (bytes, str or JSON-encodable) for the record key; on a
+            keyed stream the default is the stream's key.
+        settings: brokers and client settings (default: ``KafkaSettings.from_env()`` in the
+            worker, i.e. ``EOSFLOW_KAFKA_BROKERS``).
+        transaction_timeout_ms: the producers' ``transaction.timeout.ms`` (default 60 s); must be
+            above twice the checkpoint interval and at most the broker's
+            ``transaction.max.timeout.ms``.
+        pool_size: transactional ids per subtask kept ready (2 covers one prepared epoch plus
+            the open one; more are used while checkpoints keep failing, up to 8).
+        producer_config: extra librdkafka producer settings.
+        commit_timeout_s: how long a commit may keep failing with retriable errors before the
+            epoch is treated as aborted and re-published (after fencing the old producer).
+
+    Raises:
+        ConfigError: unknown mode, missing prefix, non-callable ``key``, bad pool size.
+    """
+
+    def __init__(
+        self,
+        topic: str,
+        *,
+        transactional_id_prefix: str | None = None,
+        mode: str = "transactional",
+        serde: Serde | None = None,
+        key: Callable[[Any], Any] | None = None,
+        settings: KafkaSettings | None = None,
+        transaction_timeout_ms: int = _DEFAULT_TIMEOUT_MS,
+        pool_size: int = 2,
+        producer_config: dict[str, Any] | None = None,
+        commit_timeout_s: float = 30.0,
+    ) -> None:
+        if mode not in _MODES:
+            raise ConfigError(f"KafkaSink mode {mode!r} is unknown; expected one of {_MODES}")
+        if mode == "transactional" and not transactional_id_prefix:
+            raise ConfigError(
+                "KafkaSink needs transactional_id_prefix=<a name unique to this job, stable "
+                "across restarts> in transactional mode (or mode='staged' for brokers without "
+                "transactions)"
+            )
+        if key is not None and not callable(key):
+            raise ConfigError(f"KafkaSink key must be a function value -> key, got {key!r}")
+        if not 1 <= pool_size <= _MAX_SLOTS:
+            raise ConfigError(f"KafkaSink pool_size must be 1..{_MAX_SLOTS}, got {pool_size}")
+        self.topic = topic
+        self.prefix = transactional_id_prefix
+        self.mode = mode
+        self.serde = serde or JsonSerde()
+        self.key = key
+        self.settings = settings
+        self.transaction_timeout_ms = int(transaction_timeout_ms)
+        self.pool_size = pool_size
+        self.producer_config = dict(producer_config or {})
+        self.commit_timeout_s = float(commit_timeout_s)
+
+    def __repr__(self) -> str:
+        return f"KafkaSink({self.topic!r}, mode={self.mode!r}, prefix={self.prefix!r})"
+
+    def resolved_settings(self) -> KafkaSettings:
+        return self.settings if self.settings is not None else KafkaSettings.from_env()
+
+    def preflight(self, *, job: str, checkpoint_interval: float | None) -> None:
+        """Check the topic and the transaction timeout; create the marker topic."""
+        settings = self.resolved_settings()
+        admin = TopicAdmin(settings)
+        if not admin.exists(self.topic):
+            raise ConfigError(
+                f"KafkaSink: output topic {self.topic!r} does not exist on {settings.brokers}; "
+                "create it with the partition count its readers expect"
+            )
+        if self.mode == "transactional":
+            from connectors.probe import broker_transaction_max_timeout
+
+            check_transaction_timeout(
+                self.transaction_timeout_ms,
+                checkpoint_interval,
+                broker_transaction_max_timeout(settings),
+            )
+
+    def open(self, ctx: SinkContext) -> KafkaSinkWriter | StagedKafkaSinkWriter:
+        if self.mode == "staged":
+            return StagedKafkaSinkWriter(self, ctx)
+        return KafkaSinkWriter(self, ctx)
+
+
+def check_transaction_timeout(
+    timeout_ms: int, checkpoint_interval: float | None, broker_max_ms: int | None
+) -> None:
+    """Refuse a ``transaction.timeout.ms`` the job cannot live with, saying what to change."""
+    if broker_max_ms is not None and timeout_ms > broker_max_ms:
+        raise ConfigError(
+            f"KafkaSink transaction_timeout_ms={timeout_ms} exceeds the broker's "
+            f"transaction.max.timeout.ms={broker_max_ms}: lower transaction_timeout_ms to at most "
+            f"{broker_max_ms}, or raise transaction.max.timeout.ms on the brokers"
+        )
+    if checkpoint_interval is not None and timeout_ms < 2_000 * checkpoint_interval:
+        raise ConfigError(
+            f"KafkaSink transaction_timeout_ms={timeout_ms} is below twice the checkpoint "
+            f"interval ({checkpoint_interval:g}s): an epoch's transaction stays open for about "
+            f"one interval plus the checkpoint, so the broker would abort most of them. Raise "
+            f"transaction_timeout_ms to at least {int(4_000 * checkpoint_interval)} or shorten "
+            "--checkpoint-interval"
+        )

@@ -1,0 +1,330 @@
+"""The Kafka sink's transactional mode (DESIGN.md, "Sinks: two-phase commit"): an epoch is
+committed on checkpoint completion.
+
+Each sink subtask owns a small pool of stable ``transactional.id``\\ s,
+``<prefix>-<step>-<subtask>-<slot>``. An epoch's records go into one transaction on a free
+slot, each with two headers: :data:`HEADER_SINK` and :data:`HEADER_ID`, which names the sink
+subtask, the epoch and the record's place in it (two headers, not four: headers are the
+largest per-record cost of producing from Python, see bench/RESULTS.md). ``prepare`` writes
+a *marker* record for the epoch into the same transaction (topic
+``eosflow.<job>.<step>.txn-markers``, partition = subtask), flushes, and returns the
+committable: the transactional id, the epoch tag, the record count, the offset
+range the transaction wrote in every partition and the marker's offset. ``commit`` commits
+the transaction. While it is prepared, the next epoch writes on another slot.
+
+Recovery closes the window librdkafka leaves open (it cannot resume a transaction after a
+restart; ``init_transactions`` aborts it): for each pending committable, the marker tells
+whether the epoch committed; if it did not, the recorded ranges are re-read and the epoch is
+re-published in a new transaction with a new marker (:mod:`sinks.kafka.rescue` decides and
+reads; :meth:`KafkaSinkWriter._rescue` re-publishes). A transaction the broker aborted on
+timeout (commit fails) goes the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from connectors.admin import TopicAdmin
+from connectors.config import create_producer, producer_config
+from connectors.errors import classify
+from connectors.transport import produce_waiting
+from processor.contracts import SinkContext
+from processor.errors import EosflowError, KafkaClientError
+from sinks.kafka.broker import _retrying
+from sinks.kafka.records import (
+    _MAX_SLOTS,
+    HEADER_EPOCH,
+    HEADER_ID,
+    HEADER_SINK,
+    HEADER_SUBTASK,
+    Headers,
+    _Encoder,
+    marker_topic,
+    transactional_id,
+)
+from sinks.kafka.rescue import epoch_committed, read_epoch
+
+if TYPE_CHECKING:
+    from sinks.kafka.sink import KafkaSink
+
+__all__ = ["KafkaSinkWriter"]
+
+log = logging.getLogger(__name__)
+
+
+class KafkaSinkWriter:
+    """One subtask's transactional writer; see the module docstring for the protocol.
+
+    Invariants:
+        Every record of an epoch is in exactly one transaction, on one transactional id, with
+        headers naming (sink, subtask, epoch); the epoch's marker is in the same transaction.
+        A slot holds at most one open or prepared transaction; a slot is free again only after
+        its transaction committed.
+        An epoch is published (committed) once: ``commit``/``recover`` re-publish only when the
+        marker says the original did not commit, and a re-publication writes a new marker
+        inside its own transaction.
+    """
+
+    def __init__(self, sink: KafkaSink, ctx: SinkContext) -> None:
+        assert sink.prefix is not None
+        self.sink = sink
+        self.ctx = ctx
+        self.settings = sink.resolved_settings()
+        self.encode = _Encoder(sink)
+        self.sink_id = f"{ctx.job}/{ctx.step}".encode()
+        self.subtask_b = str(ctx.subtask).encode()
+        self.markers = marker_topic(ctx.job, ctx.step)
+        self.marker_partition = ctx.subtask
+        TopicAdmin(self.settings).ensure_topic(self.markers, ctx.parallelism)
+        self.producers: dict[int, Producer] = {}
+        self.busy: dict[int, str] = {}  # slot -> epoch tag of its open or prepared transaction
+        self.slot: int | None = None  # slot of the open (not yet prepared) transaction
+        self.tag = ""
+        self.n = 0
+        self.seq = 0
+        self.ranges: dict[tuple[str, int], list[int]] = {}
+        self.errors: list[KafkaError] = []
+        self.marker_offset: list[int] = []
+        self.published = 0
+        self.republished = 0
+
+    # -- producers -------------------------------------------------------------------------------
+
+    def _tid(self, slot: int) -> str:
+        assert self.sink.prefix is not None
+        return transactional_id(self.sink.prefix, self.ctx.step, self.ctx.subtask, slot)
+
+    def _producer(self, slot: int, *, fresh: bool = False) -> Producer:
+        """The producer of ``slot``; ``fresh``: a new instance (fences and aborts the old one)."""
+        producer = self.producers.get(slot)
+        if producer is None or fresh:
+            producer = self.producers[slot] = self._new_producer(slot)
+        return producer
+
+    def _new_producer(self, slot: int) -> Producer:
+        """A producer for ``slot``, initialized: its id's open transaction is aborted."""
+        conf = producer_config(
+            self.settings,
+            transactional_id=self._tid(slot),
+            overrides={
+                **self.sink.producer_config,
+                "transaction.timeout.ms": self.sink.transaction_timeout_ms,
+            },
+        )
+        conf["partitioner"] = "murmur2_random"  # as the Java client: same key, same partition
+        producer = create_producer(conf)
+        _retrying(producer.init_transactions, f"init_transactions {self._tid(slot)}")
+        return producer
+
+    def _free_slot(self) -> int:
+        for slot in range(_MAX_SLOTS):
+            if slot not in self.busy:
+                return slot
+        raise EosflowError(
+            f"sink {self.ctx.step}[{self.ctx.subtask}]: {_MAX_SLOTS} epochs are prepared and not "
+            "committed (checkpoints keep failing?); refusing to open more transactions"
+        )
+
+    def _delivered(self, err: KafkaError | None, msg: Any) -> None:
+        if err is not None:
+            self.errors.append(err)
+            return
+        tp = (msg.topic(), msg.partition())
+        offset = msg.offset()
+        if tp == (self.markers, self.marker_partition):
+            self.marker_offset.append(offset)
+            return
+        r = self.ranges.get(tp)
+        if r is None:
+            self.ranges[tp] = [offset, offset]
+        elif offset > r[1]:
+            r[1] = offset
+        elif offset < r[0]:
+            r[0] = offset
+
+    # -- the epoch -------------------------------------------------------------------------------
+
+    def _begin(self) -> Producer:
+        slot = self._free_slot()
+        producer = self._producer(slot)
+        producer.begin_transaction()
+        self.slot = slot
+        self.tag = f"{self.ctx.generation}.{self.n}"
+        self.n += 1
+        self.busy[slot] = self.tag
+        self.seq = 0
+        self.ranges = {}
+        self.errors = []
+        self.marker_offset = []
+        return producer
+
+    def write(self, values: Sequence[Any]) -> None:
+        if not values:
+            return
+        producer = self._producer(self.slot) if self.slot is not None else self._begin()
+        topic, encode, delivered = self.sink.topic, self.encode, self._delivered
+        sink_header = (HEADER_SINK, self.sink_id)
+        id_prefix = f"{self.ctx.subtask}.{self.tag}."
+        seq = self.seq
+        for item in values:
+            key, value = encode(item)
+            headers: Headers = [sink_header, (HEADER_ID, f"{id_prefix}{seq}".encode())]
+            seq += 1
+            produce_waiting(producer, topic, value, key, headers=headers, on_delivery=delivered)
+        self.seq = seq
+        producer.poll(0)
+        if self.errors:
+            self._raise_delivery(f"writing epoch {self.tag}")
+
+    def _raise_delivery(self, context: str) -> None:
+        err = self.errors[0]
+        raise classify(err, context=f"sink {self.ctx.step}[{self.ctx.subtask}] {context}")
+
+    def prepare(self, checkpoint_id: int) -> Any:
+        if self.slot is None:
+            return None
+        slot, producer = self.slot, self._producer(self.slot)
+        marker = orjson.dumps(
+            {"job": self.ctx.job, "step": self.ctx.step, "subtask": self.ctx.subtask,
+             "epoch": self.tag, "checkpoint": checkpoint_id, "count": self.seq}
+        )  # fmt: skip
+        self._produce_marker(producer, marker, self.tag, self._delivered)
+        left = producer.flush(60)
+        if left:
+            raise KafkaClientError(
+                f"sink {self.ctx.step}[{self.ctx.subtask}]: {left} records undelivered after 60 s "
+                f"at checkpoint {checkpoint_id}",
+                retriable=True,
+            )
+        if self.errors:
+            self._raise_delivery(f"preparing checkpoint {checkpoint_id}")
+        committable = {
+            "tid": self._tid(slot),
+            "slot": slot,
+            "epoch": self.tag,
+            "count": self.seq,
+            "ranges": [[t, p, lo, hi] for (t, p), (lo, hi) in sorted(self.ranges.items())],
+            "marker": [self.markers, self.marker_partition, self.marker_offset[0]],
+        }
+        self.published += self.seq
+        self.slot = None
+        return committable
+
+    def _produce_marker(
+        self, producer: Producer, marker: bytes, tag: str, on_delivery: Callable[..., None]
+    ) -> None:
+        """The epoch's commit marker, inside the open transaction; its headers name (sink,
+        subtask, epoch), which is what :meth:`_marker_in` looks for."""
+        headers: Headers = [
+            (HEADER_SINK, self.sink_id),
+            (HEADER_SUBTASK, self.subtask_b),
+            (HEADER_EPOCH, tag.encode()),
+        ]
+        produce_waiting(
+            producer, self.markers, marker, self.subtask_b, partition=self.marker_partition,
+            headers=headers, on_delivery=on_delivery,
+        )  # fmt: skip
+
+    def commit(self, checkpoint_id: int, committable: Any) -> None:
+        slot, tag = int(committable["slot"]), str(committable["epoch"])
+        if self.busy.get(slot) == tag and slot != self.slot:
+            producer = self._producer(slot)
+            try:
+                _retrying(
+                    producer.commit_transaction,
+                    f"commit {self._tid(slot)}",
+                    self.sink.commit_timeout_s,
+                )
+            except KafkaClientError as exc:
+                # The broker aborted the transaction (timeout) or fenced this producer: rescue.
+                log.warning(
+                    "sink=%s subtask=%d epoch=%s checkpoint=%d commit failed (%s); re-publishing",
+                    self.ctx.step, self.ctx.subtask, tag, checkpoint_id, exc,
+                )  # fmt: skip
+                self._rescue(committable, fresh=True)
+            del self.busy[slot]
+            self.ctx.fault("mid-sink-commit")  # committed; the engine has not recorded it yet
+            return
+        self._rescue(committable, fresh=False)
+
+    def recover(self, pending: Sequence[tuple[int, Any]]) -> None:
+        """Abort whatever the pool's ids left open, then publish every pending epoch once.
+
+        Every id of the pool (all :data:`_MAX_SLOTS`) is initialized, in parallel: a crash
+        during a streak of failed checkpoints can leave a transaction open on a high slot, and
+        an open transaction holds back every ``read_committed`` reader of its partitions.
+        """
+        keep = {*range(self.sink.pool_size), *(int(c["slot"]) for _chk, c in pending)}
+        self.producers.clear()
+        with ThreadPoolExecutor(_MAX_SLOTS, thread_name_prefix="txn-init") as pool:
+            fresh = dict(
+                zip(range(_MAX_SLOTS), pool.map(self._new_producer, range(_MAX_SLOTS)), strict=True)
+            )
+        for slot, producer in fresh.items():
+            if slot in keep:
+                self.producers[slot] = producer
+        for i, (chk, committable) in enumerate(pending):
+            self._rescue(committable, fresh=False)
+            log.info(
+                "sink=%s subtask=%d recovered checkpoint=%d epoch=%s",
+                self.ctx.step, self.ctx.subtask, chk, committable["epoch"],
+            )  # fmt: skip
+            if i == 0:
+                self.ctx.fault("mid-sink-recover")
+        self.busy.clear()
+
+    def _rescue(self, committable: Any, *, fresh: bool) -> None:
+        """Publish the epoch of ``committable`` unless its marker says it committed."""
+        slot, tag = int(committable["slot"]), str(committable["epoch"])
+        producer = self._producer(slot, fresh=fresh)
+        where = f"sink={self.ctx.step} subtask={self.ctx.subtask}"
+        if epoch_committed(self.settings, committable, self.sink_id, self.subtask_b, where):
+            return
+        records = read_epoch(self.settings, committable, self.ctx.subtask, self.sink_id)
+        expected = int(committable["count"])
+        if len(records) != expected:
+            raise EosflowError(
+                f"sink {self.ctx.step}[{self.ctx.subtask}]: epoch {tag} held {expected} records "
+                f"but only {len(records)} are still in {committable['ranges']} (deleted by "
+                "retention?); its output cannot be re-published"
+            )
+        self.errors = []
+        _retrying(lambda _t: producer.begin_transaction(), f"begin {self._tid(slot)}")
+        for topic, partition, key, value, headers, ts in records:
+            produce_waiting(
+                producer, topic, value, key, partition=partition, headers=headers, timestamp=ts,
+                on_delivery=self._delivered_rescue,
+            )  # fmt: skip
+        marker = orjson.dumps({"epoch": tag, "republished": True, "count": expected})
+        self._produce_marker(producer, marker, tag, self._delivered_rescue)
+        producer.flush(60)
+        if self.errors:
+            self._raise_delivery(f"re-publishing epoch {tag}")
+        _retrying(
+            producer.commit_transaction, f"commit {self._tid(slot)}", self.sink.commit_timeout_s
+        )
+        self.republished += expected
+        log.warning(
+            "sink=%s subtask=%d re-published epoch=%s records=%d (its transaction had aborted)",
+            self.ctx.step, self.ctx.subtask, tag, expected,
+        )  # fmt: skip
+
+    def _delivered_rescue(self, err: KafkaError | None, _msg: Any) -> None:
+        if err is not None:
+            self.errors.append(err)
+
+    def close(self) -> None:
+        for slot, producer in self.producers.items():
+            if slot == self.slot:
+                try:
+                    producer.abort_transaction(10)  # never prepared: nobody will commit it
+                except KafkaException as exc:
+                    log.warning("abort on close failed: %s", exc)
+            producer.flush(10)
+        self.producers.clear()
