@@ -269,12 +269,24 @@ def _time_group_join(
 
 def broker_transaction_max_timeout(settings: KafkaSettings, *, timeout: float = 10.0) -> int | None:
     """The broker's ``transaction.max.timeout.ms``, or ``None`` if it does not report it."""
+    value = broker_config(settings, "transaction.max.timeout.ms", timeout=timeout)
+    return int(value) if value is not None else None
+
+
+def broker_config(settings: KafkaSettings, name: str, *, timeout: float = 10.0) -> str | None:
+    """One setting of a broker of the cluster (DescribeConfigs), or ``None`` if the broker
+    does not report it (Tansu reports none; an ACL may forbid it)."""
     raw_admin = create_admin(admin_config(settings))
     metadata = raw_admin.list_topics(timeout=timeout)
-    return _transaction_max_timeout(raw_admin, metadata, [])
+    return _broker_config(raw_admin, metadata, name, [])
 
 
 def _transaction_max_timeout(raw_admin: object, metadata: object, notes: list[str]) -> int | None:
+    value = _broker_config(raw_admin, metadata, "transaction.max.timeout.ms", notes)
+    return int(value) if value is not None else None
+
+
+def _broker_config(raw_admin: object, metadata: object, name: str, notes: list[str]) -> str | None:
     brokers = getattr(metadata, "brokers", {})
     if not brokers:
         return None
@@ -284,9 +296,9 @@ def _transaction_max_timeout(raw_admin: object, metadata: object, notes: list[st
             [ConfigResource("broker", broker_id)], request_timeout=5.0
         )
         for future in futures.values():
-            entry = future.result().get("transaction.max.timeout.ms")
+            entry = future.result().get(name)
             if entry is not None and entry.value is not None:
-                return int(entry.value)
+                return str(entry.value)
     except KafkaException as exc:
         notes.append(f"broker configs not readable ({exc.args[0].str() if exc.args else exc})")
     return None

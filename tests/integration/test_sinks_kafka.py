@@ -19,6 +19,7 @@ from confluent_kafka import TopicPartition
 from connectors import KafkaSettings
 from connectors.admin import TopicAdmin
 from connectors.config import consumer_config, create_consumer, create_producer, producer_config
+from connectors.probe import broker_config
 from dedup import DedupConsumer
 from processor.contracts import SinkContext
 from processor.errors import ConfigError
@@ -34,6 +35,10 @@ from sinks.kafka import (
 
 def _ctx(job: str, subtask: int = 0, generation: int = 1, **kw: Any) -> SinkContext:
     return SinkContext(job, "out", subtask, 2, generation, **kw)
+
+
+#: How often Apache Kafka aborts transactions that outlived their timeout.
+_CLEANUP_INTERVAL = "transaction.abort.timed.out.transaction.cleanup.interval.ms"
 
 
 def read_topic(
@@ -177,28 +182,38 @@ def test_a_transaction_aborted_by_the_broker_is_rescued_at_commit(
 def test_a_transaction_the_broker_times_out_is_rescued(
     kafka_settings: KafkaSettings, broker_caps: Any, output: str
 ) -> None:
-    """Short transaction.timeout.ms, commit delayed past it: no output lost or duplicated.
+    """Short transaction.timeout.ms, commit delayed past the broker's abort: no output lost or
+    duplicated, and (where ``read_committed`` hides aborted records) the epoch re-published.
 
-    Apache Kafka aborts timed-out transactions on its cleanup pass (every 10 s by default), so
-    the commit waits 15 s. Tansu does not time transactions out: the commit then succeeds and
-    the test checks only that the output is whole.
+    Regression (release check on Apache Kafka 2.3): the commit waited a fixed 15 s, assuming
+    the broker's abort pass runs every 10 s; the broker's commit then succeeded and the rescue
+    was never exercised. Apache Kafka aborts a timed-out transaction on its cleanup pass, every
+    ``transaction.abort.timed.out.transaction.cleanup.interval.ms``: the test reads that setting
+    and waits past timeout + interval. Tansu reports no broker settings and does not time
+    transactions out: the commit then succeeds and only the whole output is checked.
     """
+    timeout_ms = 2_000
+    reported = broker_config(kafka_settings, _CLEANUP_INTERVAL)
+    interval_ms = int(reported) if reported is not None else 10_000  # Apache Kafka's default
     sink = KafkaSink(
         output,
         transactional_id_prefix=f"p-{output}",
         settings=kafka_settings,
-        transaction_timeout_ms=2_000,
+        transaction_timeout_ms=timeout_ms,
     )
     writer = sink.open(_ctx(output))
     writer.recover([])
     writer.write([{"n": i} for i in range(100)])
     committable = writer.prepare(1)
-    time.sleep(15)
+    time.sleep((timeout_ms + interval_ms) / 1000 + 3.0)
     writer.commit(1, committable)
     writer.close()
     assert values(read_topic(kafka_settings, output)) == Counter(range(100))
     if broker_caps.read_committed_hides_aborted:
-        assert writer.republished == 100
+        assert writer.republished == 100, (
+            f"the broker had not aborted the transaction {timeout_ms + interval_ms + 3000} ms "
+            f"after prepare ({_CLEANUP_INTERVAL}={reported!r}): the rescue was not exercised"
+        )
 
 
 def test_staged_epochs_publish_after_commit_and_repeats_are_dropped_by_readers(
