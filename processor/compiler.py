@@ -106,6 +106,38 @@ class Plan:
         """The dataflow has loops (``iterate``)."""
         return any(e.back for e in self.edges)
 
+    def interleaving_dependent(self) -> list[tuple[str, Edge]]:
+        """Steps whose output depends on how several input channels interleaved, paired with
+        a channel their output reaches: a running (unwindowed) aggregation's values, and which
+        copy a ``dedup`` step lets through. Under local recovery a restarted worker reads its
+        channels again in another order, so such a step re-emits *other* records under IDs its
+        surviving downstream tasks keep the first copy of (docs/local-recovery.md, "Limits").
+        Windowed aggregations are not listed: a window fires on the watermark, which no
+        channel passes before its own records, so its result does not depend on the order."""
+        steps = self.flow.steps
+        children: dict[str, list[str]] = {}
+        for step in steps.values():
+            for parent in step.parents:
+                children.setdefault(parent, []).append(step.name)
+        found = []
+        for stage in self.stages:
+            channels = sum(self.parallelism if e.shuffle else 1 for e in stage.inputs)
+            if channels < 2 or not stage.outputs:
+                continue
+            for name in stage.steps:
+                step = steps[name]
+                running = step.kind == "aggregate" and step.params.get("window") is None
+                if not (running or step.kind == "dedup"):
+                    continue
+                reach, todo = {name}, [name]
+                while todo:  # what the step's output flows through inside the stage
+                    for child in children.get(todo.pop(), []):
+                        if child in stage.steps and child not in reach:
+                            reach.add(child)
+                            todo.append(child)
+                found += [(name, e) for e in stage.outputs if e.src_step in reach]
+        return found
+
     def task_names(self) -> list[str]:
         return [s.task(i) for s in self.stages for i in range(self.parallelism)]
 

@@ -126,6 +126,18 @@ class Runner(RunnerReporting):
                 "for loops yet (records in a loop carry an iteration count, not the record IDs "
                 "local recovery drops copies by); use --recovery global"
             )
+        crossing = self.plan.interleaving_dependent() if options.recovery == "local" else []
+        if crossing:
+            step, edge = crossing[0]
+            raise ConfigError(
+                f"job {self.plan.job!r}: --recovery local cannot keep step {step!r} exactly "
+                f"once: it reads several input channels and its output reaches step "
+                f"{edge.dst_step!r} through channel topic {edge.topic}. A restarted worker "
+                f"reads its channels again in another order, so {step!r} would re-emit "
+                "different results under the record IDs the surviving downstream tasks already "
+                "kept (a mix of old and new values). Use --recovery global, a windowed "
+                "aggregation, or a sink right after the step (in its own stage)"
+            )
         self.job = self.plan.job
         self.dir = job_dir(self.job, options.state_dir)
         self.dir.mkdir(parents=True, exist_ok=True)

@@ -160,3 +160,62 @@ def test_recovery_options_are_checked_at_start_up(options: dict[str, Any], messa
 
     with pytest.raises(ConfigError, match=re.escape(message)):
         RunOptions(**options).validate()
+
+
+def _two_shuffles(window: Any = None, *, sink_after: bool = False) -> Dataflow:
+    """clicks -> by-user -> total (running or windowed) -> [by-region -> sum] or a sink."""
+    flow = Dataflow("two-shuffles")
+    totals = (
+        flow.source("clicks", "t")
+        .key_by("by-user", lambda c: c["user"])
+        .aggregate("total", init=lambda: 0, add=lambda n, c: n + c["amount"], window=window)
+    )
+    if sink_after:
+        totals.sink("out", _Sink())
+    else:
+        totals.key_by("by-region", lambda r: r[0][:1]).count("per-region").sink("out", _Sink())
+    return flow
+
+
+def test_local_recovery_is_refused_when_a_running_total_crosses_a_second_shuffle(
+    tmp_path: Any,
+) -> None:
+    """Regression (issue 19): under --recovery local, a running aggregate whose output crosses a
+    second shuffle re-emitted, after a restart, values that depend on how its two input
+    channels interleaved this time, under the IDs of the first emissions; a surviving
+    downstream task kept the first copy of each ID and the output mixed old and new totals
+    (the final total possibly never emitted). Such a job is refused at start-up with the
+    reason; global recovery runs it."""
+    from processor.compiler import compile_flow
+    from processor.errors import ConfigError
+    from processor.runtime.runner import Runner, RunOptions
+
+    plan = compile_flow(_two_shuffles(), 2, combine=False)
+    assert [(step, e.dst_step) for step, e in plan.interleaving_dependent()] == [
+        ("total", "per-region")
+    ]
+    pipeline = tmp_path / "two_shuffles.py"
+    pipeline.write_text(
+        "from tests.unit.test_dataflow import _two_shuffles\nflow = _two_shuffles()\n"
+    )
+    options = RunOptions(recovery="local", state_dir=str(tmp_path / "state"))
+    with pytest.raises(ConfigError, match=r"--recovery local cannot keep step 'total' exactly"):
+        Runner(pipeline, options)
+    Runner(pipeline, RunOptions(state_dir=str(tmp_path / "state")))  # global recovery: fine
+
+
+@pytest.mark.parametrize(
+    "flow",
+    [
+        _two_shuffles(Tumbling(timedelta(seconds=10))),  # a window fires on the watermark
+        _two_shuffles(sink_after=True),  # written from the aggregate's own stage
+    ],
+    ids=["windowed", "sink-in-the-same-stage"],
+)
+def test_local_recovery_is_allowed_when_no_interleaving_dependent_output_crosses_a_channel(
+    flow: Dataflow,
+) -> None:
+    from processor.compiler import compile_flow
+
+    assert compile_flow(flow, 2, combine=False).interleaving_dependent() == []
+    assert compile_flow(flow, 1, combine=False).interleaving_dependent() == []

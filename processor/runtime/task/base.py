@@ -97,7 +97,10 @@ class TaskBase:
         self._build_operators()
         self.reader = env.reader_factory(f"eosflow-{self.plan.job}")
         self.pos: dict[TP, int] = {}
-        self.modes: dict[TP, int] = {}
+        self.modes: dict[TP, int] = {}  # a recovering channel's current mode (fast to test)
+        # ... and the phases it still has to go through, the current one first: (_REPLAY,
+        # checkpoint whose barrier ends it) or (_DROP, generation whose marker ends it).
+        self.phases: dict[TP, list[tuple[int, int]]] = {}
         self.blocked: set[TP] = set()
         self.stash: dict[TP, list[Message]] = {}
         self.to_resume: set[TP] = set()

@@ -102,6 +102,10 @@ class TaskCheckpoints(TaskBase):
             "watermark": self.watermark,
             "operators": {n: op.snapshot() for n, op in self.ops.items() if op.stateful},
             "sinks": {n: list(p) for n, p in self.sink_pending.items()},
+            # Channels still recovering (an unaligned snapshot taken before they were live): a
+            # restore must go through their remaining phases from the recorded position, or
+            # it would replay a dead generation's records (docs/checkpointing.md).
+            "recovering": {tp: [list(ph) for ph in self.phases[tp]] for tp in self.modes},
         }
         env = self.env
         if env.mode == "sync":  # stop-the-world: serialize and upload in the task loop

@@ -38,6 +38,7 @@ class Task(SourceInputs):
             and self.lineage is not None
             and state["generation"] == self.generation
         )
+        recovering = state.get("recovering", {}) if state is not None else {}
         if not self.is_source:
             self.back = {tp for tp in tps if tp[0] in self.back_topics}
             for tp in tps:
@@ -47,8 +48,14 @@ class Task(SourceInputs):
                     self.channel_wm.setdefault(tp, MIN_WATERMARK)
                 if alone:
                     continue
-                replay = state is not None and tp not in seen and positions[tp] is not None
-                self.modes[tp] = _REPLAY if replay else _DROP
+                # What the snapshot's channel still had to go through when it was taken (an
+                # unaligned snapshot during an earlier recovery), then this restore's phases.
+                phases = [(int(m), int(b)) for m, b in recovering.get(tp, [])]
+                if state is not None and tp not in seen and positions[tp] is not None:
+                    phases.append((_REPLAY, self.restored_id))
+                phases.append((_DROP, self.generation))
+                self.phases[tp] = phases
+                self.modes[tp] = phases[0][0]
             self.aligner = BarrierAligner(
                 tps,
                 unaligned=self.env.mode == "unaligned",

@@ -260,22 +260,23 @@ class ChannelInputs(TaskCheckpoints):
 
     def _control(self, tp: TP, ctl: Any, mode: int | None) -> None:
         if isinstance(ctl, GenerationStart):
-            if ctl.generation == self.generation:
-                if mode is not None:
-                    del self.modes[tp]
-                    self._replayed(tp)
-            elif ctl.generation > self.generation:
+            if ctl.generation > self.generation:
                 raise EosflowError(
                     f"task {self.name}: channel {tp} carries generation {ctl.generation}, newer "
                     f"than this worker's {self.generation}: this worker is a zombie; stopping"
                 )
+            if mode is not None and ctl.generation == self.generation:
+                self.phases[tp] = []  # this generation's records follow: live
+                self._next_phase(tp)
+            elif mode == _DROP and ctl.generation >= self.phases[tp][0][1]:
+                self._next_phase(tp)  # a dead generation's records end; what follows is next
             return
         if mode == _DROP:
             return
         if isinstance(ctl, Barrier):
             if mode == _REPLAY:
-                if ctl.checkpoint_id >= self.restored_id:
-                    self.modes[tp] = _DROP
+                if ctl.checkpoint_id >= self.phases[tp][0][1]:
+                    self._next_phase(tp)  # the in-flight records of that checkpoint end here
                 return
             if ctl.generation != self.generation:
                 return
@@ -296,6 +297,18 @@ class ChannelInputs(TaskCheckpoints):
         elif isinstance(ctl, EndOfStream):
             assert self.aligner is not None
             self._actions(self.aligner.on_end_of_stream(tp))
+
+    def _next_phase(self, tp: TP) -> None:
+        """``tp``'s current recovery phase ended: the next one starts, or the channel is live."""
+        phases = self.phases[tp]
+        if phases:
+            phases.pop(0)
+        if phases:
+            self.modes[tp] = phases[0][0]
+            return
+        del self.phases[tp]
+        del self.modes[tp]
+        self._replayed(tp)
 
     def _replayed(self, tp: TP) -> None:
         """``tp`` is live; once every back-edge is (its log replayed, the failed generation's
