@@ -242,7 +242,9 @@ class KafkaSinkWriter:
                     self.sink.commit_timeout_s,
                 )
             except KafkaClientError as exc:
-                # The broker aborted the transaction (timeout) or fenced this producer: rescue.
+                # The broker aborted the transaction (timeout) or fenced this producer: rescue,
+                # unless a later epoch already wrote records in its own transaction.
+                self._refuse_rescue_out_of_order(slot, tag, exc)
                 log.warning(
                     "sink=%s subtask=%d epoch=%s checkpoint=%d commit failed (%s); re-publishing",
                     self.ctx.step, self.ctx.subtask, tag, checkpoint_id, exc,
@@ -252,6 +254,23 @@ class KafkaSinkWriter:
             self.ctx.fault("mid-sink-commit")  # committed; the engine has not recorded it yet
             return
         self._rescue(committable, fresh=False)
+
+    def _refuse_rescue_out_of_order(self, slot: int, tag: str, exc: Exception) -> None:
+        """Re-publishing epoch ``tag`` now would put its records after those a later epoch
+        already wrote in another open (or prepared) transaction: ``read_committed`` readers
+        would see part of the later epoch, then ``tag``, then the rest, and per-key order (which
+        compacted topics and latest-value readers depend on) would break. Fail the task
+        instead: recovery aborts every open transaction of the pool, re-publishes ``tag`` first,
+        and the later epochs are replayed after it (found in review, issue 19)."""
+        later = sorted(t for s, t in self.busy.items() if s != slot)
+        if later:
+            raise KafkaClientError(
+                f"sink {self.ctx.step}[{self.ctx.subtask}]: the transaction of epoch {tag} did "
+                f"not commit ({exc}) while later epoch(s) {', '.join(later)} already hold "
+                f"records in open transactions; re-publishing {tag} now would order it after "
+                "them. Restarting the task: recovery re-publishes it first and replays the "
+                "later epochs after it"
+            ) from exc
 
     def recover(self, pending: Sequence[tuple[int, Any]]) -> None:
         """Abort whatever the pool's ids left open, then publish every pending epoch once.

@@ -137,6 +137,7 @@ class _Killer(threading.Thread):
         rng: random.Random,
         records: int,
         victims: list[int] | None = None,
+        plan: list[tuple[float, int]] | None = None,
         hold_s: float = 120.0,
     ) -> None:
         super().__init__(name="chaos-killer", daemon=True)
@@ -145,10 +146,11 @@ class _Killer(threading.Thread):
         self.records = records
         self.hold_s = hold_s
         #: (share of the input read, checkpoints the generation completed) before kill k
-        self.plan = [
+        self.plan = plan or [
             (share, rng.choice((0, 1, 2)))
             for share in sorted(rng.uniform(0.05, 1.0) for _ in range(kills))
         ]
+        assert len(self.plan) == kills
         self.done: list[tuple[float, int]] = []
         self.stop = threading.Event()
 
@@ -250,6 +252,7 @@ def run_chaos(
     recovery: str = "global",
     victims: list[int] | None = None,
     produce: Callable[[str, str], object] | None = None,
+    kill_plan: list[tuple[float, int]] | None = None,
 ) -> ChaosRun:
     """Produce ``records`` clicks, run ``pipeline`` (a file in ``tests/e2e/pipelines``) until
     idle while SIGKILLing workers, and read what it committed. ``runner``: ``local`` or
@@ -261,6 +264,8 @@ def run_chaos(
     lines of the file sink in ``OUTPUT_DIR``); they are compared as :func:`canonical` bytes.
     ``recovery``: ``global`` or ``local``; ``victims``: the workers random kills choose from.
     ``produce(brokers, topic)``: writes the input instead of the clicks (to ``CLICKS_TOPIC``).
+    ``kill_plan``: ``(share of the input read, checkpoints the generation completed)`` before
+    each random kill (default: random, see :class:`_Killer`).
     """
     run_id = uuid.uuid4().hex[:8]
     job_env = {
@@ -304,6 +309,7 @@ def run_chaos(
         rng=random.Random(seed),
         records=records,
         victims=victims,
+        plan=kill_plan,
     )
     killer.hold_final()
     killer.start()

@@ -69,3 +69,32 @@ def test_windowed_count_is_exactly_once_when_workers_are_killed_randomly(
     print(f"seed={seed} random kills: {run.random_kills}")
     assert len(run.random_kills) == 3
     assert_exactly_once(expected(expected_window_counts, records, seed), run.output, seed=seed)
+
+
+def test_unaligned_crash_loop_with_a_channel_backlog_is_exactly_once(
+    kafka_endpoint: tuple[str, str], tmp_path: Path
+) -> None:
+    """Regression (issue 19, unaligned crash loops): a worker killed right after each restart's
+    first checkpoint, while the channels still hold a dead generation's backlog. Unaligned
+    snapshots are then taken while channels are still recovering; restoring one must go
+    through the channel's remaining phases, not replay the dead generation's records as
+    in-flight state (which counted clicks twice)."""
+    seed = chaos_seed()
+    records, kills = 60_000, 4
+    run = run_chaos(
+        "backlog_total.py",
+        brokers=kafka_endpoint[0],
+        tmp=tmp_path,
+        records=records,
+        seed=seed,
+        mode="unaligned",
+        interval=0.2,
+        random_kills=kills,
+        env={"WORK_US": "60"},
+        kill_plan=[(0.0, 1)] * kills,  # at the first checkpoint of every generation
+    )
+    recovering = sum(text.count("snapshot with recovering channels") for text in run.logs.values())
+    print(f"seed={seed} kills={run.random_kills} snapshots with recovering channels={recovering}")
+    assert len(run.random_kills) == kills, f"seed={seed}: {run.random_kills}"
+    assert_exactly_once(expected(expected_running_totals, records, seed), run.output, seed=seed)
+    assert recovering > 0, f"seed={seed}: no snapshot was taken while a channel recovered"

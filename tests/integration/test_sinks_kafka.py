@@ -22,7 +22,7 @@ from connectors.config import consumer_config, create_consumer, create_producer,
 from connectors.probe import broker_config
 from dedup import DedupConsumer
 from processor.contracts import SinkContext
-from processor.errors import ConfigError
+from processor.errors import ConfigError, KafkaClientError
 from sinks.kafka import (
     HEADER_ID,
     KafkaSink,
@@ -177,6 +177,51 @@ def test_a_transaction_aborted_by_the_broker_is_rescued_at_commit(
     assert values(got) == Counter(range(300))
     if broker_caps.read_committed_hides_aborted:
         assert writer.republished == 300
+
+
+def test_a_failed_commit_is_not_rescued_after_a_later_epochs_records_when_one_is_open(
+    kafka_settings: KafkaSettings, broker_caps: Any, output: str
+) -> None:
+    """Regression (issue 19): the rescue of a failed commit re-published epoch n while epoch
+    n+1's transaction, already holding records, was open; read_committed readers then saw
+    part of n+1, then n, then the rest of n+1, and per-key order broke. Now the commit fails
+    the task, and recovery (a new writer, as after the restart) re-publishes n before the
+    replayed n+1: every key's values come in epoch order."""
+    sink = KafkaSink(
+        output,
+        transactional_id_prefix=f"p-{output}",
+        settings=kafka_settings,
+        key=lambda v: v["k"],
+        commit_timeout_s=5,  # a fenced commit on Tansu times out instead of failing at once
+    )
+    writer = sink.open(_ctx(output))
+    writer.recover([])
+    epoch_n = [{"k": i % 5, "n": i} for i in range(100)]
+    epoch_later = [{"k": i % 5, "n": i} for i in range(100, 200)]
+    writer.write(epoch_n)
+    committable = writer.prepare(3)
+    writer.write(epoch_later)  # epoch n+1, in its own transaction on another slot
+    fencer = create_producer(producer_config(kafka_settings, transactional_id=committable["tid"]))
+    fencer.init_transactions(30)  # the broker aborts epoch n's transaction
+    with pytest.raises(KafkaClientError, match="later epoch"):
+        writer.commit(3, committable)
+    assert writer.republished == 0  # nothing re-published out of order
+    del writer  # the task fails; its transactions stay open until recovery aborts them
+    new = sink.open(_ctx(output, generation=2))
+    new.recover([(3, committable)])  # re-publishes n first (where read_committed hides aborts)
+    new.write(epoch_later)  # n+1 replayed from the restored checkpoint
+    new.commit(4, new.prepare(4))
+    new.close()
+    got = read_topic(kafka_settings, output)
+    if broker_caps.read_committed_hides_aborted:
+        assert values(got) == Counter(range(200))
+        by_key: dict[int, list[int]] = {}
+        for m in sorted(got, key=lambda m: (m.partition(), m.offset())):
+            value = orjson.loads(m.value())
+            by_key.setdefault(value["k"], []).append(value["n"])
+        assert all(ns == sorted(ns) for ns in by_key.values()), by_key
+    else:  # Tansu: the aborted originals stay visible; nothing may be lost
+        assert set(values(got)) == set(range(200))
 
 
 def test_a_transaction_the_broker_times_out_is_rescued(

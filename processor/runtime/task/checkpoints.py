@@ -91,6 +91,11 @@ class TaskCheckpoints(TaskBase):
             self.back_logging |= self.back - seen
             self.logging_id = checkpoint_id
             self.loop_log[checkpoint_id] = 0
+        if self.modes:
+            log.info(
+                "snapshot with recovering channels task=%s checkpoint_id=%d channels=%d",
+                self.name, checkpoint_id, len(self.modes),
+            )  # fmt: skip
         state = {
             "task": self.name,
             "checkpoint": checkpoint_id,
