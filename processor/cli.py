@@ -180,6 +180,8 @@ def _run(args: argparse.Namespace) -> int:
             until_idle=args.until_idle,
             snapshot_url=args.snapshot_url,
             checkpoint_timeout=args.checkpoint_timeout,
+            heartbeat_timeout=args.heartbeat_timeout,
+            tolerable_failed_checkpoints=args.tolerable_failed_checkpoints,
             keep_checkpoints=args.keep_checkpoints,
             max_restarts=args.max_restarts,
             recovery=args.recovery,
@@ -436,6 +438,14 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--snapshot-url", help="fsspec URL for checkpoints (default: file:// under "
                      "$EOSFLOW_STATE_DIR/jobs/JOB)")  # fmt: skip
     run.add_argument("--checkpoint-timeout", type=parse_duration, default=60.0, metavar="DURATION")
+    run.add_argument(
+        "--heartbeat-timeout", type=parse_duration, default=30.0, metavar="DURATION",
+        help="restart a worker that sent nothing (not even its heartbeat) this long (30s)",
+    )  # fmt: skip
+    run.add_argument(
+        "--tolerable-failed-checkpoints", type=int, default=3, metavar="N",
+        help="checkpoint timeouts in a row before a restart (a task alive but stuck; 3)",
+    )  # fmt: skip
     run.add_argument("--keep-checkpoints", type=int, default=3)
     run.add_argument("--max-restarts", type=int, default=10)
     run.add_argument(

@@ -149,8 +149,11 @@ class ControlServer:
                 return
 
     def broadcast(self, msg: dict[str, Any]) -> None:
+        """Send ``msg`` to every worker the runner admitted (:attr:`Connection.worker` set on
+        its hello): a connection that never said hello, or a zombie of an older generation,
+        gets no trigger, completion or abort."""
         for conn in list(self.connections):
-            if not conn.closed:
+            if not conn.closed and conn.worker is not None:
                 conn.send(msg)
 
     def drop(self, conn: Connection) -> None:

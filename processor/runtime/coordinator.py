@@ -82,6 +82,7 @@ class CheckpointCoordinator:
         self.keep = keep
         self.clock = clock
         self.generation = 0
+        self.last_abort_reason = ""
         self.pending: _Pending | None = None
         latest = store.latest_completed(job)
         self.stats = CheckpointStats(last_completed=latest.checkpoint_id if latest else 0)
@@ -175,6 +176,7 @@ class CheckpointCoordinator:
 
     def _abort(self, reason: str) -> int:
         assert self.pending is not None
+        self.last_abort_reason = reason
         chk = self.pending.checkpoint_id
         self.pending = None
         self.stats.aborted += 1

@@ -68,6 +68,12 @@ class RunOptions:
     until_idle: bool = False
     snapshot_url: str | None = None
     checkpoint_timeout: float = 60.0
+    #: A connected worker that sends nothing (not even its heartbeat, every second) for this
+    #: long is stuck (stopped, frozen, partitioned away) and is restarted like a dead one.
+    heartbeat_timeout: float = 30.0
+    #: Checkpoints that may time out in a row before the job restarts (Flink's tolerable
+    #: failed checkpoints): a task blocked in a user function still heartbeats, but never acks.
+    tolerable_failed_checkpoints: int = 3
     keep_checkpoints: int = 3
     max_restarts: int = 10
     restart_backoff: float = 0.5
@@ -98,6 +104,16 @@ class RunOptions:
             )
         if self.checkpoint_timeout <= self.checkpoint_interval / 10:
             raise ConfigError("checkpoint timeout is too short for the interval; raise it")
+        if self.heartbeat_timeout < 2:
+            raise ConfigError(
+                f"heartbeat timeout must be at least 2s (workers beat every second), got "
+                f"{self.heartbeat_timeout}s"
+            )
+        if self.tolerable_failed_checkpoints < 0:
+            raise ConfigError(
+                "tolerable failed checkpoints must be 0 or more, got "
+                f"{self.tolerable_failed_checkpoints}"
+            )
         if self.recovery not in RECOVERIES:
             raise ConfigError(f"recovery {self.recovery!r}: choose one of {RECOVERIES}")
         if self.recovery == "local" and self.mode in ("sync", "none"):
@@ -153,3 +169,4 @@ class WorkerHandle:
     conn: Connection | None = None
     drained: bool = False
     stats: dict[str, Any] = field(default_factory=dict)
+    last_seen: float = 0.0  # monotonic time of its last message (heartbeats included)

@@ -27,15 +27,14 @@ import re
 import secrets
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from processor.compiler import Plan, compile_flow
-from processor.contracts import preflight_sink
 from processor.errors import ConfigError
 from processor.runtime.control import Connection, ControlServer
 from processor.runtime.coordinator import CheckpointCoordinator
+from processor.runtime.health import stuck_worker
 from processor.runtime.job import (
     Fault,
     JobFailed,
@@ -47,6 +46,7 @@ from processor.runtime.job import (
     jobs_dir,
 )
 from processor.runtime.pipeline import load_flow, load_object
+from processor.runtime.preflight import extra_environ, preflight
 from processor.runtime.reporting import RunnerReporting
 from processor.snapshot.store import SnapshotHandle, SnapshotStore
 
@@ -68,38 +68,6 @@ log = logging.getLogger(__name__)
 # or environment problem, not bad luck: fail instead of spending the restart budget on it.
 _MAX_UNSTARTED = 3
 _WORKER_N = re.compile(r"\bworker[ =]\d+")
-
-
-def _preflight_redis() -> None:
-    """Local recovery keeps the IDs of channel records in Redis: reachable, or fail now."""
-    from dedup.store import redis_client  # the engine's one other reach into dedup/
-
-    client = redis_client(None, timeout_s=5.0, name="eosflow-preflight")
-    try:
-        client.ping()
-    except Exception as exc:
-        raise ConfigError(
-            f"--recovery local keeps record IDs in Redis, which did not answer at "
-            f"EOSFLOW_REDIS_URL ({type(exc).__name__}: {exc}). Start Redis there (eosflow dev up "
-            "starts one on loopback), or use --recovery global"
-        ) from None
-    finally:
-        client.close()
-
-
-@contextlib.contextmanager
-def extra_environ(extra: dict[str, str]) -> Iterator[None]:
-    """``os.environ`` plus ``extra`` while the pipeline file is loaded in this process."""
-    saved = {k: os.environ.get(k) for k in extra}
-    os.environ.update(extra)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 class Runner(RunnerReporting):
@@ -163,6 +131,8 @@ class Runner(RunnerReporting):
         self.final_trigger_s: float | None = None
         self._unstarted = 0  # consecutive generations that failed before every worker connected
         self.failed_worker: int | None = None  # set by _dead_worker when it knows which
+        self._timed_out: list[str] = []  # why checkpoints timed out, in a row
+        self._completed_seen = 0
 
     # -- setup -----------------------------------------------------------------------------------
 
@@ -328,6 +298,7 @@ class Runner(RunnerReporting):
         time.sleep(backoff)
         self.final_chk = None
         self.committed.clear()
+        self._timed_out.clear()
         self._spawn_all(counts, ends)
 
     def _recover_local(
@@ -375,6 +346,16 @@ class Runner(RunnerReporting):
         spec = self._spec(index, restore, counts, ends, stale, sink_generation)
         self._relaunch(spec)
 
+    def _stuck_worker(self) -> str | None:
+        """The cause, if a connected worker is stuck (:func:`stuck_worker`); it is restarted
+        like a dead one."""
+        found = stuck_worker(self.workers, self.options, self._timed_out, time.monotonic())
+        if found is None:
+            return None
+        cause, self.failed_worker = found
+        self._timed_out = []
+        return cause
+
     def _check_budget(self, cause: str) -> None:
         if self.restarts > self.options.max_restarts:
             raise JobFailed(
@@ -395,27 +376,8 @@ class Runner(RunnerReporting):
     def _interval(self) -> float | None:
         return None if self.options.mode == "none" else self.options.checkpoint_interval
 
-    def _preflight(self) -> None:
-        """Sinks check their configuration once, before any worker starts (no restart loop)."""
-        flow = self.plan.flow
-        sinks = [s.params["sink"] for s in flow.steps.values() if s.kind == "sink"]
-        if flow.dead_letter_sink is not None:
-            sinks.append(flow.dead_letter_sink)
-        else:
-            log.warning(
-                "job=%s has no dead-letter destination: records that fail to decode are "
-                "counted, logged and skipped, and a user function that raises fails the job; "
-                "give Dataflow(..., dead_letters=<sink>) to keep them",
-                self.job,
-            )
-        with extra_environ(self.options.environ):
-            for sink in sinks:
-                preflight_sink(sink, job=self.job, checkpoint_interval=self._interval())
-            if self.options.recovery == "local":
-                _preflight_redis()
-
     def run(self) -> RunResult:
-        self._preflight()
+        preflight(self.plan, self.options, self._interval())
         counts, ends = self._prepare_topics()
         interval = self._interval()
         self.coordinator = CheckpointCoordinator(
@@ -437,7 +399,7 @@ class Runner(RunnerReporting):
             self._spawn_all(counts, ends)
             while True:
                 self._pump()
-                failed = self._dead_worker()
+                failed = self._dead_worker() or self._stuck_worker()
                 if failed is not None:
                     self._recover(failed, counts, ends)
                     continue
@@ -502,7 +464,21 @@ class Runner(RunnerReporting):
             conn.worker = i
             hello = self.workers[i]
             hello.conn, hello.pid, hello.host = conn, msg.get("pid"), msg.get("host")
-        elif kind == "ack":
+            hello.last_seen = time.monotonic()
+            conn.send({"t": "welcome"})  # only now may it restore its tasks and sinks
+            return
+        sender = self.workers[conn.worker] if conn.worker is not None else None
+        if sender is None or sender.conn is not conn:
+            # Not a worker of this generation (a zombie of an older one, or a connection
+            # that never said hello): nothing it says counts (issue 19, Spark zombies).
+            if kind != "hb":
+                log.warning(
+                    "control message %r from %s ignored: not a worker of generation %d",
+                    kind, conn.peer, self.generation,
+                )  # fmt: skip
+            return
+        sender.last_seen = time.monotonic()
+        if kind == "ack":
             path, size, checksum = msg["handle"]
             handle = SnapshotHandle(path, int(size), str(checksum))
             log_n = int(msg.get("log", 0))
@@ -515,10 +491,8 @@ class Runner(RunnerReporting):
         elif kind == "committed":
             self.committed.setdefault(int(msg["chk"]), set()).add(str(msg["task"]))
         elif kind == "stats":
-            w = self.workers[int(msg["worker"])] if conn.worker is not None else None
-            if w is not None and w.conn is conn:
-                w.stats = msg["tasks"]
-                w.drained = bool(msg["drained"])
+            sender.stats = msg["tasks"]
+            sender.drained = bool(msg["drained"])
 
     def _ready(self) -> bool:
         ready = all(w.conn is not None for w in self.workers)
@@ -533,6 +507,10 @@ class Runner(RunnerReporting):
         aborted = coordinator.expired()
         if aborted is not None:
             self.server.broadcast({"t": "abort", "chk": aborted, "reason": "timeout"})
+            self._timed_out.append(coordinator.last_abort_reason)
+        elif coordinator.stats.completed > self._completed_seen:
+            self._timed_out.clear()
+        self._completed_seen = coordinator.stats.completed
         wants_final = self.stopping is not None or (
             self.options.until_idle and all(w.drained for w in self.workers)
         )

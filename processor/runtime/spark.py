@@ -40,7 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from processor.errors import ConfigError
-from processor.runtime.runner import Runner, RunOptions, extra_environ
+from processor.runtime.preflight import extra_environ
+from processor.runtime.runner import Runner, RunOptions
 
 __all__ = ["SparkOptions", "SparkRunner", "local_slots", "spark_cause"]
 

@@ -14,9 +14,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -45,6 +47,9 @@ FAULT_POINTS = (
     "mid-sink-commit",
 )
 _STATS_EVERY_S = 1.0
+_HEARTBEAT_EVERY_S = 1.0
+#: How long a worker waits for the coordinator to admit it after its hello.
+_ADMIT_TIMEOUT_S = 60.0
 
 
 def _fault_hook(worker: int, faults: list[list[Any]]) -> Callable[[str], None]:
@@ -102,18 +107,6 @@ def run_worker(spec: dict[str, Any]) -> int:
         stale_through=int(spec.get("stale_through", 0)),
         sink_generation=spec.get("sink_generation"),
     )
-    tasks = [Task(env, stage, worker) for stage in plan.stages]
-    counts = {str(k): int(v) for k, v in spec["source_counts"].items()}
-    for task in tasks:
-        state = None
-        if manifest is not None:
-            state = store.read_task_snapshot(manifest.tasks[task.name])
-        task.open(state, counts)
-    sources = [t for t in tasks if t.is_source]
-    log.info(
-        "worker=%d generation=%d pid=%d python=%s restored_checkpoint=%d tasks=%d recovery=%s",
-        worker, env.generation, os.getpid(), sys.executable, restore, len(tasks), recovery,
-    )  # fmt: skip
     client.send(
         {
             "t": "hello",
@@ -124,10 +117,32 @@ def run_worker(spec: dict[str, Any]) -> int:
             "host": socket.gethostname(),
         }
     )
-    max_records = int(spec.get("max_records", 5000))
-    idle = False
-    next_stats = 0.0
+    # Nothing is restored, recovered or written before the coordinator admits this worker: a
+    # worker of a generation the coordinator already left (a Spark task started late, a zombie)
+    # must not roll back or delete what the live generation's sinks prepared (issue 19).
+    admitted = _admitted(client, worker, env.generation)
+    if admitted is not None:
+        uploads.shutdown(wait=False)
+        client.close()
+        return admitted
+    beat = _Heartbeat(client)
+    tasks: list[Task] = []
     try:
+        tasks += [Task(env, stage, worker) for stage in plan.stages]
+        counts = {str(k): int(v) for k, v in spec["source_counts"].items()}
+        for task in tasks:
+            state = None
+            if manifest is not None:
+                state = store.read_task_snapshot(manifest.tasks[task.name])
+            task.open(state, counts)
+        sources = [t for t in tasks if t.is_source]
+        log.info(
+            "worker=%d generation=%d pid=%d python=%s restored_checkpoint=%d tasks=%d recovery=%s",
+            worker, env.generation, os.getpid(), sys.executable, restore, len(tasks), recovery,
+        )  # fmt: skip
+        max_records = int(spec.get("max_records", 5000))
+        idle = False
+        next_stats = 0.0
         while True:
             stop = _serve(client, tasks, sources, worker)
             if stop is not None:
@@ -161,10 +176,49 @@ def run_worker(spec: dict[str, Any]) -> int:
                 next_stats = now + _STATS_EVERY_S
                 client.send(_stats(worker, tasks, sources))
     finally:
+        beat.stop.set()
         for task in tasks:
             task.close()
         uploads.shutdown(wait=False)
         client.close()
+
+
+def _admitted(client: ControlClient, worker: int, generation: int) -> int | None:
+    """Waits for the coordinator's answer to the hello: ``None`` when admitted, else the exit
+    code (0: told to stop, a worker of an older generation; 1: the coordinator went away)."""
+    try:
+        msg = client.inbox.get(timeout=_ADMIT_TIMEOUT_S)
+    except queue.Empty:
+        log.error("worker=%d: no answer to its hello in %.0fs; exiting", worker, _ADMIT_TIMEOUT_S)
+        return 1
+    if msg is None:
+        log.error("worker=%d lost the coordinator before it was admitted; exiting", worker)
+        return 1
+    if msg.get("t") == "welcome":
+        return None
+    log.warning(
+        "worker=%d generation=%d not admitted (%s): the job runs a newer generation; exiting "
+        "without touching its state",
+        worker, generation, msg.get("t"),
+    )  # fmt: skip
+    return 0
+
+
+class _Heartbeat(threading.Thread):
+    """Tells the coordinator every second that this process is alive, also while a task is
+    busy (restoring, a long batch). A stopped or frozen process, or one cut off from the
+    coordinator, falls silent, and the runner restarts it (``heartbeat_timeout``)."""
+
+    def __init__(self, client: ControlClient) -> None:
+        super().__init__(name="heartbeat", daemon=True)
+        self.client = client
+        self.stop = threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        while not self.stop.wait(_HEARTBEAT_EVERY_S):
+            if not self.client.send({"t": "hb"}):
+                return
 
 
 def _stats(worker: int, tasks: list[Task], sources: list[Task]) -> dict[str, Any]:

@@ -253,6 +253,8 @@ def run_chaos(
     victims: list[int] | None = None,
     produce: Callable[[str, str], object] | None = None,
     kill_plan: list[tuple[float, int]] | None = None,
+    run_options: dict[str, Any] | None = None,
+    during: Callable[[Runner], None] | None = None,
 ) -> ChaosRun:
     """Produce ``records`` clicks, run ``pipeline`` (a file in ``tests/e2e/pipelines``) until
     idle while SIGKILLing workers, and read what it committed. ``runner``: ``local`` or
@@ -265,7 +267,9 @@ def run_chaos(
     ``recovery``: ``global`` or ``local``; ``victims``: the workers random kills choose from.
     ``produce(brokers, topic)``: writes the input instead of the clicks (to ``CLICKS_TOPIC``).
     ``kill_plan``: ``(share of the input read, checkpoints the generation completed)`` before
-    each random kill (default: random, see :class:`_Killer`).
+    each random kill (default: random, see :class:`_Killer`). ``run_options``: more
+    :class:`RunOptions` fields. ``during(runner)``: runs in a thread while the job runs (a
+    fault of the test's own, e.g. SIGSTOP).
     """
     run_id = uuid.uuid4().hex[:8]
     job_env = {
@@ -294,6 +298,7 @@ def run_chaos(
         max_backoff=0.5,
         progress=sys.stderr,
         progress_every=1.0,
+        **(run_options or {}),
     )
     job: Runner
     if runner == "spark":
@@ -313,11 +318,16 @@ def run_chaos(
     )
     killer.hold_final()
     killer.start()
+    side = threading.Thread(target=during, args=(job,), daemon=True) if during else None
+    if side is not None:
+        side.start()
     try:
         result = job.run()
     finally:
         killer.stop.set()
         killer.join(5)
+        if side is not None:
+            side.join(5)
     logs = {p.name: p.read_text(errors="replace") for p in job.dir.glob("worker-*.log")}
     fired = [
         (int(m.group(1)), m.group(2)) for text in logs.values() for m in FAULT_LINE.finditer(text)

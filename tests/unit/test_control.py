@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import queue
 
+import pytest
+
 from processor.runtime.control import ControlClient, ControlServer
 
 
@@ -14,11 +16,32 @@ def test_messages_flow_both_ways_and_close_is_reported() -> None:
         client.send({"t": "hello", "worker": 0, "big": "x" * 100_000})
         conn, msg = server.inbox.get(timeout=5)
         assert msg == {"t": "hello", "worker": 0, "big": "x" * 100_000}
+        conn.worker = 0  # the runner admits it
         server.broadcast({"t": "trigger", "chk": 7})
         assert client.inbox.get(timeout=5) == {"t": "trigger", "chk": 7}
         client.close()
         _conn, gone = server.inbox.get(timeout=5)
         assert gone is None and conn.closed
+    finally:
+        server.close()
+
+
+def test_broadcast_skips_connections_the_runner_did_not_admit() -> None:
+    """Regression (issue 19, zombies): triggers, completions and aborts went to every
+    connection with the token, also to a worker of an older generation."""
+    server = ControlServer()
+    try:
+        zombie, live = ControlClient(*server.address), ControlClient(*server.address)
+        zombie.send({"t": "hello", "worker": 0, "generation": 1})
+        live.send({"t": "hello", "worker": 0, "generation": 2})
+        hellos = [server.inbox.get(timeout=5) for _ in range(2)]
+        for conn, msg in hellos:
+            if msg["generation"] == 2:
+                conn.worker = 0
+        server.broadcast({"t": "complete", "chk": 3})
+        assert live.inbox.get(timeout=5) == {"t": "complete", "chk": 3}
+        with pytest.raises(queue.Empty):
+            zombie.inbox.get(timeout=0.5)
     finally:
         server.close()
 
