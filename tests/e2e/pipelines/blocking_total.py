@@ -1,9 +1,9 @@
 """Crash-test pipeline: the running total whose user function blocks, once, forever.
 
 The first worker process that reaches click ``BLOCK_AT`` (its index in the input) creates
-``BLOCK_FILE`` and then sleeps for a minute: alive and heartbeating, not progressing. The job must notice
-(checkpoints time out more often in a row than tolerated), restart, and finish exactly once;
-the file makes every later attempt pass.
+``BLOCK_FILE`` and then sleeps for a minute: alive and heartbeating, not progressing. The job
+must notice (checkpoints time out more often in a row than tolerated), restart, and finish
+exactly once; the file makes every later attempt pass.
 """
 
 from __future__ import annotations
