@@ -2,7 +2,8 @@
 
 Layout under the store URL (``file://`` by default; ``s3://``, ``hdfs://``, ``memory://`` ...)::
 
-    <job>/chk-<id:010d>/<task>.snap     one per task, written while the checkpoint is pending
+    <job>/chk-<id:010d>/<task>.g<n>.snap  one per task (n: the writer's generation), written
+                                         while the checkpoint is pending
     <job>/chk-<id:010d>/_MANIFEST       JSON, written only when every task has acknowledged
 
 A snapshot file is a 32-byte header, then the body (:func:`processor.snapshot.codec.dumps`)::
@@ -202,15 +203,21 @@ class SnapshotStore:
     # -- task snapshots ------------------------------------------------------------------------
 
     def write_task_snapshot(
-        self, job: str, checkpoint_id: int, task: str, state: Any
+        self, job: str, checkpoint_id: int, task: str, state: Any, *, incarnation: int = 0
     ) -> SnapshotHandle:
         """Writes one task's snapshot of a pending checkpoint (atomically: temp name + rename).
+
+        ``incarnation`` (the writing worker's generation, or its start under local recovery)
+        goes into the file name: a zombie of an older generation that still snapshots a
+        checkpoint id the live generation reuses writes a file nobody acked, never over the
+        live one's (issue 19). The manifest names the acked files.
 
         Raises:
             SerializationError: ``state`` holds a value the codec does not support.
         """
         _check_name("task", task)
-        path = f"{self._chk_dir(job, checkpoint_id)}/{task}.snap"
+        suffix = f".g{incarnation}" if incarnation else ""
+        path = f"{self._chk_dir(job, checkpoint_id)}/{task}{suffix}.snap"
         blob, checksum = encode_snapshot(state)
         self._write_atomically(path, blob)
         log.debug("wrote checkpoint_id=%d task=%r path=%s", checkpoint_id, task, path)
@@ -280,7 +287,7 @@ class SnapshotStore:
                 path=chk,
             )
         entries = {
-            task: {"file": f"{task}.snap", "size": h.size, "checksum": h.checksum}
+            task: {"file": h.path.rsplit("/", 1)[-1], "size": h.size, "checksum": h.checksum}
             for task, h in tasks.items()
         }
         document = {
@@ -333,7 +340,7 @@ class SnapshotStore:
             handles = {}
             for task, entry in raw["tasks"].items():
                 _check_name("task", task)  # a forged manifest must not point outside chk
-                if entry["file"] != f"{task}.snap":
+                if not _is_task_file(task, entry["file"]):
                     raise _corrupt(path, f"task {task!r} names file {entry['file']!r}")
                 handles[task] = SnapshotHandle(
                     f"{chk}/{entry['file']}", int(entry["size"]), str(entry["checksum"])
@@ -506,8 +513,9 @@ class SnapshotStore:
         problems = []
         for task, handle in tasks.items():
             _check_name("task", task)
-            if handle.path != f"{chk}/{task}.snap":
-                problems.append(f"task {task!r}: {handle.path} is not {chk}/{task}.snap")
+            directory, _, name = handle.path.rpartition("/")
+            if directory != chk or not _is_task_file(task, name):
+                problems.append(f"task {task!r}: {handle.path} is not {chk}/{task}[.gN].snap")
             elif sizes.get(handle.path) != handle.size:
                 found = sizes.get(handle.path, "no")
                 problems.append(
@@ -539,3 +547,10 @@ class SnapshotStore:
                     os.fsync(fd)
                 finally:
                     os.close(fd)
+
+
+def _is_task_file(task: str, name: str) -> bool:
+    """``<task>.snap``, or ``<task>.g<incarnation>.snap``: nothing that points elsewhere."""
+    return (
+        name == f"{task}.snap" or re.fullmatch(re.escape(task) + r"\.g\d+\.snap", name) is not None
+    )

@@ -195,7 +195,7 @@ def test_aligned_task_holds_back_records_after_a_barrier_until_every_channel_del
     log.data(P2, "b")
     task.step(0.0, 100)
     assert _acks(task) == [1]
-    snap = task.env.store.read_task_snapshot(str(tmp_path / "job/chk-0000000001/count.0.snap"))
+    snap = task.env.store.read_task_snapshot(str(tmp_path / "job/chk-0000000001/count.0.g1.snap"))
     assert snap["operators"]["count"] == {"a": 1, "b": 1}
     assert snap["positions"] == {P0: 3, P2: 3}
     assert snap["barrier_seen"] == [P0, P2]
@@ -217,7 +217,7 @@ def test_unaligned_task_snapshots_at_the_first_barrier_and_never_pauses(tmp_path
     log.ctl(P2, Barrier(1, 1, unaligned=True))
     task.step(0.0, 100)
     assert _acks(task) == [1]
-    snap = task.env.store.read_task_snapshot(str(tmp_path / "job/chk-0000000001/count.0.snap"))
+    snap = task.env.store.read_task_snapshot(str(tmp_path / "job/chk-0000000001/count.0.g1.snap"))
     assert snap["operators"]["count"] == {}
     assert snap["positions"] == {P0: 2, P2: 0}  # P2's marker and record are channel state
     assert snap["barrier_seen"] == [P0]
@@ -305,7 +305,7 @@ def test_an_unaligned_snapshot_of_a_recovering_channel_restores_its_remaining_ph
     gen2.open(chk1, {"in": 2})
     gen2.step(0.0, 100)  # P0 first: barrier 2 there, snapshot 2, then P2 recovers
     assert _acks(gen2) == [2]
-    chk2 = gen2.env.store.read_task_snapshot(str(tmp_path / "job/chk-0000000002/count.0.snap"))
+    chk2 = gen2.env.store.read_task_snapshot(str(tmp_path / "job/chk-0000000002/count.0.g2.snap"))
     assert chk2["positions"][P2] == chk1["positions"][P2]  # inside generation 1's records
     for tp in (P0, P2):  # generation 2 failed; generation 3 starts
         log.ctl(tp, GenerationStart(3))
@@ -360,7 +360,7 @@ def test_an_aligned_barrier_is_aligned_when_the_task_runs_unaligned(tmp_path: Pa
     log.ctl(P2, Barrier(1, 1, unaligned=False))
     task.step(0.0, 100)
     assert _acks(task) == [1]
-    snap = task.env.store.read_task_snapshot(str(tmp_path / "job/chk-0000000001/count.0.snap"))
+    snap = task.env.store.read_task_snapshot(str(tmp_path / "job/chk-0000000001/count.0.g1.snap"))
     assert snap["operators"]["count"] == {"a": 1, "b": 1}
 
 
@@ -551,7 +551,7 @@ def test_loop_head_snapshots_on_regular_barriers_and_acks_when_the_barrier_comes
     assert _acks(task) == [1]
     assert task.loop_log.pop(1) == 3  # what the worker sends with the ack
     assert task.loop_exhausted == 1
-    snap = task.env.store.read_task_snapshot(str(tmp_path / "job/chk-0000000001/loop.0.snap"))
+    snap = task.env.store.read_task_snapshot(str(tmp_path / "job/chk-0000000001/loop.0.g1.snap"))
     assert snap["positions"] == {regular: 3, back: 1}  # the back-edge log starts at offset 1
     assert snap["barrier_seen"] == [regular]
     assert _written_iterations(log) == [("a", 0), ("b", 0), ("a", 1), ("a", 2), ("b", 1)]
@@ -596,5 +596,5 @@ def test_restored_loop_head_replays_the_back_edge_log_before_reading_its_input(
     assert _written_iterations(log) == [("x", 1), ("y", 2), ("new", 0)]  # the log first
     assert task.log_replayed == 2 and task.stale_dropped == 1
     assert _acks(task) == []  # checkpoint 2: snapshot taken once the back-edge was live
-    snap = task.env.store.read_task_snapshot(str(tmp_path / "job/chk-0000000002/loop.0.snap"))
+    snap = task.env.store.read_task_snapshot(str(tmp_path / "job/chk-0000000002/loop.0.g2.snap"))
     assert snap["positions"][back] == 6  # after this generation's marker

@@ -113,14 +113,22 @@ class TaskCheckpoints(TaskBase):
             "recovering": {tp: [list(ph) for ph in self.phases[tp]] for tp in self.modes},
         }
         env = self.env
+        incarnation = env.sink_generation  # the generation, or this start under local recovery
         if env.mode == "sync":  # stop-the-world: serialize and upload in the task loop
             future: Future[SnapshotHandle] = Future()
             future.set_result(
-                env.store.write_task_snapshot(self.plan.job, checkpoint_id, self.name, state)
+                env.store.write_task_snapshot(
+                    self.plan.job, checkpoint_id, self.name, state, incarnation=incarnation
+                )
             )
         else:
             future = env.uploads.submit(
-                env.store.write_task_snapshot, self.plan.job, checkpoint_id, self.name, state
+                env.store.write_task_snapshot,
+                self.plan.job,
+                checkpoint_id,
+                self.name,
+                state,
+                incarnation=incarnation,
             )
         self.uploading[checkpoint_id] = future
 
