@@ -24,11 +24,14 @@ small class per state, each event returns the next state and the actions for the
                                         [TakeSnapshot n, ForwardBarrier n, Resume paused]
         Collecting(n) ──last back-edge delivers n──▶ Idle  [AlignmentDone n]
 
-    Back-edges are never paused and never start a checkpoint: their barrier only comes around
-    after this task forwarded it, so waiting for it before the snapshot (plain ABS) deadlocks.
-    The records they deliver between the snapshot and the barrier are the loop's in-flight
-    records (the *back-edge log*); in a Kafka channel they stay replayable by offset, so the
-    snapshot keeps the back-edges' positions and recovery replays up to the barrier.
+    Back-edges are never paused and, aligned, never start a checkpoint: their barrier only
+    comes around after this task forwarded it, so waiting for it before the snapshot (plain
+    ABS) deadlocks. The records they deliver between the snapshot and the barrier are the
+    loop's in-flight records (the *back-edge log*); in a Kafka channel they stay replayable by
+    offset, so the snapshot keeps the back-edges' positions and recovery replays up to the
+    barrier. Unaligned, a back-edge's barrier *can* come first (the loop body forwards at the
+    first barrier it reads, possibly another head subtask's): it starts the checkpoint like any
+    first barrier, and a newer one subsumes the pending checkpoint like any newer barrier.
 
 A barrier whose id is not newer than the newest one this task has started is stale (a checkpoint
 that was subsumed or aborted, or a barrier replayed after recovery) and ignored. End-of-stream on
@@ -149,8 +152,14 @@ class _Idle(_State):
     def barrier(
         self, ctx: _Ctx, channel: Channel, checkpoint_id: int
     ) -> tuple[_State, list[Action]]:
-        if checkpoint_id <= ctx.newest or channel not in ctx.live or channel in ctx.back:
-            return self, []  # a back-edge's barrier only comes around after a snapshot here
+        if checkpoint_id <= ctx.newest or channel not in ctx.live:
+            return self, []
+        if channel in ctx.back and not ctx.unaligned:
+            return self, []  # aligned: a back-edge's barrier only comes around after a snapshot
+        # Unaligned, a back-edge's barrier can come first: a loop body snapshots and forwards at
+        # the first barrier it reads, which may be another head subtask's. Ignoring it lost it,
+        # and the checkpoint waited for it until it timed out (found by the progress-placed kills
+        # of tests/e2e/test_iterate.py). Like any first barrier, it starts the checkpoint.
         return _start(ctx, channel, checkpoint_id, [])
 
     def finished(self, ctx: _Ctx, channel: Channel) -> tuple[_State, list[Action]]:
@@ -185,7 +194,7 @@ class _InProgress(_State):
     ) -> tuple[_State, list[Action]]:
         if channel not in ctx.live or checkpoint_id < self.checkpoint_id:
             return self, []
-        if checkpoint_id > self.checkpoint_id and channel not in ctx.back:
+        if checkpoint_id > self.checkpoint_id and (channel not in ctx.back or ctx.unaligned):
             # A newer barrier overtook this checkpoint on some channel: it can never align.
             actions: list[Action] = [
                 AbortCheckpoint(self.checkpoint_id, f"subsumed by {checkpoint_id}")

@@ -331,14 +331,39 @@ def test_head_snapshots_when_the_regular_channels_align_and_completes_when_the_b
     assert aligner.on_barrier("b", 2) == [AlignmentDone(2)]
 
 
-def test_back_edge_barrier_never_starts_a_checkpoint_when_the_head_is_idle() -> None:
-    for unaligned in (False, True):
-        aligner = _head(unaligned=unaligned)
-        assert aligner.on_barrier("b", 1) == []
-        assert aligner.pending_checkpoint is None and aligner.paused == frozenset()
-        # and it did not make checkpoint 1 stale: the regular channels still start it
-        assert aligner.on_barrier("r0", 1) != []
-        assert aligner.pending_checkpoint == 1
+def test_back_edge_barrier_never_starts_a_checkpoint_when_the_aligned_head_is_idle() -> None:
+    aligner = _head()
+    assert aligner.on_barrier("b", 1) == []
+    assert aligner.pending_checkpoint is None and aligner.paused == frozenset()
+    # and it did not make checkpoint 1 stale: the regular channels still start it
+    assert aligner.on_barrier("r0", 1) != []
+    assert aligner.pending_checkpoint == 1
+
+
+def test_back_edge_barrier_starts_the_checkpoint_when_it_comes_first_to_an_unaligned_head() -> None:
+    """Regression: unaligned, the loop body forwards at the first barrier it reads, which may be
+    another head subtask's, so barrier n can come around a back-edge before this head read it on
+    a regular channel. The head ignored it and then waited for it until the checkpoint timed out
+    (found by tests/e2e/test_iterate.py once its kills were placed by progress)."""
+    aligner = _head(unaligned=True)
+    assert aligner.on_barrier("b", 1) == [TakeSnapshot(1), ForwardBarrier(1)]
+    assert aligner.collecting == 1
+    assert aligner.on_barrier("r0", 1) == []
+    assert aligner.on_barrier("r1", 1) == [AlignmentDone(1)]
+
+
+def test_newer_back_edge_barrier_subsumes_the_checkpoint_when_the_head_is_unaligned() -> None:
+    aligner = _head(unaligned=True)
+    assert aligner.on_barrier("r0", 1) == [TakeSnapshot(1), ForwardBarrier(1)]
+    assert aligner.on_barrier("b", 1) == []
+    assert aligner.on_barrier("b", 2) == [
+        AbortCheckpoint(1, "subsumed by 2"),
+        TakeSnapshot(2),
+        ForwardBarrier(2),
+    ]
+    assert aligner.on_barrier("r1", 1) == []  # stale now
+    assert aligner.on_barrier("r0", 2) == []
+    assert aligner.on_barrier("r1", 2) == [AlignmentDone(2)]
 
 
 def test_back_edge_barrier_is_never_paused_and_counts_when_it_arrives_while_aligning() -> None:
