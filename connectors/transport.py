@@ -153,8 +153,8 @@ class KafkaTransport:
     def end_offsets(self, tps: Iterable[TP]) -> dict[TP, int]:
         return self._admin.end_offsets(list(tps))
 
-    def reader(self, *, group_id: str) -> PartitionReader:
-        return PartitionReader(self.settings, group_id=group_id)
+    def reader(self, *, group_id: str, deleted: str = "fail") -> PartitionReader:
+        return PartitionReader(self.settings, group_id=group_id, deleted=deleted)
 
     def writer(self, *, client_id: str) -> KafkaWriter:
         return KafkaWriter(self.settings, client_id=client_id)

@@ -247,6 +247,8 @@ class Transport(Protocol):
     def end_offsets(self, tps: Iterable[TP]) -> dict[TP, int]:
         """Current end offsets (last stable offsets under ``read_committed``)."""
 
-    def reader(self, *, group_id: str) -> Reader: ...
+    def reader(self, *, group_id: str, deleted: str = "fail") -> Reader:
+        """A reader; ``deleted``: what it does when retention deleted records it must read
+        (``fail``: :class:`~processor.errors.DataLossError`; ``skip``: counted and logged)."""
 
     def writer(self, *, client_id: str) -> Writer: ...

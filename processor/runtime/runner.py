@@ -189,6 +189,7 @@ class Runner(RunnerReporting):
             "log_level": self.options.log_level,
             "log_path": str(self._log_path(i)),
             "recovery": self.options.recovery,
+            "on_deleted_records": self.options.on_deleted_records,
             "recovery_horizon_ms": int(self.options.recovery_horizon * 1000),
             "stale_through": stale_through,
             "sink_generation": sink_generation,

@@ -97,7 +97,9 @@ def run_worker(spec: dict[str, Any]) -> int:
         generation=int(spec["generation"]),
         mode=spec["mode"],
         writer=writer,
-        reader_factory=lambda group: transport.reader(group_id=group),
+        reader_factory=lambda group: transport.reader(
+            group_id=group, deleted=str(spec.get("on_deleted_records", "fail"))
+        ),
         store=store,
         uploads=uploads,
         fault=_fault_hook(worker, spec.get("faults", [])),
