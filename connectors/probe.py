@@ -246,6 +246,36 @@ def _read_committed_hides_aborted(settings: KafkaSettings, topic: str, timeout: 
         consumer.close()
 
 
+_HIDES_ABORTED: dict[str, bool] = {}
+
+
+def hides_aborted_records(settings: KafkaSettings, *, timeout: float = 20.0) -> bool:
+    """Whether the broker's ``read_committed`` readers skip records of aborted transactions
+    (Apache Kafka: yes; Tansu: no), tried for real on a scratch topic once per process and
+    cluster, then remembered.
+
+    A workaround for a broker that does not hide them must be switched on by this answer, never
+    by a timeout that can also fire on Apache Kafka (docs/brokers.md).
+    """
+    known = _HIDES_ABORTED.get(settings.brokers)
+    if known is not None:
+        return known
+    admin = TopicAdmin(settings, timeout=timeout)
+    topic = f"eosflow-probe-{uuid.uuid4().hex[:12]}"
+    admin.ensure_topic(topic, 1)
+    try:
+        write_aborted_then_committed(settings, topic, timeout=timeout)
+        hides = _read_committed_hides_aborted(settings, topic, timeout)
+    finally:
+        try:
+            admin.delete_topics([topic])
+        except Exception as exc:  # deleting scratch data must not hide the answer
+            log.warning("could not delete probe topic=%s: %s", topic, exc)
+    _HIDES_ABORTED[settings.brokers] = hides
+    log.info("broker=%s read_committed hides aborted records: %s", settings.brokers, hides)
+    return hides
+
+
 def _time_group_join(
     settings: KafkaSettings, topic: str, out: list[float | None], timeout: float
 ) -> None:

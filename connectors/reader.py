@@ -21,13 +21,17 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from connectors.config import KafkaSettings, consumer_config, create_consumer
 from connectors.errors import ErrorClass, classify, error_class
 from connectors.offsets import watermarks
+from processor.errors import ConfigError, DataLossError
 
-__all__ = ["PartitionReader"]
+__all__ = ["DELETED_POLICIES", "PartitionReader"]
 
 log = logging.getLogger(__name__)
 
 TP = tuple[str, int]
 _EOF = KafkaError._PARTITION_EOF
+_OFFSET_RESET = KafkaError._AUTO_OFFSET_RESET
+#: What a reader does when records it must read were deleted (retention).
+DELETED_POLICIES = ("fail", "skip")
 
 
 class PartitionReader:
@@ -52,13 +56,23 @@ class PartitionReader:
         overrides: Mapping[str, Any] | None = None,
         allow_read_uncommitted: bool = False,
         timeout: float = 30.0,
+        deleted: str = "fail",
     ) -> None:
+        if deleted not in DELETED_POLICIES:
+            raise ConfigError(
+                f"deleted records policy {deleted!r}: choose one of {DELETED_POLICIES}"
+            )
+        # A position the broker no longer holds is an error event, never a silent jump to the
+        # earliest record (retention deleted what this reader had not read yet: issue 17).
         self._config = consumer_config(
             settings,
             group_id=group_id,
-            overrides=overrides,
+            overrides={**(overrides or {}), "auto.offset.reset": "error"},
             allow_read_uncommitted=allow_read_uncommitted,
         )
+        self._deleted = deleted
+        #: records skipped because retention had deleted them (``deleted="skip"``), per partition
+        self.skipped: dict[TP, int] = {}
         self._timeout = timeout
         self._consumer: Consumer | None = None
         self._next: dict[TP, int] = {}
@@ -83,6 +97,17 @@ class PartitionReader:
             wanted = positions[tp]
             if wanted is None:
                 wanted = low if start == "earliest" else high
+            elif wanted > high:
+                raise DataLossError(
+                    f"{tp[0]}[{tp[1]}]: the checkpoint's position {wanted} is beyond the "
+                    f"partition's end {high}: the topic or the broker was recreated since the "
+                    "checkpoint was taken, so what it recorded no longer exists. Reset the job "
+                    "(delete its checkpoints: a new --snapshot-url or its state directory) to "
+                    "start afresh, or point it at the broker the checkpoint came from",
+                    topic=tp[0], partition=tp[1], wanted=wanted, first=low, end=high,
+                )  # fmt: skip
+            elif wanted < low:
+                wanted = self._deleted_records(tp, wanted, low, high)
             self._next[tp] = wanted
         self._consumer = create_consumer(self._config)
         self._consumer.assign([TopicPartition(t, p, o) for (t, p), o in self._next.items()])
@@ -130,11 +155,37 @@ class PartitionReader:
                     nxt[tp] = end
                 continue
             where = f"consuming {msg.topic()}[{msg.partition()}]"
+            if err.code() == _OFFSET_RESET:  # retention deleted records ahead of the position
+                lost: TP = (str(msg.topic()), int(msg.partition() or 0))
+                low, high = watermarks(self._config, [lost], timeout=self._timeout)[lost]
+                self.seek(lost, self._deleted_records(lost, nxt[lost], low, high))
+                continue
             if error_class(err) is ErrorClass.RETRIABLE:
                 log.warning("%s: retriable error %s", where, err)
                 continue
             raise classify(err, context=where)
         return records
+
+    def _deleted_records(self, tp: TP, wanted: int, low: int, high: int) -> int:
+        """``tp``'s records from ``wanted`` up to ``low`` are gone: fail, or (``deleted="skip"``)
+        count and log them and go on from ``low``."""
+        gone = low - wanted
+        if self._deleted == "fail":
+            raise DataLossError(
+                f"{tp[0]}[{tp[1]}]: records {wanted}..{low - 1} ({gone:,}) were deleted by the "
+                f"topic's retention before this job read them (the partition now starts at "
+                f"{low}). Raise the topic's retention.ms / retention.bytes above the job's "
+                "worst lag and recovery time; or accept the loss with --on-deleted-records skip "
+                "(counted and logged)",
+                topic=tp[0], partition=tp[1], wanted=wanted, first=low, end=high,
+            )  # fmt: skip
+        self.skipped[tp] = self.skipped.get(tp, 0) + gone
+        log.error(
+            "records deleted by retention skipped topic=%s partition=%d from=%d to=%d count=%d "
+            "(on-deleted-records=skip)",
+            tp[0], tp[1], wanted, low - 1, gone,
+        )  # fmt: skip
+        return low
 
     def seek(self, tp: TP, offset: int) -> None:
         """Continue ``tp`` from ``offset``; records fetched before the seek are discarded."""

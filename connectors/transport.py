@@ -11,10 +11,16 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from connectors.admin import TopicAdmin, TopicSpec
-from connectors.config import KafkaSettings, create_producer, producer_config
+from connectors.config import (
+    KafkaSettings,
+    admin_config,
+    create_admin,
+    create_producer,
+    producer_config,
+)
 from connectors.errors import classify
 from connectors.reader import PartitionReader
 from processor.errors import ConfigError, KafkaClientError
@@ -22,11 +28,16 @@ from processor.errors import ConfigError, KafkaClientError
 __all__ = [
     "KafkaTransport",
     "KafkaWriter",
+    "check_reachable",
     "from_env",
     "produce_waiting",
 ]
 
 log = logging.getLogger(__name__)
+#: Where the reachability check's client logs go: nowhere (its one error says it all).
+_QUIET = logging.getLogger(f"{__name__}.reachability")
+_QUIET.addHandler(logging.NullHandler())
+_QUIET.propagate = False
 
 TP = tuple[str, int]
 
@@ -110,10 +121,23 @@ class KafkaTransport:
 
     def __init__(self, settings: KafkaSettings) -> None:
         self.settings = settings
-        self._admin = TopicAdmin(settings)
+        self._admin_client: TopicAdmin | None = None
+
+    @property
+    def _admin(self) -> TopicAdmin:
+        """Created on first use: a client connects (and logs every failed attempt) at once,
+        and :meth:`check_reachable` must be able to speak first."""
+        if self._admin_client is None:
+            self._admin_client = TopicAdmin(self.settings)
+        return self._admin_client
 
     def __repr__(self) -> str:
         return f"KafkaTransport({self.settings.brokers!r})"
+
+    def check_reachable(self, timeout: float = 5.0) -> None:
+        """One clear error, in seconds, when the cluster does not answer (instead of minutes of
+        librdkafka connection errors, then a traceback: issue 17)."""
+        check_reachable(self.settings, timeout=timeout)
 
     def ensure_topics(self, partitions: Mapping[str, int]) -> None:
         self._admin.ensure_topics(TopicSpec(name, n) for name, n in partitions.items())
@@ -129,11 +153,34 @@ class KafkaTransport:
     def end_offsets(self, tps: Iterable[TP]) -> dict[TP, int]:
         return self._admin.end_offsets(list(tps))
 
-    def reader(self, *, group_id: str) -> PartitionReader:
-        return PartitionReader(self.settings, group_id=group_id)
+    def reader(self, *, group_id: str, deleted: str = "fail") -> PartitionReader:
+        return PartitionReader(self.settings, group_id=group_id, deleted=deleted)
 
     def writer(self, *, client_id: str) -> KafkaWriter:
         return KafkaWriter(self.settings, client_id=client_id)
+
+
+def check_reachable(settings: KafkaSettings, *, timeout: float = 5.0) -> None:
+    """Raise a :class:`ConfigError` naming the address (and where it came from) when no broker
+    of ``settings`` answers a metadata request within ``timeout`` seconds.
+
+    The client's own log is silenced for this one request: an unreachable broker made
+    librdkafka print a connection error every few hundred milliseconds."""
+    admin = create_admin({**admin_config(settings), "logger": _QUIET})
+    try:
+        admin.list_topics(timeout=timeout)
+    except KafkaException as exc:
+        reason = exc.args[0].str() if exc.args and hasattr(exc.args[0], "str") else str(exc)
+        source = (
+            "EOSFLOW_KAFKA_BROKERS"
+            if os.environ.get("EOSFLOW_KAFKA_BROKERS") == settings.brokers
+            else "the configured brokers"
+        )
+        raise ConfigError(
+            f"cannot reach Kafka at {settings.brokers} ({source}) within {timeout:g}s: "
+            f"{reason}. Start the broker there, or point EOSFLOW_KAFKA_BROKERS at a running "
+            "one (unset, eosflow starts an embedded broker; 'eosflow dev up' keeps one running)"
+        ) from None
 
 
 def from_env(environ: Mapping[str, str] | None = None) -> KafkaTransport:

@@ -182,6 +182,7 @@ def _run(args: argparse.Namespace) -> int:
             checkpoint_timeout=args.checkpoint_timeout,
             heartbeat_timeout=args.heartbeat_timeout,
             tolerable_failed_checkpoints=args.tolerable_failed_checkpoints,
+            on_deleted_records=args.on_deleted_records,
             keep_checkpoints=args.keep_checkpoints,
             max_restarts=args.max_restarts,
             recovery=args.recovery,
@@ -445,6 +446,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--tolerable-failed-checkpoints", type=int, default=3, metavar="N",
         help="checkpoint timeouts in a row before a restart (a task alive but stuck; 3)",
+    )  # fmt: skip
+    run.add_argument(
+        "--on-deleted-records", choices=["fail", "skip"], default="fail",
+        help="records the job must read were deleted by retention: fail (default) or skip "
+        "them, counted and logged",
     )  # fmt: skip
     run.add_argument("--keep-checkpoints", type=int, default=3)
     run.add_argument("--max-restarts", type=int, default=10)

@@ -7,6 +7,7 @@ file system or database is behind them.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -137,15 +138,35 @@ class Sink(Protocol):
         """A writer for subtask ``ctx.subtask``."""
 
 
-def preflight_sink(sink: Any, *, job: str, checkpoint_interval: float | None) -> None:
-    """Run a sink's optional start-up check, ``sink.preflight(job=, checkpoint_interval=)``.
+def preflight_sink(
+    sink: Any,
+    *,
+    job: str,
+    checkpoint_interval: float | None,
+    checkpoint_timeout: float | None = None,
+) -> None:
+    """Run a sink's optional start-up check, ``sink.preflight(job=, checkpoint_interval=,
+    checkpoint_timeout=)`` (a sink whose ``preflight`` takes no ``checkpoint_timeout`` is
+    called without it).
 
     Runners call it once before they start workers, so a misconfigured sink (a transaction
-    timeout shorter than the checkpoint interval, a database without prepared transactions)
+    timeout shorter than a checkpoint may take, a database without prepared transactions)
     fails the job at start-up with the sink's ``ConfigError`` instead of in a restart loop.
     """
     check = getattr(sink, "preflight", None)
-    if check is not None:
+    if check is None:
+        return
+    params = inspect.signature(check).parameters
+    takes_timeout = "checkpoint_timeout" in params or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()
+    )
+    if takes_timeout:
+        check(
+            job=job,
+            checkpoint_interval=checkpoint_interval,
+            checkpoint_timeout=checkpoint_timeout,
+        )
+    else:
         check(job=job, checkpoint_interval=checkpoint_interval)
 
 
@@ -214,6 +235,9 @@ class Writer(Protocol):
 class Transport(Protocol):
     """What the runtime needs from Kafka (``connectors.transport.KafkaTransport``)."""
 
+    def check_reachable(self, timeout: float = 5.0) -> None:
+        """Raise ``ConfigError`` naming the address when the cluster does not answer."""
+
     def ensure_topics(self, partitions: Mapping[str, int]) -> None:
         """Create missing topics with these partition counts; refuse a mismatching count."""
 
@@ -223,6 +247,8 @@ class Transport(Protocol):
     def end_offsets(self, tps: Iterable[TP]) -> dict[TP, int]:
         """Current end offsets (last stable offsets under ``read_committed``)."""
 
-    def reader(self, *, group_id: str) -> Reader: ...
+    def reader(self, *, group_id: str, deleted: str = "fail") -> Reader:
+        """A reader; ``deleted``: what it does when retention deleted records it must read
+        (``fail``: :class:`~processor.errors.DataLossError`; ``skip``: counted and logged)."""
 
     def writer(self, *, client_id: str) -> Writer: ...

@@ -15,6 +15,8 @@ errors are also :class:`ValueError` so that code written against plain Python ke
     ├── InfrastructureError                 an embedded server failed to start, stop or answer
     │   └── ServerNotFoundError             its binary is not installed; says what to install
     ├── BrokerCapabilityError               the broker lacks a feature the job was told to rely on
+    ├── DataLossError                       records a restore needs are gone from the broker
+    │                                       (retention deleted them, the topic was recreated)
     └── SnapshotError                       a stored snapshot or manifest cannot be used
                                             (``reason``: corrupt, unknown_version, missing,
                                             completed)
@@ -37,6 +39,7 @@ from __future__ import annotations
 __all__ = [
     "BrokerCapabilityError",
     "ConfigError",
+    "DataLossError",
     "DefinitionError",
     "DeserializationError",
     "EosflowError",
@@ -160,6 +163,24 @@ class ServerNotFoundError(InfrastructureError):
 
 class BrokerCapabilityError(EosflowError):
     """The broker in use lacks a feature the job relies on."""
+
+
+class DataLossError(EosflowError):
+    """Records the job must read are no longer on the broker: a position below a partition's
+    first offset (retention deleted records not yet read), or beyond its end (the topic or the
+    broker was recreated since the checkpoint). Continuing would silently skip or invent input.
+
+    Attributes:
+        topic, partition: where.
+        wanted: the position the job needs; first, end: what the partition holds.
+    """
+
+    def __init__(
+        self, message: str, *, topic: str, partition: int, wanted: int, first: int, end: int
+    ) -> None:
+        self.topic, self.partition = topic, partition
+        self.wanted, self.first, self.end = wanted, first, end
+        super().__init__(message)
 
 
 class SnapshotError(EosflowError):

@@ -74,6 +74,9 @@ class RunOptions:
     #: Checkpoints that may time out in a row before the job restarts (Flink's tolerable
     #: failed checkpoints): a task blocked in a user function still heartbeats, but never acks.
     tolerable_failed_checkpoints: int = 3
+    #: Records a reader must read were deleted by retention: ``fail`` (default) or ``skip``
+    #: (counted and logged).
+    on_deleted_records: str = "fail"
     keep_checkpoints: int = 3
     max_restarts: int = 10
     restart_backoff: float = 0.5
@@ -113,6 +116,10 @@ class RunOptions:
             raise ConfigError(
                 "tolerable failed checkpoints must be 0 or more, got "
                 f"{self.tolerable_failed_checkpoints}"
+            )
+        if self.on_deleted_records not in ("fail", "skip"):
+            raise ConfigError(
+                f"on_deleted_records {self.on_deleted_records!r}: choose 'fail' or 'skip'"
             )
         if self.recovery not in RECOVERIES:
             raise ConfigError(f"recovery {self.recovery!r}: choose one of {RECOVERIES}")

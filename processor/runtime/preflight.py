@@ -33,7 +33,12 @@ def preflight(plan: Plan, options: RunOptions, interval: float | None) -> None:
         )
     with extra_environ(options.environ):
         for sink in sinks:
-            preflight_sink(sink, job=plan.job, checkpoint_interval=interval)
+            preflight_sink(
+                sink,
+                job=plan.job,
+                checkpoint_interval=interval,
+                checkpoint_timeout=options.checkpoint_timeout if interval is not None else None,
+            )
         if options.recovery == "local":
             _preflight_redis()
 

@@ -136,8 +136,7 @@ class Runner(RunnerReporting):
 
     # -- setup -----------------------------------------------------------------------------------
 
-    def _prepare_topics(self) -> tuple[dict[str, int], list[list[Any]] | None]:
-        transport = load_object(self.options.transport)(self._worker_env())
+    def _prepare_topics(self, transport: Any) -> tuple[dict[str, int], list[list[Any]] | None]:
         steps = self.plan.flow.steps
         topics = [s.params["topic"] for s in steps.values() if s.kind == "source"]
         counts = {t: transport.partition_count(t) for t in topics}
@@ -190,6 +189,7 @@ class Runner(RunnerReporting):
             "log_level": self.options.log_level,
             "log_path": str(self._log_path(i)),
             "recovery": self.options.recovery,
+            "on_deleted_records": self.options.on_deleted_records,
             "recovery_horizon_ms": int(self.options.recovery_horizon * 1000),
             "stale_through": stale_through,
             "sink_generation": sink_generation,
@@ -377,8 +377,12 @@ class Runner(RunnerReporting):
         return None if self.options.mode == "none" else self.options.checkpoint_interval
 
     def run(self) -> RunResult:
+        transport = load_object(self.options.transport)(self._worker_env())
+        check = getattr(transport, "check_reachable", None)
+        if check is not None:  # before anything waits on the broker
+            check()
         preflight(self.plan, self.options, self._interval())
-        counts, ends = self._prepare_topics()
+        counts, ends = self._prepare_topics(transport)
         interval = self._interval()
         self.coordinator = CheckpointCoordinator(
             self.store,

@@ -18,6 +18,8 @@ import logging
 from typing import Any
 
 from connectors.config import KafkaSettings
+from connectors.probe import hides_aborted_records
+from processor.errors import KafkaClientError
 from sinks.kafka.broker import _read_range, _StalledRead
 from sinks.kafka.records import HEADER_EPOCH, HEADER_ID, HEADER_SINK, HEADER_SUBTASK
 
@@ -32,24 +34,72 @@ EpochRecord = tuple[str, int, Any, Any, Any, int]
 def epoch_committed(
     settings: KafkaSettings, committable: Any, sink_id: bytes, subtask: bytes, where: str
 ) -> bool:
-    """Whether a committed marker of the epoch exists at or after the recorded marker."""
+    """Whether a committed marker of the epoch exists at or after the recorded marker.
+
+    The marker is read with ``read_committed``: an epoch whose transaction aborted has its
+    marker in the log too, behind an abort marker, and must not count as committed.
+
+    When the read stalls (the last stable offset does not pass the marker although every id of
+    this subtask's pool was fenced), the broker decides what happens next:
+
+    * one whose ``read_committed`` hides aborted records (Apache Kafka): another producer holds
+      an open transaction in the marker partition, and it ends by its timeout. The read is
+      tried again for longer, then the task fails with the reason. ``read_uncommitted`` would
+      see an *aborted* marker and call a lost epoch committed (found in review, issue 17).
+    * one whose ``read_committed`` shows aborted records anyway (Tansu, whose last stable
+      offset can stick after crashes): ``read_uncommitted`` answers exactly what its readers
+      see. The broker probe (:func:`connectors.probe.hides_aborted_records`) switches this on,
+      never a timeout.
+    """
     topic, partition, offset = committable["marker"]
     try:
-        found = _marker_in(settings, committable, sink_id, subtask, read_committed=True)
+        return _marker_in(settings, committable, sink_id, subtask, read_committed=True)
     except _StalledRead:
-        # Every id of this subtask's pool was fenced, so nothing of ours is open: a last
-        # stable offset stuck below the marker is a broker fault. Seen on Tansu after
-        # crashes, whose read_committed shows aborted records anyway, so reading
-        # uncommitted answers what its readers see.
+        if hides_aborted_records(settings):
+            return _marker_after_open_transaction(settings, committable, sink_id, subtask, where)
         log.warning(
             "%s: the last stable offset of %s[%s] does not advance past %s although this "
-            "subtask's transactional ids are fenced; deciding on read_uncommitted (right for "
-            "brokers whose read_committed shows aborted records, such as Tansu; on Apache "
-            "Kafka this means another producer holds an open transaction in the marker topic)",
+            "subtask's transactional ids are fenced; this broker's read_committed shows "
+            "aborted records (the probe says so, e.g. Tansu), so deciding on read_uncommitted",
             where, topic, partition, offset,
         )  # fmt: skip
-        found = _marker_in(settings, committable, sink_id, subtask, read_committed=False)
-    return found
+        return _marker_in(settings, committable, sink_id, subtask, read_committed=False)
+
+
+#: How long a rescue waits for another producer's open transaction in the marker partition.
+OPEN_TRANSACTION_WAIT_S = 120.0
+
+
+def _marker_after_open_transaction(
+    settings: KafkaSettings, committable: Any, sink_id: bytes, subtask: bytes, where: str
+) -> bool:
+    topic, partition, offset = committable["marker"]
+    log.warning(
+        "%s: the last stable offset of %s[%s] stays below the marker at %s: another producer "
+        "holds an open transaction there; waiting up to %.0fs for it to end (never deciding "
+        "from read_uncommitted, which would count an aborted epoch as committed)",
+        where, topic, partition, offset, OPEN_TRANSACTION_WAIT_S,
+    )  # fmt: skip
+    try:
+        return _marker_in(
+            settings,
+            committable,
+            sink_id,
+            subtask,
+            read_committed=True,
+            timeout=OPEN_TRANSACTION_WAIT_S + 30.0,
+            stall_s=OPEN_TRANSACTION_WAIT_S,
+        )
+    except _StalledRead:
+        raise KafkaClientError(
+            f"{where}: cannot tell whether epoch {committable['epoch']} committed: the last "
+            f"stable offset of {topic}[{partition}] stayed below {offset} for "
+            f"{OPEN_TRANSACTION_WAIT_S:.0f}s. Another producer holds an open transaction in "
+            "that partition of the marker topic (it ends by its transaction.timeout.ms); list "
+            "and abort this job's lingering ones with 'eosflow txn list|abort PIPELINE.py'. "
+            "The task restarts and tries again",
+            retriable=True,
+        ) from None
 
 
 def _marker_in(
@@ -59,11 +109,12 @@ def _marker_in(
     subtask: bytes,
     *,
     read_committed: bool,
+    **read: float,
 ) -> bool:
     topic, partition, offset = committable["marker"]
     tag = str(committable["epoch"]).encode()
     for msg in _read_range(
-        settings, topic, int(partition), int(offset), None, read_committed=read_committed
+        settings, topic, int(partition), int(offset), None, read_committed=read_committed, **read
     ):  # markers carry (sink, subtask, epoch) headers
         headers = dict(msg.headers() or [])
         if (

@@ -18,7 +18,10 @@ from sinks.kafka.transactional import KafkaSinkWriter
 __all__ = ["KafkaSink", "check_transaction_timeout"]
 
 _MODES = ("transactional", "staged")
-_DEFAULT_TIMEOUT_MS = 60_000
+#: 15 minutes, Apache Kafka's default ``transaction.max.timeout.ms``: an epoch's transaction
+#: must outlive the checkpoint interval plus the checkpoint timeout (60 s by default).
+_DEFAULT_TIMEOUT_MS = 900_000
+_COMMIT_MARGIN_MS = 10_000
 
 
 class KafkaSink:
@@ -36,8 +39,9 @@ class KafkaSink:
             keyed stream the default is the stream's key.
         settings: brokers and client settings (default: ``KafkaSettings.from_env()`` in the
             worker, i.e. ``EOSFLOW_KAFKA_BROKERS``).
-        transaction_timeout_ms: the producers' ``transaction.timeout.ms`` (default 60 s); must be
-            above twice the checkpoint interval and at most the broker's
+        transaction_timeout_ms: the producers' ``transaction.timeout.ms`` (default 15 min);
+            must exceed the checkpoint interval plus the checkpoint timeout (with 10 s to
+            commit), be above twice the interval, and be at most the broker's
             ``transaction.max.timeout.ms``.
         pool_size: transactional ids per subtask kept ready (2 covers one prepared epoch plus
             the open one; more are used while checkpoints keep failing, up to 8).
@@ -92,7 +96,13 @@ class KafkaSink:
     def resolved_settings(self) -> KafkaSettings:
         return self.settings if self.settings is not None else KafkaSettings.from_env()
 
-    def preflight(self, *, job: str, checkpoint_interval: float | None) -> None:
+    def preflight(
+        self,
+        *,
+        job: str,
+        checkpoint_interval: float | None,
+        checkpoint_timeout: float | None = None,
+    ) -> None:
         """Check the topic and the transaction timeout; create the marker topic."""
         settings = self.resolved_settings()
         admin = TopicAdmin(settings)
@@ -108,6 +118,7 @@ class KafkaSink:
                 self.transaction_timeout_ms,
                 checkpoint_interval,
                 broker_transaction_max_timeout(settings),
+                checkpoint_timeout=checkpoint_timeout,
             )
 
     def open(self, ctx: SinkContext) -> KafkaSinkWriter | StagedKafkaSinkWriter:
@@ -117,9 +128,19 @@ class KafkaSink:
 
 
 def check_transaction_timeout(
-    timeout_ms: int, checkpoint_interval: float | None, broker_max_ms: int | None
+    timeout_ms: int,
+    checkpoint_interval: float | None,
+    broker_max_ms: int | None,
+    *,
+    checkpoint_timeout: float | None = None,
 ) -> None:
-    """Refuse a ``transaction.timeout.ms`` the job cannot live with, saying what to change."""
+    """Refuse a ``transaction.timeout.ms`` the job cannot live with, saying what to change.
+
+    An epoch's transaction is open from its first record until the commit after its
+    checkpoint completes: up to one interval, then up to the checkpoint timeout, then the
+    commit. A shorter transaction timeout lets the broker abort a healthy epoch whose
+    checkpoint is merely slow (found in review, issue 17: the checkpoint timeout, 60 s, equalled
+    the default transaction timeout, 60 s)."""
     if broker_max_ms is not None and timeout_ms > broker_max_ms:
         raise ConfigError(
             f"KafkaSink transaction_timeout_ms={timeout_ms} exceeds the broker's "
@@ -134,3 +155,15 @@ def check_transaction_timeout(
             f"transaction_timeout_ms to at least {int(4_000 * checkpoint_interval)} or shorten "
             "--checkpoint-interval"
         )
+    if checkpoint_interval is not None and checkpoint_timeout is not None:
+        needed_ms = int(1000 * (checkpoint_interval + checkpoint_timeout)) + _COMMIT_MARGIN_MS
+        if timeout_ms < needed_ms:
+            raise ConfigError(
+                f"KafkaSink transaction_timeout_ms={timeout_ms} is shorter than the longest an "
+                f"epoch's transaction stays open: the checkpoint interval ({checkpoint_interval:g}"
+                f"s) plus the checkpoint timeout ({checkpoint_timeout:g}s) plus "
+                f"{_COMMIT_MARGIN_MS // 1000}s to commit = {needed_ms} ms; the broker would "
+                f"abort the epoch of a slow checkpoint. Raise transaction_timeout_ms to at least "
+                f"{needed_ms} (within the broker's transaction.max.timeout.ms), or lower "
+                "--checkpoint-timeout"
+            )

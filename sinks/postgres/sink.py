@@ -164,7 +164,13 @@ class PostgresSink:
             ) from exc
         return conn
 
-    def preflight(self, *, job: str, checkpoint_interval: float | None) -> None:
+    def preflight(
+        self,
+        *,
+        job: str,
+        checkpoint_interval: float | None,
+        checkpoint_timeout: float | None = None,
+    ) -> None:
         """Start-up check, once per job: prepared transactions are enabled, and the tables
         exist (created when ``columns`` gives types).
 

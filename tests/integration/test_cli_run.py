@@ -118,3 +118,35 @@ def test_sigint_stops_a_streaming_job_after_a_final_checkpoint(
             not Path(f"/proc/{worker['pid']}").exists()
             or "Z" in Path(f"/proc/{worker['pid']}/stat").read_text().rsplit(")", 1)[1].split()[0]
         )
+
+
+def test_run_fails_in_seconds_with_one_clear_error_when_the_broker_is_unreachable(
+    tmp_path: Path,
+) -> None:
+    """Regression (issue 17): with EOSFLOW_KAFKA_BROKERS naming a dead address, ``eosflow run``
+    printed about 580 librdkafka error lines over 30 s, then a raw traceback."""
+    import socket
+
+    with socket.socket() as s:  # a free port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EOSFLOW_")}
+    env.update(
+        EOSFLOW_KAFKA_BROKERS=dead,
+        EOSFLOW_STATE_DIR=str(tmp_path / "state"),
+        JOB_NAME="unreachable",
+        CLICKS_TOPIC="clicks",
+        OUTPUT_DIR=str(tmp_path / "out"),
+    )
+    started = time.monotonic()
+    result = subprocess.run(
+        _eosflow("run", str(ROOT / "examples" / "running_total.py"), "--until-idle"),
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    took = time.monotonic() - started
+    print(f"exit {result.returncode} after {took:.1f}s; stderr:\n{result.stderr}")
+    assert result.returncode == 2
+    assert f"eosflow: error: cannot reach Kafka at {dead} (EOSFLOW_KAFKA_BROKERS)" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert "rdkafka" not in result.stderr  # no client's connection errors, one message
+    assert took < 20

@@ -99,6 +99,17 @@ def test_transaction_timeout_is_checked_against_the_interval_and_the_broker() ->
         check_transaction_timeout(15_000, 10.0, None)
 
 
+def test_transaction_timeout_is_refused_when_a_slow_checkpoint_would_outlive_it() -> None:
+    """Regression (issue 17): the timeout was checked against the interval only, and the
+    default checkpoint timeout (60 s) equalled the default transaction timeout (60 s): the
+    broker could abort the epoch of a slow but healthy checkpoint."""
+    with pytest.raises(ConfigError, match=r"at least 71000 .* or lower --checkpoint-timeout"):
+        check_transaction_timeout(60_000, 1.0, None, checkpoint_timeout=60.0)
+    check_transaction_timeout(71_000, 1.0, None, checkpoint_timeout=60.0)
+    sink = KafkaSink("out", transactional_id_prefix="p")
+    check_transaction_timeout(sink.transaction_timeout_ms, 1.0, 900_000, checkpoint_timeout=60.0)
+
+
 def test_prefix_is_required_in_transactional_mode() -> None:
     with pytest.raises(ConfigError, match="transactional_id_prefix"):
         KafkaSink("t")

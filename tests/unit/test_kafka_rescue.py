@@ -1,0 +1,79 @@
+"""The rescue's decision whether an epoch committed (sinks.kafka.rescue), with the broker
+reads replaced: which isolation level may decide, on which broker."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from connectors import KafkaSettings
+from processor.errors import KafkaClientError
+from sinks.kafka import rescue
+from sinks.kafka.broker import _StalledRead
+
+COMMITTABLE = {"marker": ["eosflow.job.out.txn-markers", 0, 41], "epoch": "1.3"}
+
+
+def _reads(monkeypatch: pytest.MonkeyPatch, *, hides: bool, answers: list[Any]) -> list[bool]:
+    """Replaces the marker reads by ``answers`` (a bool, or an exception to raise) and the
+    broker probe by ``hides``; returns the isolation levels asked for (True: read_committed)."""
+    asked: list[bool] = []
+
+    def marker_in(*_a: Any, read_committed: bool, **_kw: Any) -> bool:
+        asked.append(read_committed)
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return bool(answer)
+
+    monkeypatch.setattr(rescue, "_marker_in", marker_in)
+    monkeypatch.setattr(rescue, "hides_aborted_records", lambda _settings: hides)
+    return asked
+
+
+def _committed() -> bool:
+    settings = KafkaSettings(brokers="127.0.0.1:9")
+    return rescue.epoch_committed(settings, COMMITTABLE, b"job/out", b"0", "sink=out subtask=0")
+
+
+def test_a_stalled_read_is_never_decided_by_read_uncommitted_when_the_broker_hides_aborts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Regression (issue 17): after a stalled read_committed read the rescue fell back to
+    read_uncommitted on every broker. On Apache Kafka that reads the epoch's *aborted* marker
+    and calls the epoch committed: it was lost with only a warning."""
+    asked = _reads(monkeypatch, hides=True, answers=[_StalledRead("stalled"), False])
+    assert _committed() is False  # decided by read_committed, after the open transaction ended
+    assert asked == [True, True]
+
+
+def test_a_read_that_stays_stalled_fails_the_task_with_the_reason_when_the_broker_hides_aborts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked = _reads(
+        monkeypatch, hides=True, answers=[_StalledRead("stalled"), _StalledRead("stalled")]
+    )
+    with pytest.raises(KafkaClientError, match=r"cannot tell whether epoch 1\.3 committed") as err:
+        _committed()
+    assert err.value.retriable and "eosflow txn" in str(err.value)
+    assert False not in asked
+
+
+def test_a_stalled_read_falls_back_to_read_uncommitted_only_where_the_probe_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Tansu: read_committed shows aborted records anyway, so read_uncommitted answers what
+    its readers see; the probe, not a timeout, switches this on."""
+    asked = _reads(monkeypatch, hides=False, answers=[_StalledRead("stalled"), True])
+    assert _committed() is True
+    assert asked == [True, False]
+
+
+def test_the_marker_read_with_read_committed_decides_when_it_does_not_stall(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for hides in (True, False):
+        asked = _reads(monkeypatch, hides=hides, answers=[False])
+        assert _committed() is False
+        assert asked == [True]
