@@ -377,11 +377,11 @@ class Runner(RunnerReporting):
         return None if self.options.mode == "none" else self.options.checkpoint_interval
 
     def run(self) -> RunResult:
+        preflight(self.plan, self.options, self._interval())
         transport = load_object(self.options.transport)(self._worker_env())
         check = getattr(transport, "check_reachable", None)
         if check is not None:  # before anything waits on the broker
             check()
-        preflight(self.plan, self.options, self._interval())
         counts, ends = self._prepare_topics(transport)
         interval = self._interval()
         self.coordinator = CheckpointCoordinator(

@@ -9,6 +9,7 @@ from typing import Any
 from connectors.admin import TopicAdmin
 from connectors.config import KafkaSettings
 from connectors.serde import JsonSerde
+from connectors.transport import check_reachable
 from processor.contracts import Serde, SinkContext
 from processor.errors import ConfigError
 from sinks.kafka.records import _MAX_SLOTS
@@ -105,6 +106,7 @@ class KafkaSink:
     ) -> None:
         """Check the topic and the transaction timeout; create the marker topic."""
         settings = self.resolved_settings()
+        check_reachable(settings)  # one clear error in seconds, not minutes of client logs
         admin = TopicAdmin(settings)
         if not admin.exists(self.topic):
             raise ConfigError(
