@@ -150,3 +150,21 @@ def test_run_fails_in_seconds_with_one_clear_error_when_the_broker_is_unreachabl
     assert "Traceback" not in result.stderr
     assert "rdkafka" not in result.stderr  # no client's connection errors, one message
     assert took < 20
+
+
+def test_run_refuses_local_recovery_of_a_running_total_that_crosses_a_second_shuffle(
+    tmp_path: Path,
+) -> None:
+    """Issue 19: under --recovery local this pipeline's re-emitted totals would depend on the
+    replay's interleaving (a mix of old and new values downstream). It is refused before
+    anything starts, with the reason and the alternatives; no server is needed to say so."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EOSFLOW_")}
+    env.update(EOSFLOW_STATE_DIR=str(tmp_path / "state"), EOSFLOW_KAFKA_BROKERS="127.0.0.1:9")
+    pipeline = ROOT / "tests" / "e2e" / "pipelines" / "two_shuffle_total.py"
+    result = subprocess.run(
+        _eosflow("run", str(pipeline), "--recovery", "local", "--until-idle"),
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "--recovery local cannot keep step 'totals' exactly once" in result.stderr
+    assert "Use --recovery global" in result.stderr
