@@ -82,7 +82,9 @@ class CheckpointCoordinator:
         self.keep = keep
         self.clock = clock
         self.generation = 0
-        self.last_abort_reason = ""
+        #: why each checkpoint timed out since the last one completed (or the generation began):
+        #: the runner restarts a stuck worker when there are too many in a row
+        self.timed_out: list[str] = []
         self.pending: _Pending | None = None
         latest = store.latest_completed(job)
         self.stats = CheckpointStats(last_completed=latest.checkpoint_id if latest else 0)
@@ -94,6 +96,7 @@ class CheckpointCoordinator:
         if self.pending is not None:
             self._abort(f"generation {generation} started")
         self.generation = generation
+        self.timed_out = []
         self._next_due = self.clock() + (self.interval_s or 0.0)
 
     def due(self) -> int | None:
@@ -141,6 +144,7 @@ class CheckpointCoordinator:
             },
         )
         self.pending = None
+        self.timed_out = []
         stats = self.stats
         stats.last_completed, stats.last_duration_s = checkpoint_id, duration
         stats.completed += 1
@@ -163,7 +167,9 @@ class CheckpointCoordinator:
         if pending is None or self.clock() - pending.started < self.timeout_s:
             return None
         missing = sorted(self.tasks - set(pending.acks))
-        return self._abort(f"timed out after {self.timeout_s:g}s; no ack from {missing}")
+        reason = f"timed out after {self.timeout_s:g}s; no ack from {missing}"
+        self.timed_out.append(reason)
+        return self._abort(reason)
 
     def decline(self, checkpoint_id: int, task: str, reason: str) -> int | None:
         if self.pending is None or self.pending.checkpoint_id != checkpoint_id:
@@ -176,7 +182,6 @@ class CheckpointCoordinator:
 
     def _abort(self, reason: str) -> int:
         assert self.pending is not None
-        self.last_abort_reason = reason
         chk = self.pending.checkpoint_id
         self.pending = None
         self.stats.aborted += 1

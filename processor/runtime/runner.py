@@ -131,8 +131,6 @@ class Runner(RunnerReporting):
         self.final_trigger_s: float | None = None
         self._unstarted = 0  # consecutive generations that failed before every worker connected
         self.failed_worker: int | None = None  # set by _dead_worker when it knows which
-        self._timed_out: list[str] = []  # why checkpoints timed out, in a row
-        self._completed_seen = 0
 
     # -- setup -----------------------------------------------------------------------------------
 
@@ -298,7 +296,6 @@ class Runner(RunnerReporting):
         time.sleep(backoff)
         self.final_chk = None
         self.committed.clear()
-        self._timed_out.clear()
         self._spawn_all(counts, ends)
 
     def _recover_local(
@@ -349,11 +346,12 @@ class Runner(RunnerReporting):
     def _stuck_worker(self) -> str | None:
         """The cause, if a connected worker is stuck (:func:`stuck_worker`); it is restarted
         like a dead one."""
-        found = stuck_worker(self.workers, self.options, self._timed_out, time.monotonic())
+        coordinator = self.coordinator
+        found = stuck_worker(self.workers, self.options, coordinator.timed_out, time.monotonic())
         if found is None:
             return None
         cause, self.failed_worker = found
-        self._timed_out = []
+        coordinator.timed_out = []  # this restart answers them
         return cause
 
     def _check_budget(self, cause: str) -> None:
@@ -465,11 +463,11 @@ class Runner(RunnerReporting):
                 conn.send({"t": "stop"})  # a worker of an older generation: not ours any more
                 return
             i = int(msg["worker"])
-            conn.worker = i
+            conn.send({"t": "welcome"})  # first: only now may it restore its tasks and sinks
+            conn.worker = i  # broadcasts reach it from here on
             hello = self.workers[i]
             hello.conn, hello.pid, hello.host = conn, msg.get("pid"), msg.get("host")
             hello.last_seen = time.monotonic()
-            conn.send({"t": "welcome"})  # only now may it restore its tasks and sinks
             return
         sender = self.workers[conn.worker] if conn.worker is not None else None
         if sender is None or sender.conn is not conn:
@@ -511,10 +509,6 @@ class Runner(RunnerReporting):
         aborted = coordinator.expired()
         if aborted is not None:
             self.server.broadcast({"t": "abort", "chk": aborted, "reason": "timeout"})
-            self._timed_out.append(coordinator.last_abort_reason)
-        elif coordinator.stats.completed > self._completed_seen:
-            self._timed_out.clear()
-        self._completed_seen = coordinator.stats.completed
         wants_final = self.stopping is not None or (
             self.options.until_idle and all(w.drained for w in self.workers)
         )

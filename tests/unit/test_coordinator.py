@@ -97,3 +97,27 @@ def test_new_generation_voids_the_pending_checkpoint(tmp_path: Path) -> None:
     c.start_generation(2)
     assert c.pending is None and c.stats.aborted == 1
     assert c.trigger_now() == 2
+
+
+def test_timeouts_in_a_row_are_counted_until_a_checkpoint_completes(tmp_path: Path) -> None:
+    """What the runner's stuck-worker rule reads (processor/runtime/health.py)."""
+    clock = Clock()
+    c = _coordinator(tmp_path, clock)
+    for n in (1, 2):
+        clock.now += 1.1
+        assert c.due() == n
+        _ack(c, n, "a.0")
+        clock.now += 5.1
+        assert c.expired() == n
+    assert c.timed_out == ["timed out after 5s; no ack from ['b.0']"] * 2
+    clock.now += 1.1
+    assert c.due() == 3
+    _ack(c, 3, "a.0")
+    assert _ack(c, 3, "b.0")
+    assert c.timed_out == []
+    clock.now += 1.1
+    assert c.due() == 4
+    clock.now += 5.1
+    assert c.expired() == 4
+    c.start_generation(2)  # a restart answers them
+    assert c.timed_out == []
