@@ -112,13 +112,7 @@ class FileSink:
     def __repr__(self) -> str:
         return f"FileSink({self.path!r}, format={self.format!r})"
 
-    def preflight(
-        self,
-        *,
-        job: str,
-        checkpoint_interval: float | None,
-        checkpoint_timeout: float | None = None,
-    ) -> None:
+    def preflight(self, *, job: str, checkpoint_interval: float | None) -> None:
         """Refuses, before workers start, a directory another job owns or one on a file system
         whose rename is not atomic (object-store FUSE mounts).
 

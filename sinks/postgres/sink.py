@@ -164,13 +164,7 @@ class PostgresSink:
             ) from exc
         return conn
 
-    def preflight(
-        self,
-        *,
-        job: str,
-        checkpoint_interval: float | None,
-        checkpoint_timeout: float | None = None,
-    ) -> None:
+    def preflight(self, *, job: str, checkpoint_interval: float | None) -> None:
         """Start-up check, once per job: prepared transactions are enabled, and the tables
         exist (created when ``columns`` gives types).
 

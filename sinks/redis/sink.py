@@ -160,13 +160,7 @@ class RedisSink:
         )
         return client
 
-    def preflight(
-        self,
-        *,
-        job: str,
-        checkpoint_interval: float | None,
-        checkpoint_timeout: float | None = None,
-    ) -> None:
+    def preflight(self, *, job: str, checkpoint_interval: float | None) -> None:
         """Checks the server once before workers start: reachable, Redis >= 5, not a cluster,
         no eviction of keys without a TTL, Lua with cmsgpack; warns when persistence is off.
 

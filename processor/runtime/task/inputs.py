@@ -266,8 +266,7 @@ class ChannelInputs(TaskCheckpoints):
                     f"than this worker's {self.generation}: this worker is a zombie; stopping"
                 )
             if mode is not None and ctl.generation == self.generation:
-                self.phases[tp] = []  # this generation's records follow: live
-                self._next_phase(tp)
+                self._live(tp)  # this generation's records follow
             elif mode == _DROP and ctl.generation >= self.phases[tp][0][1]:
                 self._next_phase(tp)  # a dead generation's records end; what follows is next
             return
@@ -301,11 +300,13 @@ class ChannelInputs(TaskCheckpoints):
     def _next_phase(self, tp: TP) -> None:
         """``tp``'s current recovery phase ended: the next one starts, or the channel is live."""
         phases = self.phases[tp]
-        if phases:
-            phases.pop(0)
+        phases.pop(0)
         if phases:
             self.modes[tp] = phases[0][0]
-            return
+        else:
+            self._live(tp)
+
+    def _live(self, tp: TP) -> None:
         del self.phases[tp]
         del self.modes[tp]
         self._replayed(tp)
