@@ -124,6 +124,11 @@ class Task(SourceInputs):
                 self.batch_size = max(16, min(max_records, target))
                 total += len(msgs)
             if self.is_source:
+                if not msgs:
+                    # The reader's position also moves over what it never delivers: transaction
+                    # markers and aborted records. Without this a partition that ends in a
+                    # marker (the output of any exactly-once job) never counts as read.
+                    self.pos = self.reader.positions()
                 self._source_watermark()
                 if self.dead is not None:
                     self.dead.flush()
