@@ -44,6 +44,7 @@ class TaskEnv:
         uploads: ThreadPoolExecutor,
         fault: Callable[[str], None],
         end_offsets: dict[TP, int] | None,
+        start_positions: dict[TP, int] | None = None,
         clock: Callable[[], float] = time.monotonic,
         checkpoint_interval: float | None = None,
         recovery: str = "global",
@@ -60,6 +61,9 @@ class TaskEnv:
         self.uploads = uploads
         self.fault = fault
         self.end_offsets = end_offsets
+        # Where a start without a checkpoint reads from, fixed at the job's first start:
+        # "latest" sources and every channel (whose earlier records belong to older runs).
+        self.start_positions = start_positions or {}
         self.clock = clock
         self.checkpoint_interval = checkpoint_interval
         self.recovery = recovery  # global | local (docs/local-recovery.md)

@@ -106,7 +106,12 @@ class RunOptions:
                 f"checkpoint interval must be positive, got {self.checkpoint_interval}s"
             )
         if self.checkpoint_timeout <= self.checkpoint_interval / 10:
-            raise ConfigError("checkpoint timeout is too short for the interval; raise it")
+            raise ConfigError(
+                f"--checkpoint-timeout {self.checkpoint_timeout:g}s is too short for "
+                f"--checkpoint-interval {self.checkpoint_interval:g}s: a checkpoint may take up "
+                "to a tenth of the interval or more. Raise --checkpoint-timeout above "
+                f"{self.checkpoint_interval / 10:g}s, or shorten the interval"
+            )
         if self.heartbeat_timeout < 2:
             raise ConfigError(
                 f"heartbeat timeout must be at least 2s (workers beat every second), got "

@@ -20,7 +20,6 @@ SIGINT/SIGTERM stop the job the same way: final checkpoint, commits, then the wo
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import re
@@ -48,6 +47,7 @@ from processor.runtime.job import (
 from processor.runtime.pipeline import load_flow, load_object
 from processor.runtime.preflight import extra_environ, preflight
 from processor.runtime.reporting import RunnerReporting
+from processor.runtime.topics import prepare_topics, start_positions
 from processor.snapshot.store import SnapshotHandle, SnapshotStore
 
 __all__ = [
@@ -130,24 +130,10 @@ class Runner(RunnerReporting):
         self.ready_s: float | None = None
         self.final_trigger_s: float | None = None
         self._unstarted = 0  # consecutive generations that failed before every worker connected
+        self.starts: list[list[Any]] = []  # a fresh job's start positions (runtime.topics)
         self.failed_worker: int | None = None  # set by _dead_worker when it knows which
 
     # -- setup -----------------------------------------------------------------------------------
-
-    def _prepare_topics(self, transport: Any) -> tuple[dict[str, int], list[list[Any]] | None]:
-        steps = self.plan.flow.steps
-        topics = [s.params["topic"] for s in steps.values() if s.kind == "source"]
-        counts = {t: transport.partition_count(t) for t in topics}
-        P = self.plan.parallelism
-        transport.ensure_topics({e.topic: P * P for e in self.plan.edges})
-        ends = None
-        if self.options.until_idle:
-            saved = self.dir / "end_offsets.json"
-            tps = [(t, p) for t in topics for p in range(counts[t])]
-            found = transport.end_offsets(tps)
-            ends = [[t, p, found[(t, p)]] for t, p in tps]
-            saved.write_text(json.dumps(ends))
-        return counts, ends
 
     def _worker_env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -181,6 +167,7 @@ class Runner(RunnerReporting):
             "mode": "aligned" if self.options.mode == "none" else self.options.mode,
             "checkpoint_interval": self._interval(),
             "end_offsets": ends,
+            "start_positions": self.starts,
             "source_counts": counts,
             "transport": self.options.transport,
             "max_records": self.options.max_records,
@@ -380,7 +367,11 @@ class Runner(RunnerReporting):
         check = getattr(transport, "check_reachable", None)
         if check is not None:  # before anything waits on the broker
             check()
-        counts, ends = self._prepare_topics(transport)
+        counts, ends = prepare_topics(
+            self.plan, transport, until_idle=self.options.until_idle, run_dir=self.dir
+        )
+        if self.store.latest_completed(self.job) is None:
+            self.starts = start_positions(self.plan, self.store, transport, counts)
         interval = self._interval()
         self.coordinator = CheckpointCoordinator(
             self.store,

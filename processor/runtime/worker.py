@@ -90,6 +90,7 @@ def run_worker(spec: dict[str, Any]) -> int:
     writer = transport.writer(client_id=f"eosflow-{plan.job}-worker-{worker}")
     ends = spec.get("end_offsets")
     end_offsets = {(t, int(p)): int(o) for t, p, o in ends} if ends is not None else None
+    starts = {(t, int(p)): int(o) for t, p, o in spec.get("start_positions") or []}
     uploads = ThreadPoolExecutor(1, thread_name_prefix="snapshot-upload")
     env = TaskEnv(
         plan=plan,
@@ -103,6 +104,7 @@ def run_worker(spec: dict[str, Any]) -> int:
         uploads=uploads,
         fault=_fault_hook(worker, spec.get("faults", [])),
         end_offsets=end_offsets,
+        start_positions=starts,
         checkpoint_interval=spec.get("checkpoint_interval"),
         recovery=recovery,
         recovery_horizon_ms=int(spec.get("recovery_horizon_ms", 600_000)),

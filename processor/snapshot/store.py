@@ -479,15 +479,40 @@ class SnapshotStore:
         ``GenerationStart`` markers are already in the channels (:mod:`processor.wire`).
         Only the job's one coordinator calls this.
         """
-        path = f"{self._job_dir(job)}/{GENERATION_FILE}"
+        data = self.read_job_file(job, GENERATION_FILE)
         try:
-            current = int(self._fs.cat_file(path).decode().strip())
-        except FileNotFoundError:
-            current = 0
+            current = int(data.decode().strip()) if data is not None else 0
         except ValueError:
-            raise _corrupt(path, "the generation file does not hold an integer") from None
-        self._write_atomically(path, f"{current + 1}\n".encode())
+            raise _corrupt(self.job_file(job, GENERATION_FILE), "not an integer") from None
+        self.write_job_file(job, GENERATION_FILE, f"{current + 1}\n".encode())
         return current + 1
+
+    def job_file(self, job: str, name: str) -> str:
+        """Path of the job's bookkeeping file ``name`` (generation, start positions, lease)."""
+        if not re.fullmatch(r"_[A-Z_]+", name):
+            raise DefinitionError(f"job file names are _UPPER_CASE, got {name!r}")
+        return f"{self._job_dir(job)}/{name}"
+
+    def read_job_file(self, job: str, name: str) -> bytes | None:
+        try:
+            return bytes(self._fs.cat_file(self.job_file(job, name)))
+        except FileNotFoundError:
+            return None
+
+    def write_job_file(self, job: str, name: str, data: bytes) -> None:
+        """Replace the job file ``name`` atomically (readers see the old or the new bytes)."""
+        self._write_atomically(self.job_file(job, name), data)
+
+    def delete_job_file(self, job: str, name: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._fs.rm_file(self.job_file(job, name))
+
+    def local_job_path(self, job: str, name: str) -> str | None:
+        """The job file's path on this machine's disk, or ``None`` on a remote store."""
+        if not self._local:
+            return None
+        self._fs.makedirs(self._job_dir(job), exist_ok=True)
+        return self.job_file(job, name)
 
     def newest_checkpoint_id(self, job: str) -> int:
         """The highest checkpoint id with a directory (completed, pending or aborted), or 0."""

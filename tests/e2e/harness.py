@@ -37,6 +37,7 @@ from clicks import (  # noqa: E402
     expected_two_level_counts,
     expected_window_counts,
     produce_clicks,
+    produce_json,
     read_two_level_output,
     with_duplicates,
 )
@@ -51,6 +52,8 @@ __all__ = [
     "expected_running_totals",
     "expected_two_level_counts",
     "expected_window_counts",
+    "produce_clicks",
+    "produce_json",
     "read_two_level_output",
     "with_duplicates",
 ]

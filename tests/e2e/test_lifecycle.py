@@ -5,20 +5,32 @@ broker) and compares the committed output with an expectation computed without t
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
 
 from connectors import KafkaSettings, TopicAdmin, create_producer, producer_config
 from sinks import read_jsonl
-from tests.e2e.harness import canonical, click_events, expected_running_totals
+from tests.e2e.harness import (
+    PIPELINES,
+    canonical,
+    click_events,
+    expected_running_totals,
+    produce_clicks,
+    produce_json,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -108,3 +120,80 @@ def test_until_idle_ends_on_an_input_written_in_transactions(
     assert f"finished: {records:,} records in" in result.stdout, result.stdout
     assert committed_output(env) == expected_running_totals(events)
     assert time.monotonic() - started < 120
+
+
+def test_a_fresh_start_over_an_earlier_runs_channel_topics_reads_none_of_their_records(
+    kafka_endpoint: tuple[str, str], tmp_path: Path
+) -> None:
+    """The state directory is deleted (so are the checkpoints and the generation counter) but
+    the channel topics on the broker keep the earlier run's records, which start with
+    ``GenerationStart(1)`` like the new run's. The new run must read none of them."""
+    records = 4_000
+    env = job_env(kafka_endpoint[0], tmp_path)
+    produce_clicks(kafka_endpoint[0], env["CLICKS_TOPIC"], records)
+    run = eosflow("run", RUNNING_TOTAL, "--workers", "2", "--checkpoint-interval", "300ms",
+                  "--until-idle")  # fmt: skip
+    first = subprocess.run(run, env=env, capture_output=True, text=True, timeout=180)
+    assert first.returncode == 0, first.stderr[-3000:]
+    want = expected_running_totals(click_events(records))
+    assert committed_output(env) == want
+    shutil.rmtree(env["EOSFLOW_STATE_DIR"])
+    env["OUTPUT_DIR"] = str(tmp_path / "out-again")
+    again = subprocess.run(run, env=env, capture_output=True, text=True, timeout=180)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert committed_output(env) == want
+
+
+def _status(env: dict[str, str]) -> dict[str, Any]:
+    out = subprocess.run(
+        eosflow("status", env["JOB_NAME"], "--json"), env=env, capture_output=True, text=True
+    )
+    return json.loads(out.stdout) if out.returncode == 0 else {}
+
+
+def _wait_status(
+    env: dict[str, str], ok: Callable[[dict[str, Any]], bool], timeout: float = 120
+) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    status: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        status = _status(env)
+        if status and ok(status):
+            return status
+        time.sleep(0.3)
+    raise AssertionError(f"status never matched within {timeout}s: {status}")
+
+
+def test_a_latest_source_restarted_before_the_first_checkpoint_keeps_its_start(
+    kafka_endpoint: tuple[str, str], tmp_path: Path
+) -> None:
+    """``start="latest"`` means the end of the topic when the job first started, not when a
+    worker restarted: records that arrived in between must not be skipped."""
+    brokers = kafka_endpoint[0]
+    env = job_env(brokers, tmp_path)
+    before = list(click_events(1_000, seed=3))  # in the topic before the job: not input
+    produce_json(brokers, env["CLICKS_TOPIC"], before, key=lambda e: str(e["user"]))
+    proc = subprocess.Popen(
+        eosflow("run", str(PIPELINES / "latest_total.py"), "--workers", "2",
+                "--checkpoint-interval", "10m", "--checkpoint-timeout", "2m"),
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        status = _wait_status(env, lambda s: s.get("state") == "running" and all(
+            w["connected"] for w in s["workers"]))  # fmt: skip
+        time.sleep(1.0)  # the source tasks opened their readers
+        events = list(click_events(3_000))
+        produce_json(brokers, env["CLICKS_TOPIC"], events, key=lambda e: str(e["user"]))
+        _wait_status(env, lambda s: s.get("records_out") == len(events))
+        os.kill(status["workers"][0]["pid"], signal.SIGKILL)  # no checkpoint completed yet
+        _wait_status(env, lambda s: s.get("restarts", 0) >= 1 and s.get("state") == "running"
+                     and all(w["connected"] for w in s["workers"]))  # fmt: skip
+        time.sleep(1.0)
+        os.killpg(proc.pid, signal.SIGINT)  # a final checkpoint commits what was read
+        _out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, err[-3000:]
+    assert committed_output(env) == expected_running_totals(events)

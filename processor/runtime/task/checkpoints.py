@@ -32,6 +32,9 @@ class TaskCheckpoints(TaskBase):
         committables it holds; fills ``positions`` with the restored offsets of this task's
         inputs and returns the inputs whose barrier the snapshot had seen."""
         if state is None:
+            for tp, offset in self.env.start_positions.items():
+                if tp in positions:
+                    positions[tp] = offset
             for _name, writer in self.committers:
                 writer.recover([])
             return set()
