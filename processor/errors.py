@@ -44,6 +44,7 @@ __all__ = [
     "DeserializationError",
     "EosflowError",
     "InfrastructureError",
+    "JobRunningError",
     "KafkaClientError",
     "SerializationError",
     "ServerNotFoundError",
@@ -181,6 +182,12 @@ class DataLossError(EosflowError):
         self.topic, self.partition = topic, partition
         self.wanted, self.first, self.end = wanted, first, end
         super().__init__(message)
+
+
+class JobRunningError(EosflowError):
+    """Another runner holds the job's lease: two coordinators of one job would share its
+    generations, channels, transactional ids and checkpoints. Also raised in the runner that
+    lost its lease (it stops, and so do its workers)."""
 
 
 class SnapshotError(EosflowError):

@@ -48,6 +48,7 @@ from processor.runtime.pipeline import load_flow, load_object
 from processor.runtime.preflight import extra_environ, preflight
 from processor.runtime.reporting import RunnerReporting
 from processor.runtime.topics import prepare_topics, start_positions
+from processor.snapshot.lease import JobLease
 from processor.snapshot.store import SnapshotHandle, SnapshotStore
 
 __all__ = [
@@ -111,6 +112,7 @@ class Runner(RunnerReporting):
         self.dir.mkdir(parents=True, exist_ok=True)
         url = options.snapshot_url or default_snapshot_url(self.job, options.state_dir)
         self.store = SnapshotStore(url)
+        self.lease = JobLease(self.store, self.job)
         self.workers: list[WorkerHandle] = []
         self.log_offsets: list[int] = []
         # Only workers given this token are heard: the control port may be reachable by others.
@@ -364,25 +366,25 @@ class Runner(RunnerReporting):
     def run(self) -> RunResult:
         preflight(self.plan, self.options, self._interval())
         transport = load_object(self.options.transport)(self._worker_env())
-        check = getattr(transport, "check_reachable", None)
-        if check is not None:  # before anything waits on the broker
-            check()
-        counts, ends = prepare_topics(
-            self.plan, transport, until_idle=self.options.until_idle, run_dir=self.dir
-        )
-        if self.store.latest_completed(self.job) is None:
-            self.starts = start_positions(self.plan, self.store, transport, counts)
-        interval = self._interval()
-        self.coordinator = CheckpointCoordinator(
-            self.store,
-            self.job,
-            self.plan.task_names(),
-            interval_s=interval,
-            timeout_s=self.options.checkpoint_timeout,
-            keep=self.options.keep_checkpoints,
-        )
+        self.lease.acquire()  # before anything writes to the job's topics or checkpoints
         handlers: dict[int, Any] = {}
         try:
+            check = getattr(transport, "check_reachable", None)
+            if check is not None:  # before anything waits on the broker
+                check()
+            counts, ends = prepare_topics(
+                self.plan, transport, until_idle=self.options.until_idle, run_dir=self.dir
+            )
+            if self.store.latest_completed(self.job) is None:
+                self.starts = start_positions(self.plan, self.store, transport, counts)
+            self.coordinator = CheckpointCoordinator(
+                self.store,
+                self.job,
+                self.plan.task_names(),
+                interval_s=self._interval(),
+                timeout_s=self.options.checkpoint_timeout,
+                keep=self.options.keep_checkpoints,
+            )
             self._start()
             # After _start: SparkContext installs its own SIGINT handler (cancel every job).
             handlers = self._install_signals()
@@ -391,6 +393,7 @@ class Runner(RunnerReporting):
             self.advertised = (self.advertise or self.bind[0], port)
             self._spawn_all(counts, ends)
             while True:
+                self.lease.renew()
                 self._pump()
                 failed = self._dead_worker() or self._stuck_worker()
                 if failed is not None:
@@ -407,7 +410,9 @@ class Runner(RunnerReporting):
             if hasattr(self, "server"):
                 self._kill_all()
                 self.server.close()
-            self._close()
+            if hasattr(self, "coordinator"):
+                self._close()
+            self.lease.release()
 
     def _install_signals(self) -> dict[int, Any]:
         def stop(signum: int, _frame: Any) -> None:

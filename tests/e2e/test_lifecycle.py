@@ -197,3 +197,39 @@ def test_a_latest_source_restarted_before_the_first_checkpoint_keeps_its_start(
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 0, err[-3000:]
     assert committed_output(env) == expected_running_totals(events)
+
+
+def test_a_second_run_of_a_running_job_is_refused_and_the_first_stays_exact(
+    kafka_endpoint: tuple[str, str], tmp_path: Path
+) -> None:
+    """Two coordinators of one job would share its generations, channels and transactions.
+    The second ``eosflow run`` must be refused at once, naming the first; the first goes on."""
+    records = 5_000
+    env = job_env(kafka_endpoint[0], tmp_path)
+    produce_clicks(kafka_endpoint[0], env["CLICKS_TOPIC"], records)
+    run = eosflow("run", RUNNING_TOTAL, "--workers", "2", "--checkpoint-interval", "500ms")
+    first = subprocess.Popen(
+        run, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        _wait_status(env, lambda s: s.get("state") == "running")
+        started = time.monotonic()
+        second = subprocess.run(
+            run, env={**env, "OUTPUT_DIR": str(tmp_path / "second")},
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        took = time.monotonic() - started
+        status = _wait_status(env, lambda s: s.get("records_out") == records)
+        assert status["restarts"] == 0 and status["pid"] == first.pid
+        os.killpg(first.pid, signal.SIGINT)
+        _out, err = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+    assert second.returncode == 2, second.stderr[-3000:]
+    assert f"job '{env['JOB_NAME']}' is already running: runner pid {first.pid}" in second.stderr
+    assert took < 20, took
+    assert first.returncode == 0, err[-3000:]
+    assert committed_output(env) == expected_running_totals(click_events(records))
+    assert not Path(tmp_path / "second").exists() or not any(Path(tmp_path / "second").iterdir())
