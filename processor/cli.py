@@ -181,10 +181,12 @@ def _run(args: argparse.Namespace) -> int:
             snapshot_url=args.snapshot_url,
             checkpoint_timeout=args.checkpoint_timeout,
             heartbeat_timeout=args.heartbeat_timeout,
+            stop_timeout=args.stop_timeout,
             tolerable_failed_checkpoints=args.tolerable_failed_checkpoints,
             on_deleted_records=args.on_deleted_records,
             keep_checkpoints=args.keep_checkpoints,
             max_restarts=args.max_restarts,
+            restart_window=args.restart_window,
             recovery=args.recovery,
             recovery_horizon=args.recovery_horizon,
             faults=[Fault.parse(f) for f in args.fault],
@@ -444,6 +446,11 @@ def _parser() -> argparse.ArgumentParser:
         help="restart a worker that sent nothing (not even its heartbeat) this long (30s)",
     )  # fmt: skip
     run.add_argument(
+        "--stop-timeout", type=parse_duration, default=120.0, metavar="DURATION",
+        help="on SIGINT/SIGTERM, wait this long for the final checkpoint, then stop without "
+        "it; the next run resumes from the last completed one (120s)",
+    )  # fmt: skip
+    run.add_argument(
         "--tolerable-failed-checkpoints", type=int, default=3, metavar="N",
         help="checkpoint timeouts in a row before a restart (a task alive but stuck; 3)",
     )  # fmt: skip
@@ -453,7 +460,14 @@ def _parser() -> argparse.ArgumentParser:
         "them, counted and logged",
     )  # fmt: skip
     run.add_argument("--keep-checkpoints", type=int, default=3)
-    run.add_argument("--max-restarts", type=int, default=10)
+    run.add_argument(
+        "--max-restarts", type=int, default=10, metavar="N",
+        help="restarts allowed within any --restart-window before the job fails (10)",
+    )  # fmt: skip
+    run.add_argument(
+        "--restart-window", type=parse_duration, default=300.0, metavar="DURATION",
+        help="the window of --max-restarts (5m): a failure rate, not a lifetime count",
+    )  # fmt: skip
     run.add_argument(
         "--fault", action="append", default=[], metavar="ATTEMPT:WORKER:POINT[:N]",
         help="crash testing: SIGKILL a worker at a protocol point (repeatable)",

@@ -36,6 +36,8 @@ Invariants:
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "BrokerCapabilityError",
     "ConfigError",
@@ -50,6 +52,7 @@ __all__ = [
     "ServerNotFoundError",
     "SnapshotError",
     "UnsafeKafkaConfigError",
+    "UserFunctionError",
 ]
 
 
@@ -181,6 +184,19 @@ class DataLossError(EosflowError):
     ) -> None:
         self.topic, self.partition = topic, partition
         self.wanted, self.first, self.end = wanted, first, end
+        super().__init__(message)
+
+
+class UserFunctionError(EosflowError):
+    """A pipeline's function raised on a record and the job has no dead-letter destination.
+
+    The message names the step, the record's origin (topic, partition, offset) when the task
+    can tell it, and the exception; the runner fails the job at once when the same record fails
+    again after a restart (a deterministic error).
+    """
+
+    def __init__(self, message: str, *, step: str, origin: tuple[Any, Any, Any] | None) -> None:
+        self.step, self.origin = step, origin
         super().__init__(message)
 
 

@@ -74,11 +74,16 @@ class RunOptions:
     #: Checkpoints that may time out in a row before the job restarts (Flink's tolerable
     #: failed checkpoints): a task blocked in a user function still heartbeats, but never acks.
     tolerable_failed_checkpoints: int = 3
+    #: A stop (SIGINT/SIGTERM) waits this long for its final checkpoint to commit, then stops
+    #: without it (the next run resumes from the last completed checkpoint).
+    stop_timeout: float = 120.0
     #: Records a reader must read were deleted by retention: ``fail`` (default) or ``skip``
     #: (counted and logged).
     on_deleted_records: str = "fail"
     keep_checkpoints: int = 3
+    #: Restarts allowed within any ``restart_window`` seconds (Flink's failure-rate strategy).
     max_restarts: int = 10
+    restart_window: float = 300.0
     restart_backoff: float = 0.5
     max_backoff: float = 10.0
     faults: list[Fault] = field(default_factory=list)
@@ -117,6 +122,13 @@ class RunOptions:
                 f"heartbeat timeout must be at least 2s (workers beat every second), got "
                 f"{self.heartbeat_timeout}s"
             )
+        if self.restart_window <= 0 or self.max_restarts < 0:
+            raise ConfigError(
+                f"--max-restarts must be 0 or more and --restart-window positive, got "
+                f"{self.max_restarts} and {self.restart_window}s"
+            )
+        if self.stop_timeout <= 0:
+            raise ConfigError(f"--stop-timeout must be positive, got {self.stop_timeout}s")
         if self.tolerable_failed_checkpoints < 0:
             raise ConfigError(
                 "tolerable failed checkpoints must be 0 or more, got "

@@ -19,12 +19,9 @@ SIGINT/SIGTERM stop the job the same way: final checkpoint, commits, then the wo
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import re
 import secrets
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -44,9 +41,9 @@ from processor.runtime.job import (
     job_dir,
     jobs_dir,
 )
+from processor.runtime.lifecycle import RunnerLifecycle, same_cause
 from processor.runtime.pipeline import load_flow, load_object
 from processor.runtime.preflight import extra_environ, preflight
-from processor.runtime.reporting import RunnerReporting
 from processor.runtime.topics import prepare_topics, start_positions
 from processor.snapshot.lease import JobLease
 from processor.snapshot.store import SnapshotHandle, SnapshotStore
@@ -68,10 +65,9 @@ log = logging.getLogger(__name__)
 # The same failure this many times in a row before the workers all started is a configuration
 # or environment problem, not bad luck: fail instead of spending the restart budget on it.
 _MAX_UNSTARTED = 3
-_WORKER_N = re.compile(r"\bworker[ =]\d+")
 
 
-class Runner(RunnerReporting):
+class Runner(RunnerLifecycle):
     """Runs ``pipeline`` (a file path) with :class:`RunOptions`; subclasses start the workers.
 
     Subclasses implement :meth:`_launch`, :meth:`_dead_worker`, :meth:`_stop_workers` and
@@ -123,6 +119,8 @@ class Runner(RunnerReporting):
         self.restart_causes: list[str] = []
         self.generation = 0
         self.stopping: str | None = None
+        self._stop_deadline = self._stop_next_say = 0.0
+        self._restart_times: list[float] = []
         self.final_chk: int | None = None
         self.committed: dict[int, set[str]] = {}
         self.totals: dict[str, dict[str, Any]] = {}
@@ -269,8 +267,8 @@ class Runner(RunnerReporting):
         self._unstarted = 0 if started else self._unstarted + 1
         self._kill_all()
         # "The same" failure whichever worker hit it first.
-        recent = {_WORKER_N.sub("worker", c) for c in self.restart_causes[-_MAX_UNSTARTED:]}
-        if self._unstarted >= _MAX_UNSTARTED and len(recent) == 1:
+        recent = self.restart_causes[-_MAX_UNSTARTED:]
+        if self._unstarted >= _MAX_UNSTARTED and all(same_cause(c, cause) for c in recent):
             raise JobFailed(
                 f"job {self.job!r}: the workers failed {_MAX_UNSTARTED} times in a row before "
                 f"they all started, each time with: {cause}. Worker logs: {self.dir}/worker-*.log"
@@ -343,21 +341,6 @@ class Runner(RunnerReporting):
         coordinator.timed_out = []  # this restart answers them
         return cause
 
-    def _check_budget(self, cause: str) -> None:
-        if self.restarts > self.options.max_restarts:
-            raise JobFailed(
-                f"job {self.job!r} failed after {self.options.max_restarts} restarts; last "
-                f"cause: {cause}. Worker logs: {self.dir}/worker-*.log"
-            )
-
-    def _backoff(self) -> float:
-        return float(
-            min(
-                self.options.max_backoff,
-                self.options.restart_backoff * 2 ** min(self.restarts - 1, 8),
-            )
-        )
-
     # -- main loop -------------------------------------------------------------------------------
 
     def _interval(self) -> float | None:
@@ -401,6 +384,7 @@ class Runner(RunnerReporting):
                     continue
                 if self._finished():
                     break
+                self._check_stop()
                 self._drive()
                 self._report()
             self._status("finished")
@@ -413,25 +397,6 @@ class Runner(RunnerReporting):
             if hasattr(self, "coordinator"):
                 self._close()
             self.lease.release()
-
-    def _install_signals(self) -> dict[int, Any]:
-        def stop(signum: int, _frame: Any) -> None:
-            if self.stopping is None:
-                self.stopping = signal.Signals(signum).name
-                self._say(f"{self.stopping}: stopping after a final checkpoint (again to abort)")
-            else:
-                raise KeyboardInterrupt
-
-        old: dict[int, Any] = {}
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            # not the main thread (tests drive the runner from threads): no signal handling
-            with contextlib.suppress(ValueError):
-                old[sig] = signal.signal(sig, stop)
-        return old
-
-    def _restore_signals(self, old: dict[int, Any]) -> None:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
 
     def _pump(self, timeout: float = 0.05) -> None:
         """Handle the workers' messages (waits up to ``timeout`` for the first)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from pathlib import Path
 
@@ -36,16 +37,35 @@ def _failing_map_runner(
     return LocalRunner(str(PIPELINES / "failing_map.py"), options)
 
 
-def test_job_fails_with_the_user_error_when_a_function_raises_on_every_attempt(
+def test_a_function_that_fails_on_the_same_record_again_fails_the_job_at_once(
     kafka_endpoint: tuple[str, str], tmp_path: Path
 ) -> None:
-    runner = _failing_map_runner(kafka_endpoint[0], tmp_path, "failing", 2_000, max_restarts=1)
+    """A deterministic user error (no dead-letter destination): one restart shows the same
+    record fails again, so the job fails then, naming the step, the record and the exception,
+    instead of using up its restarts."""
+    runner = _failing_map_runner(kafka_endpoint[0], tmp_path, "failing", 2_000, max_restarts=10)
+    started = time.monotonic()
     with pytest.raises(
-        JobFailed, match=r"failed after 1 restarts.*ValueError: cannot handle c-7-777"
+        JobFailed,
+        match=r"the same record failed again after a restart, so restarting cannot fix it: .*"
+        r"UserFunctionError: step 'check' \(task clicks\.\d\) raised ValueError: cannot "
+        r"handle c-7-777 on the record from failing-\w+\[\d\] at offset \d+",
     ):
         runner.run()
-    assert len(runner.restart_causes) == 2
-    assert all("ValueError: cannot handle c-7-777" in c for c in runner.restart_causes)
+    assert len(runner.restart_causes) == 2 and runner.restarts == 2
+    assert time.monotonic() - started < 30
+
+
+def test_restarts_are_limited_per_window_not_per_lifetime(
+    kafka_endpoint: tuple[str, str], tmp_path: Path
+) -> None:
+    runner = _failing_map_runner(kafka_endpoint[0], tmp_path, "rate", 2_000, max_restarts=1)
+    with pytest.raises(JobFailed, match=r"2 restarts within 300s \(at most --max-restarts 1"):
+        runner._check_budget("worker 0 exit code 1 (SIGKILL)")
+        runner.restart_causes.append("worker 1 exit code 1 (disk full)")
+        runner._check_budget("worker 1 exit code 1 (disk full)")
+    runner._restart_times = [time.monotonic() - 301]  # an old restart is out of the window
+    runner._check_budget("worker 0 exit code 1 (SIGKILL)")
 
 
 def test_missing_source_topic_is_refused_at_start_up_with_a_fix(

@@ -233,3 +233,45 @@ def test_a_second_run_of_a_running_job_is_refused_and_the_first_stays_exact(
     assert first.returncode == 0, err[-3000:]
     assert committed_output(env) == expected_running_totals(click_events(records))
     assert not Path(tmp_path / "second").exists() or not any(Path(tmp_path / "second").iterdir())
+
+
+def test_a_stop_whose_final_checkpoint_cannot_complete_ends_after_the_stop_timeout(
+    kafka_endpoint: tuple[str, str], tmp_path: Path
+) -> None:
+    """SIGTERM while a user function blocks: the final checkpoint cannot complete. The stop
+    must end after --stop-timeout, say why, and lose nothing: the next run resumes from the
+    last completed checkpoint and the committed output is exactly once."""
+    records = 3_000
+    env = job_env(kafka_endpoint[0], tmp_path, BLOCK_AT="1500", BLOCK_FILE=str(tmp_path / "b"))
+    produce_clicks(kafka_endpoint[0], env["CLICKS_TOPIC"], records)
+    blocking = str(PIPELINES / "blocking_total.py")
+    proc = subprocess.Popen(
+        eosflow("run", blocking, "--checkpoint-interval", "300ms", "--stop-timeout", "4s"),
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not Path(env["BLOCK_FILE"]).exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGTERM)
+        signalled = time.monotonic()
+        _out, err = proc.communicate(timeout=60)
+        took = time.monotonic() - signalled
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 1, err[-3000:]
+    assert "SIGTERM: stopping after a final checkpoint (waiting at most 4s; SIGTERM again " \
+        "stops at once without it)" in err  # fmt: skip
+    assert "SIGTERM: the final checkpoint did not complete within --stop-timeout 4s; no ack " \
+        "from ['clicks." in err  # fmt: skip
+    assert "nothing is lost or duplicated" in err and "resumes from checkpoint" in err
+    assert took < 15, took
+    again = subprocess.run(
+        eosflow("run", blocking, "--checkpoint-interval", "300ms", "--until-idle"),
+        env=env, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert committed_output(env) == expected_running_totals(click_events(records))

@@ -17,7 +17,7 @@ from connectors.serde import JsonSerde
 from processor.compiler import compile_flow
 from processor.contracts import SinkContext
 from processor.dataflow import Dataflow
-from processor.errors import ConfigError
+from processor.errors import ConfigError, UserFunctionError
 from processor.runtime.dead_letters import DeadLetters, jsonable
 from processor.runtime.local import LocalRunner, RunOptions
 from processor.runtime.task import Task, TaskEnv
@@ -270,8 +270,15 @@ def test_without_a_destination_bad_input_is_skipped_and_a_failing_function_fails
     assert task.stats()["bad"] == 1 and task.stats()["dead"] == 0
     assert "bad record skipped" in caplog.text and "offset=0" in caplog.text
     produce(log, IN, _click(2, poison=True))
-    with pytest.raises(ValueError, match="poison 2"):
+    # Fails the task, naming the step, the record's origin and the exception.
+    with pytest.raises(
+        UserFunctionError,
+        match=r"step 'check' \(task s.0\) raised ValueError: poison 2 on the record from "
+        r"in\[0\] at offset 2\. Fix the function, or give the Dataflow a dead-letter",
+    ) as failed:
         task.step(0.0, 100)
+    assert failed.value.step == "check" and failed.value.origin == ("in", 0, 2)
+    assert isinstance(failed.value.__cause__, ValueError)
 
 
 def test_dead_letters_are_counted_and_logged_first_20_then_every_10000th(

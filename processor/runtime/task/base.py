@@ -27,6 +27,7 @@ from processor.checkpoint.aligner import (
 from processor.compiler import Stage
 from processor.contracts import Message, SinkContext, SinkWriter
 from processor.dataflow import DEAD_LETTERS
+from processor.errors import UserFunctionError
 from processor.runtime.channels import ChannelOut, Lineage, Loop, TaskEnv
 from processor.runtime.dead_letters import DeadLetters, Origins
 from processor.runtime.dedup_step import ReplayCheck
@@ -193,9 +194,9 @@ class TaskBase:
                 self.combiners.append(combiner)
                 head = combiner
             self.ops[edge.src_step].children.append(head)
-        if self.dead is not None:
-            for operator in [*self.ops.values(), *self.combiners, *self.routers]:
-                operator.on_error = self._on_error
+        # Without a dead-letter destination the handler raises, naming step and record.
+        for operator in [*self.ops.values(), *self.combiners, *self.routers]:
+            operator.on_error = self._on_error
         # entry operator per input: source topic or channel topic
         self.entry: dict[str, Operator] = {}
         for name in stage.sources:
@@ -266,14 +267,16 @@ class TaskBase:
                 self._push(combiner.children[0], out)
 
     def _on_error(self, op: Operator, batch: list[Record], index: int, exc: Exception) -> None:
-        """An operator's user function raised on ``batch[index]``: a dead letter."""
-        assert self.dead is not None
-        if self._dropped is None:
-            self._dropped = []
-        self._dropped.append(index)
+        """An operator's user function raised on ``batch[index]``: a dead letter, or (without
+        a dead-letter destination) a :class:`UserFunctionError` that names step and record."""
         where, origin = self._index, None
         if where is not False and self._origins is not None:
             origin = self._origins(index if where is True else where[index])
+        if self.dead is None:
+            raise _user_error(op.name, self.name, batch[index], exc, origin) from exc
+        if self._dropped is None:
+            self._dropped = []
+        self._dropped.append(index)
         self.dead.function_failed(op.name, batch[index], exc, origin)
 
     def _pushing(self, _index: int) -> Message | None:
@@ -328,3 +331,21 @@ class TaskBase:
             "lag": lag,
             "watermark": self.watermark,
         }
+
+
+def _user_error(
+    step: str, task: str, record: Record, exc: Exception, origin: Message | None
+) -> UserFunctionError:
+    where = None
+    place = "on a record"
+    if origin is not None:
+        where = (origin.topic(), origin.partition(), origin.offset())
+        place = f"on the record from {where[0]}[{where[1]}] at offset {where[2]}"
+    key = "" if record[0] is None else f" (key {record[0]!r:.80})"
+    return UserFunctionError(
+        f"step {step!r} (task {task}) raised {type(exc).__name__}: {exc} {place}{key}. Fix the "
+        "function, or give the Dataflow a dead-letter destination (Dataflow(..., "
+        "dead_letters=...)) to set such records aside with their cause",
+        step=step,
+        origin=where,
+    )
