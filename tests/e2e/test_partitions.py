@@ -74,10 +74,16 @@ def broker(partitionable: BrokerBehindProxy) -> Iterator[BrokerBehindProxy]:
 
 
 def _partition(
-    broker: BrokerBehindProxy, seconds: float, records: int, report: dict[str, Any]
+    broker: BrokerBehindProxy,
+    seconds: float,
+    records: int,
+    report: dict[str, Any],
+    *,
+    fault: str = "black-hole",
 ) -> Callable[[Runner], None]:
-    """Black-holes the broker for ``seconds`` once a checkpoint completed and 30 % of the
-    input was read; then measures how long the job took to complete its next checkpoint."""
+    """Black-holes (or resets: ``fault="reset"``) the broker for ``seconds`` once a checkpoint
+    completed and 30 % of the input was read; then measures how long the job took to complete
+    its next checkpoint."""
 
     def during(runner: Runner) -> None:
         deadline = time.monotonic() + 180
@@ -96,7 +102,10 @@ def _partition(
         report["completed_before"] = coordinator.stats.completed
         report["restarts_before"] = runner.restarts
         start = time.monotonic()
-        broker.proxy.black_hole(seconds=seconds)
+        if fault == "reset":
+            broker.proxy.reset(seconds=seconds)
+        else:
+            broker.proxy.black_hole(seconds=seconds)
         report["partitioned"] = True
         broker.proxy.wait_healed(seconds + 30)
         healed = time.monotonic()
@@ -129,9 +138,12 @@ def _check_logs(logs: dict[str, str], report: dict[str, Any]) -> None:
     # at most: the first line plus one summary per 30 s, per worker process
     limit = starts * (2 + int(report.get("partition_s", 0) // 30) + 1)
     assert outage <= limit, f"{outage} outage lines for {starts} worker starts: {report}"
+    print(f"outage log lines={outage} over {starts} worker starts")
 
 
-def _run_file_sink(broker: BrokerBehindProxy, tmp: Path, seconds: float) -> dict[str, Any]:
+def _run_file_sink(
+    broker: BrokerBehindProxy, tmp: Path, seconds: float, *, fault: str = "black-hole"
+) -> dict[str, Any]:
     seed = chaos_seed()
     records = 60_000
     report: dict[str, Any] = {}
@@ -144,13 +156,13 @@ def _run_file_sink(broker: BrokerBehindProxy, tmp: Path, seconds: float) -> dict
         mode="aligned",
         interval=0.5,
         env={"WORK_US": "250", "EOSFLOW_KAFKA_CONFIG": _config_file(tmp)},
-        during=_partition(broker, seconds, records, report),
+        during=_partition(broker, seconds, records, report, fault=fault),
     )
     result = run.result
     report.update(
         restarts=result.restarts, checkpoints=result.checkpoints, seconds=round(result.seconds, 1)
     )
-    print(f"seed={seed} partition {seconds}s: {report}; causes={result.restart_causes}")
+    print(f"seed={seed} {fault} {seconds}s: {report}; causes={result.restart_causes}")
     assert report.get("partitioned"), f"seed={seed}: the job ended before the partition"
     assert_exactly_once(expected(expected_running_totals, records, seed), run.output, seed=seed)
     assert "recovery_s" in report, f"seed={seed}: no checkpoint completed after healing: {report}"
@@ -167,6 +179,16 @@ def test_a_5s_broker_partition_keeps_the_output_exactly_once_without_a_restart(
     wait for the broker: the job rides the partition out."""
     report = _run_file_sink(broker, tmp_path, 5.0)
     assert report["restarts"] == 0, report
+
+
+def test_a_broker_refusing_connections_for_5s_is_logged_once_per_period_exactly_once(
+    broker: BrokerBehindProxy, tmp_path: Path
+) -> None:
+    """Every connection reset, every reconnect refused: librdkafka retries each client's
+    connection every few hundred ms. Regression: each retry was a line in the worker log
+    (``%3|...|FAIL|...`` from every client); now one line, then one per 30 s, per worker."""
+    report = _run_file_sink(broker, tmp_path, 5.0, fault="reset")
+    assert report["outage_log_lines"] >= 1, report  # the outage is not hidden either
 
 
 @pytest.mark.slow
