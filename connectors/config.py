@@ -18,6 +18,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
+from connectors.outage import OUTAGES, report_client_error
 from processor.errors import ConfigError, UnsafeKafkaConfigError
 
 __all__ = [
@@ -261,8 +262,10 @@ def admin_config(
 
 
 def _construct(kind: str, factory: Any, config: Mapping[str, Any]) -> Any:
+    # librdkafka logs every retry of an unreachable broker: count them instead (outage.py).
+    config = {"logger": OUTAGES, "error_cb": report_client_error, **config}
     try:
-        return factory(dict(config))
+        return factory(config)
     except (KafkaException, ValueError, TypeError) as exc:
         # librdkafka validates every key and value at construction: surface it as configuration.
         raise ConfigError(f"invalid Kafka {kind} configuration: {exc}") from exc

@@ -22,12 +22,15 @@ from connectors.config import (
     producer_config,
 )
 from connectors.errors import classify
+from connectors.outage import report_client_error
 from connectors.reader import PartitionReader
 from processor.errors import ConfigError, KafkaClientError
 
 __all__ = [
+    "CHANNEL_PRODUCER_OVERRIDES",
     "KafkaTransport",
     "KafkaWriter",
+    "channel_producer_config",
     "check_reachable",
     "from_env",
     "produce_waiting",
@@ -52,26 +55,67 @@ def produce_waiting(producer: Any, topic: str, value: bytes, key: Any = None, **
             producer.poll(0.05)
 
 
-class KafkaWriter:
-    """An idempotent producer writing to explicit partitions.
+#: Channel producers: a record is delivered, or the producer fails loudly; never a hole.
+#: librdkafka (INTRODUCTION.md, "Idempotent Producer"): with ``enable.gapless.guarantee`` any
+#: error that could leave a gap in a partition's series raises a fatal error and fails every
+#: queued message, except a message that exceeded ``message.timeout.ms``; ``0`` makes that
+#: timeout infinite, so a broker outage only delays records. The broker itself appends a batch
+#: only after the producer's previous one (sequence numbers), so a barrier in the log proves
+#: every earlier record of its channel is there too.
+CHANNEL_PRODUCER_OVERRIDES: Mapping[str, Any] = {
+    "enable.gapless.guarantee": True,
+    "message.timeout.ms": 0,
+}
 
-    Delivery failures are collected by the delivery callback and raised by the next
-    :meth:`flush` (or :meth:`write`): a record that cannot be delivered fails the task, and the
-    job recovers from its last checkpoint instead of continuing with a hole in a channel.
+
+def channel_producer_config(settings: KafkaSettings, *, client_id: str) -> dict[str, Any]:
+    """The channel writer's librdkafka settings: :data:`CHANNEL_PRODUCER_OVERRIDES` win over
+    the user's ``client_config`` (a ``message.timeout.ms`` meant for sinks must not let a
+    channel drop records)."""
+    # Delivery callbacks only for failures: a Python callback per record cost about a fifth
+    # of a worker's CPU (py-spy, bench/RESULTS.md).
+    return producer_config(
+        settings,
+        overrides={
+            **CHANNEL_PRODUCER_OVERRIDES,
+            "client.id": client_id,
+            "delivery.report.only.error": True,
+        },
+    )
+
+
+class KafkaWriter:
+    """An idempotent, gapless producer writing to explicit partitions (one per channel).
+
+    Invariants:
+        A barrier (any control record: one with headers) is never written after a record of
+        this writer failed: :meth:`write` serves the pending delivery reports first and raises
+        the failure instead. :meth:`poll` raises it too, so the worker fails before it acks a
+        snapshot. And since the producer is gapless with no local message timeout, a record
+        that fails after its channel's barrier was written takes that barrier down with it (a
+        fatal error fails every queued record): the barrier never reaches the log over a hole,
+        and no checkpoint can complete over one.
     """
 
     def __init__(self, settings: KafkaSettings, *, client_id: str) -> None:
-        # Delivery callbacks only for failures: a Python callback per record cost about a fifth
-        # of a worker's CPU (py-spy, bench/RESULTS.md).
-        config = producer_config(
-            settings, overrides={"client.id": client_id, "delivery.report.only.error": True}
-        )
+        config = channel_producer_config(settings, client_id=client_id)
+        config["error_cb"] = self._error
         self._producer: Producer = create_producer(config)
         self._failure: KafkaClientError | None = None
 
     def _delivered(self, err: KafkaError | None, msg: Any) -> None:
         if err is not None and self._failure is None:
             self._failure = classify(err, context=f"delivering to {msg.topic()}[{msg.partition()}]")
+
+    def _error(self, err: KafkaError) -> None:
+        """Client-wide errors: a fatal one (the gapless guarantee tripped, a fenced or unknown
+        producer) stops the producer; transient ones go to the rate-limited outage log."""
+        if err.fatal():
+            if self._failure is None:
+                self._failure = classify(err, context="channel producer (fatal, it stopped)")
+            log.error("channel producer failed: %s", err.str())
+        else:
+            report_client_error(err)
 
     def write(
         self,
@@ -82,9 +126,11 @@ class KafkaWriter:
         key: bytes | None = None,
         headers: Any = None,
     ) -> None:
+        producer = self._producer
+        if headers is not None:  # a control record: no barrier over a failed record
+            producer.poll(0)
         if self._failure is not None:
             raise self._failure
-        producer = self._producer
         while True:
             try:
                 producer.produce(
@@ -94,10 +140,14 @@ class KafkaWriter:
                 return
             except BufferError:  # local queue full: serve delivery reports, then retry
                 producer.poll(0.01)
+                if self._failure is not None:
+                    raise self._failure from None
 
     def poll(self) -> None:
-        """Serve delivery callbacks without blocking."""
+        """Serve delivery callbacks without blocking; raise a delivery failure."""
         self._producer.poll(0)
+        if self._failure is not None:
+            raise self._failure
 
     def flush(self, timeout: float = 30.0) -> None:
         left = self._producer.flush(timeout)
@@ -166,7 +216,9 @@ def check_reachable(settings: KafkaSettings, *, timeout: float = 5.0) -> None:
 
     The client's own log is silenced for this one request: an unreachable broker made
     librdkafka print a connection error every few hundred milliseconds."""
-    admin = create_admin({**admin_config(settings), "logger": _QUIET})
+    admin = create_admin(
+        {**admin_config(settings), "logger": _QUIET, "error_cb": lambda _err: None}
+    )
     try:
         admin.list_topics(timeout=timeout)
     except KafkaException as exc:

@@ -210,6 +210,8 @@ class Writer(Protocol):
     Invariants:
         Records written to one partition by one writer land in that order, each exactly once
         (idempotence), or ``flush`` raises.
+        No gap: once a record failed, no later record of its partition reaches the log (a
+        control record written after it is refused, and ``poll`` raises the failure).
     """
 
     def write(
@@ -223,7 +225,7 @@ class Writer(Protocol):
     ) -> None: ...
 
     def poll(self) -> None:
-        """Serve delivery reports without blocking (raises a delivery failure on next write)."""
+        """Serve delivery reports without blocking; raise a delivery failure."""
 
     def flush(self, timeout: float = 30.0) -> None:
         """Wait until everything written is acknowledged; raise on a delivery failure."""

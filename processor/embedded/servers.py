@@ -145,18 +145,26 @@ def _recv_exact(sock: socket.socket, size: int) -> bytes:
     return data
 
 
-def start_tansu(workdir: Path, *, owned: bool, port: int | None = None) -> Server:
-    """Start the Tansu broker with in-memory storage (its data dies with the process)."""
+def start_tansu(
+    workdir: Path, *, owned: bool, port: int | None = None, advertised_port: int | None = None
+) -> Server:
+    """Start the Tansu broker with in-memory storage (its data dies with the process).
+
+    ``advertised_port``: the port the broker names in metadata, when clients must reach it
+    through something else on loopback (a :class:`processor.testing.FaultProxy`); the returned
+    :attr:`Server.url` is then that address. Default: the port it listens on.
+    """
     binary = find_binary("tansu")
     port = port or free_port()
     url = f"tcp://127.0.0.1:{port}"
+    advertised = advertised_port or port
     argv = [
         binary,
         "broker",
         "--listener-url",
         url,
         "--advertised-listener-url",
-        url,
+        f"tcp://127.0.0.1:{advertised}",
         "--storage-engine",
         "memory://tansu/",
     ]
@@ -168,7 +176,7 @@ def start_tansu(workdir: Path, *, owned: bool, port: int | None = None) -> Serve
         timeout=_START_TIMEOUT,
         what="answer ApiVersions",
     )
-    return Server("kafka", f"127.0.0.1:{port}", port, proc, str(workdir), took)
+    return Server("kafka", f"127.0.0.1:{advertised}", port, proc, str(workdir), took)
 
 
 def _redis_ping(port: int) -> bool:

@@ -176,12 +176,11 @@ def run_worker(spec: dict[str, Any]) -> int:
 def send_acks(client: ControlClient, tasks: list[Task], fault: Callable[[str], None]) -> None:
     """Declines and acks of the tasks' checkpoints that are ready.
 
-    Known gap (issue 17, open): the writer reports a failed delivery only at its next write, so
-    an ack can go out while a record written before the barrier is still undelivered. Flushing
-    the writer before every ack closes it but cost 43 % of the throughput at a 0.1 s interval
-    (bench/RESULTS.md, "Delivery before ack"); the planned fix is the gapless guarantee of the
-    idempotent producer (``enable.gapless.guarantee`` without local message timeouts), which
-    needs the broker-outage tests first.
+    No ack over a hole (issue 17): the worker loop calls ``writer.poll()`` just before this,
+    and it raises a failed delivery; the channel producers are gapless with no local message
+    timeout, so a barrier never reaches the log after a failed record of its channel (the
+    writer's docstring, ``connectors/transport.py``). A flush before every ack would also close
+    it, at 43 % of the throughput (bench/RESULTS.md, "Delivery before ack").
     """
     for task in tasks:
         for chk, reason in task.declined:
