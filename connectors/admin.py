@@ -160,6 +160,11 @@ class TopicAdmin:
         topic = self._admin.list_topics(timeout=self._timeout).topics.get(name)
         return topic is not None and topic.error is None and bool(topic.partitions)
 
+    def list_topics(self, prefix: str = "") -> list[str]:
+        """The names of the cluster's topics that start with ``prefix``, sorted."""
+        topics = self._admin.list_topics(timeout=self._timeout).topics
+        return sorted(name for name in topics if name.startswith(prefix))
+
     def delete_topics(self, names: Iterable[str]) -> None:
         names = list(names)
         if not names:

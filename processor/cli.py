@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dedup.errors import DedupError
-from processor import __version__
+from processor import __version__, cli_jobs
 from processor.embedded import ENV_VARS, SERVICES, DevCluster, servers, state_file
 from processor.embedded._process import is_running
 from processor.errors import EosflowError
@@ -229,7 +229,7 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _kafka_sinks(pipeline: str) -> tuple[str, list[Any]]:
+def kafka_sinks(pipeline: str) -> tuple[str, list[Any]]:
     """The job name and the transactional Kafka sink steps of a pipeline file."""
     from processor.runtime.pipeline import load_flow
 
@@ -248,7 +248,7 @@ def _txn_list(args: argparse.Namespace) -> int:
     from processor.snapshot.store import SnapshotStore
     from sinks.kafka import read_transaction_markers, transactional_ids
 
-    job, steps = _kafka_sinks(args.pipeline)
+    job, steps = kafka_sinks(args.pipeline)
     if not steps:
         print(f"{args.pipeline}: no transactional Kafka sink", file=sys.stderr)
         return 1
@@ -290,11 +290,11 @@ def _txn_abort(args: argparse.Namespace) -> int:
     from processor.runtime.local import job_dir
     from sinks.kafka import abort_lingering
 
-    job, steps = _kafka_sinks(args.pipeline)
+    job, steps = kafka_sinks(args.pipeline)
     status_path = job_dir(job) / "status.json"
     if status_path.exists() and not args.force:
         status = json.loads(status_path.read_text())
-        if status["state"] == "running" and _pid_alive(int(status["pid"])):
+        if status["state"] == "running" and cli_jobs.pid_alive(int(status["pid"])):
             print(
                 f"job {job!r} is running (pid {status['pid']}): aborting its transactions would "
                 "fence its producers and force a recovery. Stop it first, or pass --force",
@@ -311,65 +311,6 @@ def _txn_abort(args: argparse.Namespace) -> int:
         "next starts (their records stay in the partitions until retention deletes them)."
     )
     return 0
-
-
-def _status(args: argparse.Namespace) -> int:
-    from processor.runtime.local import jobs_dir
-
-    base = jobs_dir()
-    if args.job:
-        path = base / args.job / "status.json"
-    else:
-        found = sorted(base.glob("*/status.json"), key=lambda p: p.stat().st_mtime)
-        if not found:
-            print(f"no jobs recorded under {base}", file=sys.stderr)
-            return 1
-        path = found[-1]
-    try:
-        status = json.loads(path.read_text())
-    except FileNotFoundError:
-        print(f"no status for job {args.job!r} (looked for {path})", file=sys.stderr)
-        return 1
-    alive = status["state"] == "running" and _pid_alive(int(status["pid"]))
-    if args.json:
-        print(json.dumps({**status, "alive": alive}, indent=2))
-        return 0
-    age = time.time() - status["updated_ms"] / 1000
-    state = status["state"] if alive or status["state"] != "running" else "not running (stale)"
-    chk = status["checkpoint"]
-    print(f"job        {status['job']}  ({state}, updated {age:.0f}s ago)")
-    print(
-        f"generation {status['generation']}  restarts {status['restarts']}  mode {status['mode']}"
-        f"  runner {status.get('runner', 'local')}"
-    )
-    print(
-        f"checkpoint last {chk['last_completed']} ({chk['last_duration_ms']} ms), "
-        f"{chk['completed']} completed, {chk['aborted']} aborted, pending {chk['pending']}"
-    )
-    print(
-        f"records    in {status['records_in']:,}  out {status['records_out']:,}  "
-        f"source lag {status['source_lag']:,}"
-    )
-    if status.get("dead_letters") or status.get("bad_records_skipped"):
-        print(
-            f"bad input  {status.get('dead_letters', 0):,} dead letters, "
-            f"{status.get('bad_records_skipped', 0):,} skipped (no dead-letter sink)"
-        )
-    for w in status["workers"]:
-        print(f"worker {w['worker']}   pid {w['pid']}  connected {w['connected']}")
-    for cause in status["restart_causes"]:
-        print(f"restart    {cause}")
-    return 0
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -478,7 +419,26 @@ def _parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="progress of a running or finished job")
     status.add_argument("job", nargs="?", help="job name (default: the most recent)")
     status.add_argument("--json", action="store_true")
-    status.set_defaults(func=_status)
+    status.set_defaults(func=cli_jobs.status)
+
+    jobs = sub.add_parser("jobs", help="the jobs known here: state, last checkpoint, runner")
+    jobs.add_argument("--json", action="store_true")
+    jobs.set_defaults(func=cli_jobs.jobs)
+
+    reset = sub.add_parser(
+        "reset",
+        help="delete a stopped job's checkpoints, internal topics, dedup IDs and state, after "
+        "confirmation (its next run starts afresh)",
+    )
+    reset.add_argument("job")
+    reset.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    reset.add_argument(
+        "--pipeline", metavar="PIPELINE.py",
+        help="also abort the open transactions of this pipeline's Kafka sinks",
+    )  # fmt: skip
+    reset.add_argument("--workers", type=int, default=8, help="sink subtasks to fence (8)")
+    reset.add_argument("--snapshot-url", help="the job's --snapshot-url, if it ran with one")
+    reset.set_defaults(func=cli_jobs.reset)
 
     txn = sub.add_parser("txn", help="transactions of a pipeline's Kafka sinks")
     txn_sub = txn.add_subparsers(dest="txn_command", required=True)

@@ -76,6 +76,7 @@ __all__ = [
     "channel_topic_name",
     "decode_control",
     "encode_control",
+    "job_topic_prefix",
     "key_to_downstream",
     "source_partitions_for",
     "upstream_of",
@@ -303,6 +304,21 @@ def key_to_downstream(key: bytes, downstream_parallelism: int) -> int:
 _CLEAN = re.compile(r"[a-z0-9-]+")
 _UNSAFE = re.compile(r"[^a-zA-Z0-9-]+")
 _HASH_HEX = 12
+
+
+def job_topic_prefix(job: str) -> str:
+    """The prefix of every internal topic of ``job`` (channels, commit markers).
+
+    Raises:
+        ConfigError: the job's name is not kebab-case, so the prefix could also match another
+            job's topics (``my_job`` and ``my-job`` share it).
+    """
+    if not _CLEAN.fullmatch(job):
+        raise ConfigError(
+            f"job {job!r}: only a kebab-case job name ([a-z0-9-]) has a topic prefix no other "
+            "job shares; delete its topics by name (eosflow.<job>.*) with your Kafka tools"
+        )
+    return f"eosflow.{job}."
 
 
 def channel_topic_name(job: str, edge_from: str, edge_to: str) -> str:

@@ -507,6 +507,14 @@ class SnapshotStore:
         with contextlib.suppress(FileNotFoundError):
             self._fs.rm_file(self.job_file(job, name))
 
+    def delete_job(self, job: str) -> int:
+        """Deletes everything of ``job`` (checkpoints and job files); returns the checkpoint
+        count deleted. Only ``eosflow reset`` calls this, holding the job's lease."""
+        count = len(self._checkpoint_ids(job))
+        with contextlib.suppress(FileNotFoundError):
+            self._fs.rm(self._job_dir(job), recursive=True)
+        return count
+
     def local_job_path(self, job: str, name: str) -> str | None:
         """The job file's path on this machine's disk, or ``None`` on a remote store."""
         if not self._local:

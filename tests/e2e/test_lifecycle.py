@@ -275,3 +275,66 @@ def test_a_stop_whose_final_checkpoint_cannot_complete_ends_after_the_stop_timeo
     )  # fmt: skip
     assert again.returncode == 0, again.stderr[-3000:]
     assert committed_output(env) == expected_running_totals(click_events(records))
+
+
+def test_jobs_lists_a_job_and_reset_refuses_while_it_runs_then_starts_it_afresh(
+    kafka_endpoint: tuple[str, str], tmp_path: Path
+) -> None:
+    from connectors import KafkaSettings, TopicAdmin
+
+    records = 3_000
+    env = job_env(kafka_endpoint[0], tmp_path)
+    job = env["JOB_NAME"]
+    produce_clicks(kafka_endpoint[0], env["CLICKS_TOPIC"], records)
+    want = expected_running_totals(click_events(records))
+    proc = subprocess.Popen(
+        eosflow("run", RUNNING_TOTAL, "--checkpoint-interval", "300ms"),
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        status = _wait_status(env, lambda s: s.get("records_out") == records)
+        # A worker dies while its runner cannot notice (stopped): status says so.
+        os.kill(proc.pid, signal.SIGSTOP)
+        os.kill(status["workers"][0]["pid"], signal.SIGKILL)
+        time.sleep(0.5)
+        shown = subprocess.run(eosflow("status", job), env=env, capture_output=True, text=True)
+        os.kill(proc.pid, signal.SIGCONT)
+        assert f"worker 0   pid {status['workers'][0]['pid']}  dead" in shown.stdout
+        assert f"worker 1   pid {status['workers'][1]['pid']}  alive, connected" in shown.stdout
+        listed = subprocess.run(eosflow("jobs"), env=env, capture_output=True, text=True)
+        assert any(line.split()[:2] == [job, "running"] for line in listed.stdout.splitlines())
+        refused = subprocess.run(
+            eosflow("reset", job, "--yes"), env=env, capture_output=True, text=True
+        )
+        assert refused.returncode == 1
+        assert f"refusing to reset: job '{job}' is already running: runner pid {proc.pid}" in (
+            refused.stderr
+        )
+        _wait_status(env, lambda s: s.get("restarts", 0) >= 1 and s.get("state") == "running")
+        os.killpg(proc.pid, signal.SIGINT)
+        _out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, err[-3000:]
+    assert committed_output(env) == want
+    listed = subprocess.run(eosflow("jobs", "--json"), env=env, capture_output=True, text=True)
+    (row,) = [r for r in json.loads(listed.stdout) if r["job"] == job]
+    assert row["state"] == "finished" and row["last_checkpoint"] != "-"
+
+    admin = TopicAdmin(KafkaSettings.from_env(brokers=kafka_endpoint[0]))
+    assert admin.list_topics(f"eosflow.{job}.")
+    done = subprocess.run(eosflow("reset", job, "--yes"), env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "deleted 1 topics" in done.stdout and f"job '{job}' reset" in done.stdout
+    assert not admin.list_topics(f"eosflow.{job}.")
+    listed = subprocess.run(eosflow("jobs", "--json"), env=env, capture_output=True, text=True)
+    assert not [r for r in json.loads(listed.stdout) if r["job"] == job]
+    env["OUTPUT_DIR"] = str(tmp_path / "after-reset")  # afresh: every input again, once
+    again = subprocess.run(
+        eosflow("run", RUNNING_TOTAL, "--checkpoint-interval", "300ms", "--until-idle"),
+        env=env, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert committed_output(env) == want

@@ -1,0 +1,251 @@
+"""The operator commands about jobs: ``eosflow jobs``, ``eosflow status`` and ``eosflow reset``.
+
+A job is known by its directory under the state directory (``$EOSFLOW_STATE_DIR/jobs/<job>``:
+``status.json``, worker logs) and by its snapshot store (checkpoints, generation, start
+positions, lease; :mod:`processor.snapshot.lease`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["jobs", "pid_alive", "reset", "status"]
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs on this host (a zombie, killed but not reaped yet, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc (macOS): kill(0) is all there is
+    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+
+
+def _read_status(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _alive(status: dict[str, Any]) -> bool:
+    return status.get("state") == "running" and pid_alive(int(status["pid"]))
+
+
+def _worker_state(worker: dict[str, Any], job_alive: bool) -> str:
+    """``alive`` / ``dead`` for a worker on this host; ``unknown`` on another (Spark)."""
+    local = worker.get("host") in (None, "", socket.gethostname(), "localhost", "127.0.0.1")
+    if not job_alive:
+        return "stopped"
+    if not local or not worker.get("pid"):
+        return "connected" if worker.get("connected") else "not connected"
+    if not pid_alive(int(worker["pid"])):
+        return "dead"
+    return "alive, connected" if worker.get("connected") else "alive, not connected"
+
+
+def status(args: argparse.Namespace) -> int:
+    from processor.runtime.local import jobs_dir
+
+    base = jobs_dir()
+    if args.job:
+        path = base / args.job / "status.json"
+    else:
+        found = sorted(base.glob("*/status.json"), key=lambda p: p.stat().st_mtime)
+        if not found:
+            print(f"no jobs recorded under {base}", file=sys.stderr)
+            return 1
+        path = found[-1]
+    st = _read_status(path)
+    if st is None:
+        print(f"no status for job {args.job!r} (looked for {path})", file=sys.stderr)
+        return 1
+    alive = _alive(st)
+    for w in st["workers"]:
+        w["state"] = _worker_state(w, alive)
+    if args.json:
+        print(json.dumps({**st, "alive": alive}, indent=2))
+        return 0
+    age = time.time() - st["updated_ms"] / 1000
+    state = st["state"] if alive or st["state"] != "running" else "not running (stale)"
+    chk = st["checkpoint"]
+    print(f"job        {st['job']}  ({state}, updated {age:.0f}s ago)")
+    print(
+        f"generation {st['generation']}  restarts {st['restarts']}  mode {st['mode']}"
+        f"  runner {st.get('runner', 'local')}"
+    )
+    print(
+        f"checkpoint last {chk['last_completed']} ({chk['last_duration_ms']} ms), "
+        f"{chk['completed']} completed, {chk['aborted']} aborted, pending {chk['pending']}"
+    )
+    print(
+        f"records    in {st['records_in']:,}  out {st['records_out']:,}  "
+        f"source lag {st['source_lag']:,}"
+    )
+    if st.get("dead_letters") or st.get("bad_records_skipped"):
+        print(
+            f"bad input  {st.get('dead_letters', 0):,} dead letters, "
+            f"{st.get('bad_records_skipped', 0):,} skipped (no dead-letter sink)"
+        )
+    for w in st["workers"]:
+        print(f"worker {w['worker']}   pid {w['pid']}  {w['state']}")
+    for cause in st["restart_causes"]:
+        print(f"restart    {cause}")
+    return 0
+
+
+def jobs(args: argparse.Namespace) -> int:
+    """Every job recorded under the state directory: state, last checkpoint, runner."""
+    from processor.runtime.local import default_snapshot_url, jobs_dir
+    from processor.snapshot.store import SnapshotStore
+
+    base = jobs_dir()
+    rows = []
+    for directory in sorted(p for p in base.glob("*") if p.is_dir()):
+        st = _read_status(directory / "status.json") or {}
+        job = directory.name
+        url = st.get("snapshot_url") or default_snapshot_url(job)
+        latest = SnapshotStore(url).latest_completed(job)
+        if not st:
+            state = "never ran"
+        elif _alive(st):
+            state = "running"
+        else:
+            state = st["state"] if st["state"] != "running" else "died"
+        chk = "-"
+        if latest is not None:
+            ago = time.time() - latest.created_ms / 1000
+            chk = f"{latest.checkpoint_id} ({_ago(ago)} ago)"
+        out = f"{st['records_out']:,}" if st else "-"
+        rows.append((job, state, chk, out, str(st.get("pid", "-")), url))
+    if args.json:
+        keys = ("job", "state", "last_checkpoint", "records_out", "runner_pid", "snapshot_url")
+        print(json.dumps([dict(zip(keys, r, strict=True)) for r in rows], indent=2))
+        return 0
+    if not rows:
+        print(f"no jobs recorded under {base}")
+        return 0
+    head = ("JOB", "STATE", "LAST CHECKPOINT", "RECORDS OUT", "RUNNER PID")
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+    for row in [head, *(r[:5] for r in rows)]:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def _ago(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.0f}h"
+
+
+def reset(args: argparse.Namespace) -> int:
+    """Deletes a stopped job's checkpoints, job files, internal topics, dedup IDs and state
+    directory (and, given its pipeline, aborts its Kafka sinks' open transactions)."""
+    from processor.errors import JobRunningError
+    from processor.runtime.local import default_snapshot_url, job_dir
+    from processor.snapshot.lease import JobLease
+    from processor.snapshot.store import SnapshotStore
+    from processor.wire import job_topic_prefix
+
+    job = args.job
+    directory = job_dir(job)
+    st = _read_status(directory / "status.json") or {}
+    url = args.snapshot_url or st.get("snapshot_url") or default_snapshot_url(job)
+    store = SnapshotStore(url)
+    lease = JobLease(store, job)
+    try:
+        lease.acquire()
+    except JobRunningError as exc:
+        print(f"eosflow: refusing to reset: {exc}", file=sys.stderr)
+        return 1
+    try:
+        prefix = job_topic_prefix(job)
+        topics = _internal_topics(prefix)
+        print(f"reset job {job!r} deletes:")
+        print(f"  checkpoints and job files in {url}")
+        print(f"  its state directory {directory}")
+        print(f"  {len(topics)} internal topics ({prefix}*): {', '.join(topics) or 'none'}")
+        print(f"  its dedup and record-ID keys in Redis (eosflow:{job}:*), if Redis is set")
+        if args.pipeline:
+            print(f"  and aborts the open transactions of {args.pipeline}'s Kafka sinks")
+        if not args.yes:
+            if not sys.stdin.isatty():
+                print("not a terminal: pass --yes to confirm", file=sys.stderr)
+                return 1
+            if input(f"type the job name ({job}) to confirm: ").strip() != job:
+                print("not confirmed; nothing deleted", file=sys.stderr)
+                return 1
+        if args.pipeline:
+            _abort_transactions(args.pipeline, args.workers)
+        deleted = store.delete_job(job)
+        print(f"deleted {deleted} checkpoints")
+        if topics:
+            _admin().delete_topics(topics)
+            print(f"deleted {len(topics)} topics")
+        keys = _delete_redis_keys(job)
+        if keys is not None:
+            print(f"deleted {keys} Redis keys")
+        shutil.rmtree(directory, ignore_errors=True)
+        print(f"job {job!r} reset: its next run starts afresh")
+    finally:
+        lease.release()
+        store.delete_job(job)  # the lease file that release() just wrote
+    return 0
+
+
+def _admin() -> Any:
+    from connectors import KafkaSettings, TopicAdmin
+
+    return TopicAdmin(KafkaSettings.from_env(), timeout=10.0)
+
+
+def _internal_topics(prefix: str) -> list[str]:
+    return list(_admin().list_topics(prefix))
+
+
+def _abort_transactions(pipeline: str, workers: int) -> None:
+    from connectors import KafkaSettings
+    from processor.cli import kafka_sinks
+    from sinks.kafka import abort_lingering
+
+    _job, steps = kafka_sinks(pipeline)
+    for step in steps:
+        sink = step.params["sink"]
+        done = abort_lingering(KafkaSettings.from_env(), sink.prefix, step.name, workers)
+        print(f"sink {step.name!r}: fenced {len(done)} transactional ids (open ones aborted)")
+
+
+def _delete_redis_keys(job: str) -> int | None:
+    url = os.environ.get("EOSFLOW_REDIS_URL")
+    if not url:
+        return None
+    from dedup.store import redis_client
+
+    client = redis_client(url, name="eosflow-reset")
+    count = 0
+    batch: list[Any] = []
+    for key in client.scan_iter(match=f"eosflow:{job}:*", count=1000):
+        batch.append(key)
+        if len(batch) >= 1000:
+            count += client.delete(*batch)
+            batch = []
+    if batch:
+        count += client.delete(*batch)
+    return int(count)
