@@ -175,6 +175,7 @@ def reset(args: argparse.Namespace) -> int:
     except JobRunningError as exc:
         print(f"eosflow: refusing to reset: {exc}", file=sys.stderr)
         return 1
+    done = False
     try:
         prefix = job_topic_prefix(job)
         topics = _internal_topics(prefix)
@@ -204,8 +205,10 @@ def reset(args: argparse.Namespace) -> int:
             print(f"deleted {keys} Redis keys")
         shutil.rmtree(directory, ignore_errors=True)
         print(f"job {job!r} reset: its next run starts afresh")
+        done = True
     finally:
         lease.release()
+    if done:
         store.delete_job(job)  # the lease file that release() just wrote
     return 0
 

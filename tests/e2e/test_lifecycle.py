@@ -325,6 +325,14 @@ def test_jobs_lists_a_job_and_reset_refuses_while_it_runs_then_starts_it_afresh(
 
     admin = TopicAdmin(KafkaSettings.from_env(brokers=kafka_endpoint[0]))
     assert admin.list_topics(f"eosflow.{job}.")
+    unconfirmed = subprocess.run(
+        eosflow("reset", job), env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL
+    )
+    assert unconfirmed.returncode == 1 and "pass --yes to confirm" in unconfirmed.stderr
+    listed = subprocess.run(eosflow("jobs", "--json"), env=env, capture_output=True, text=True)
+    (kept,) = [r for r in json.loads(listed.stdout) if r["job"] == job]
+    assert kept["last_checkpoint"].split()[0] == row["last_checkpoint"].split()[0]
+    assert admin.list_topics(f"eosflow.{job}.")  # nothing deleted
     done = subprocess.run(eosflow("reset", job, "--yes"), env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "deleted 1 topics" in done.stdout and f"job '{job}' reset" in done.stdout
