@@ -12,7 +12,8 @@ within any ``restart_window``; a streaming job that fails once a week runs for e
 fails in a loop stops with the last cause. A failure that names a record (a user function that
 raised, with no dead-letter destination) and happens again on the same record right after the
 restart is deterministic: restarting cannot fix it, so the job fails at once, naming the step,
-the record and the exception.
+the record and the exception. So does the same data loss (records deleted by retention, a
+checkpoint's positions beyond a recreated topic's end) twice in a row.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ __all__ = ["RunnerLifecycle"]
 
 #: Worker numbers in a cause: "the same" failure whichever worker hit it first.
 _WORKER_N = re.compile(r"\bworker[ =]\d+")
-_USER_ERROR = "UserFunctionError"
+#: Failures that happen again the same way after a restart: a user function raising on a
+#: record, records that are gone or positions that no longer exist on the broker.
+_DETERMINISTIC = ("UserFunctionError", "DataLossError")
 
 
 def same_cause(a: str, b: str) -> bool:
@@ -112,10 +115,11 @@ class RunnerLifecycle(RunnerReporting):
         window = self.options.restart_window
         self._restart_times = [t for t in self._restart_times if now - t < window] + [now]
         causes = self.restart_causes
-        if _USER_ERROR in cause and len(causes) >= 2 and same_cause(causes[-2], cause):
+        deterministic = any(kind in cause for kind in _DETERMINISTIC)
+        if deterministic and len(causes) >= 2 and same_cause(causes[-2], cause):
             raise JobFailed(
-                f"job {self.job!r}: the same record failed again after a restart, so "
-                f"restarting cannot fix it: {cause}. Worker logs: {self.dir}/worker-*.log"
+                f"job {self.job!r}: the same failure again after a restart, so restarting "
+                f"cannot fix it: {cause}. Worker logs: {self.dir}/worker-*.log"
             )
         if len(self._restart_times) > self.options.max_restarts:
             raise JobFailed(

@@ -47,7 +47,7 @@ def test_a_function_that_fails_on_the_same_record_again_fails_the_job_at_once(
     started = time.monotonic()
     with pytest.raises(
         JobFailed,
-        match=r"the same record failed again after a restart, so restarting cannot fix it: .*"
+        match=r"the same failure again after a restart, so restarting cannot fix it: .*"
         r"UserFunctionError: step 'check' \(task clicks\.\d\) raised ValueError: cannot "
         r"handle c-7-777 on the record from failing-\w+\[\d\] at offset \d+",
     ):

@@ -346,3 +346,30 @@ def test_jobs_lists_a_job_and_reset_refuses_while_it_runs_then_starts_it_afresh(
     )  # fmt: skip
     assert again.returncode == 0, again.stderr[-3000:]
     assert committed_output(env) == want
+
+
+def test_a_checkpoint_whose_input_topic_was_recreated_fails_the_run_with_the_fix(
+    kafka_endpoint: tuple[str, str], tmp_path: Path
+) -> None:
+    """The source topic was deleted and created again (or the broker replaced): the restored
+    positions are beyond its end. The run must fail fast with the cause, not hang."""
+    from connectors import KafkaSettings, TopicAdmin
+
+    env = job_env(kafka_endpoint[0], tmp_path)
+    produce_clicks(kafka_endpoint[0], env["CLICKS_TOPIC"], 4_000)
+    run = eosflow("run", RUNNING_TOTAL, "--checkpoint-interval", "300ms", "--until-idle")
+    first = subprocess.run(run, env=env, capture_output=True, text=True, timeout=180)
+    assert first.returncode == 0, first.stderr[-3000:]
+    admin = TopicAdmin(KafkaSettings.from_env(brokers=kafka_endpoint[0]))
+    admin.delete_topics([env["CLICKS_TOPIC"]])
+    deadline = time.monotonic() + 30
+    while admin.exists(env["CLICKS_TOPIC"]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    produce_clicks(kafka_endpoint[0], env["CLICKS_TOPIC"], 400)
+    started = time.monotonic()
+    again = subprocess.run(run, env=env, capture_output=True, text=True, timeout=180)
+    took = time.monotonic() - started
+    assert again.returncode == 1, again.stderr[-3000:]
+    assert "is beyond the partition's end" in again.stderr
+    assert "the topic or the broker was recreated" in again.stderr
+    assert took < 30, took
