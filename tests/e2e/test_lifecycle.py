@@ -10,11 +10,7 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
-import uuid
-from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +18,9 @@ import orjson
 import pytest
 
 from connectors import KafkaSettings, TopicAdmin, create_producer, producer_config
-from sinks import read_jsonl
+from tests.e2e.cli import committed_output, eosflow, job_env, wait_status
 from tests.e2e.harness import (
     PIPELINES,
-    canonical,
     click_events,
     expected_running_totals,
     produce_clicks,
@@ -36,28 +31,6 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNNING_TOTAL = str(ROOT / "examples" / "running_total.py")
-
-
-def job_env(brokers: str, tmp: Path, **extra: str) -> dict[str, str]:
-    run_id = uuid.uuid4().hex[:8]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EOSFLOW_")}
-    env.update(
-        EOSFLOW_KAFKA_BROKERS=brokers,
-        EOSFLOW_STATE_DIR=str(tmp / "state"),
-        JOB_NAME=f"life-{run_id}",
-        CLICKS_TOPIC=f"life-clicks-{run_id}",
-        OUTPUT_DIR=str(tmp / "out"),
-    )
-    env.update(extra)
-    return env
-
-
-def eosflow(*args: str) -> list[str]:
-    return [sys.executable, "-m", "processor.cli", *args]
-
-
-def committed_output(env: dict[str, str]) -> Counter[bytes]:
-    return Counter(canonical(x) for x in read_jsonl(env["OUTPUT_DIR"]))
 
 
 def produce_in_transactions(
@@ -93,7 +66,7 @@ def produce_in_transactions(
 
 @pytest.mark.parametrize("aborted", [False, True], ids=["last-committed", "last-aborted"])
 def test_until_idle_ends_on_an_input_written_in_transactions(
-    kafka_endpoint: tuple[str, str], broker_caps, tmp_path: Path, aborted: bool
+    kafka_endpoint: tuple[str, str], broker_caps: Any, tmp_path: Path, aborted: bool
 ) -> None:
     """The main use of eosflow is reading another exactly-once job's output: its partitions end
     in commit or abort markers. ``--until-idle`` must end there (the end offsets are the last
@@ -144,50 +117,30 @@ def test_a_fresh_start_over_an_earlier_runs_channel_topics_reads_none_of_their_r
     assert committed_output(env) == want
 
 
-def _status(env: dict[str, str]) -> dict[str, Any]:
-    out = subprocess.run(
-        eosflow("status", env["JOB_NAME"], "--json"), env=env, capture_output=True, text=True
-    )
-    return json.loads(out.stdout) if out.returncode == 0 else {}
-
-
-def _wait_status(
-    env: dict[str, str], ok: Callable[[dict[str, Any]], bool], timeout: float = 120
-) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    status: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        status = _status(env)
-        if status and ok(status):
-            return status
-        time.sleep(0.3)
-    raise AssertionError(f"status never matched within {timeout}s: {status}")
-
-
 def test_a_latest_source_restarted_before_the_first_checkpoint_keeps_its_start(
     kafka_endpoint: tuple[str, str], tmp_path: Path
 ) -> None:
     """``start="latest"`` means the end of the topic when the job first started, not when a
     worker restarted: records that arrived in between must not be skipped."""
     brokers = kafka_endpoint[0]
-    env = job_env(brokers, tmp_path)
+    env = job_env(brokers, tmp_path, CLICKS_START="latest", WORK_US="0")
     before = list(click_events(1_000, seed=3))  # in the topic before the job: not input
     produce_json(brokers, env["CLICKS_TOPIC"], before, key=lambda e: str(e["user"]))
     proc = subprocess.Popen(
-        eosflow("run", str(PIPELINES / "latest_total.py"), "--workers", "2",
+        eosflow("run", str(PIPELINES / "backlog_total.py"), "--workers", "2",
                 "--checkpoint-interval", "10m", "--checkpoint-timeout", "2m"),
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True,
     )  # fmt: skip
     try:
-        status = _wait_status(env, lambda s: s.get("state") == "running" and all(
+        status = wait_status(env, lambda s: s.get("state") == "running" and all(
             w["connected"] for w in s["workers"]))  # fmt: skip
         time.sleep(1.0)  # the source tasks opened their readers
         events = list(click_events(3_000))
         produce_json(brokers, env["CLICKS_TOPIC"], events, key=lambda e: str(e["user"]))
-        _wait_status(env, lambda s: s.get("records_out") == len(events))
+        wait_status(env, lambda s: s.get("records_out") == len(events))
         os.kill(status["workers"][0]["pid"], signal.SIGKILL)  # no checkpoint completed yet
-        _wait_status(env, lambda s: s.get("restarts", 0) >= 1 and s.get("state") == "running"
+        wait_status(env, lambda s: s.get("restarts", 0) >= 1 and s.get("state") == "running"
                      and all(w["connected"] for w in s["workers"]))  # fmt: skip
         time.sleep(1.0)
         os.killpg(proc.pid, signal.SIGINT)  # a final checkpoint commits what was read
@@ -213,14 +166,14 @@ def test_a_second_run_of_a_running_job_is_refused_and_the_first_stays_exact(
         start_new_session=True,
     )  # fmt: skip
     try:
-        _wait_status(env, lambda s: s.get("state") == "running")
+        wait_status(env, lambda s: s.get("state") == "running")
         started = time.monotonic()
         second = subprocess.run(
             run, env={**env, "OUTPUT_DIR": str(tmp_path / "second")},
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         took = time.monotonic() - started
-        status = _wait_status(env, lambda s: s.get("records_out") == records)
+        status = wait_status(env, lambda s: s.get("records_out") == records)
         assert status["restarts"] == 0 and status["pid"] == first.pid
         os.killpg(first.pid, signal.SIGINT)
         _out, err = first.communicate(timeout=120)
@@ -293,7 +246,7 @@ def test_jobs_lists_a_job_and_reset_refuses_while_it_runs_then_starts_it_afresh(
         start_new_session=True,
     )  # fmt: skip
     try:
-        status = _wait_status(env, lambda s: s.get("records_out") == records)
+        status = wait_status(env, lambda s: s.get("records_out") == records)
         # A worker dies while its runner cannot notice (stopped): status says so.
         os.kill(proc.pid, signal.SIGSTOP)
         os.kill(status["workers"][0]["pid"], signal.SIGKILL)
@@ -311,7 +264,7 @@ def test_jobs_lists_a_job_and_reset_refuses_while_it_runs_then_starts_it_afresh(
         assert f"refusing to reset: job '{job}' is already running: runner pid {proc.pid}" in (
             refused.stderr
         )
-        _wait_status(env, lambda s: s.get("restarts", 0) >= 1 and s.get("state") == "running")
+        wait_status(env, lambda s: s.get("restarts", 0) >= 1 and s.get("state") == "running")
         os.killpg(proc.pid, signal.SIGINT)
         _out, err = proc.communicate(timeout=120)
     finally:

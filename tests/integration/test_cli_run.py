@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
-import sys
 import time
-import uuid
-from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from sinks import read_jsonl
+from tests.e2e.cli import committed_output, eosflow, job_env, wait_status
 from tests.e2e.harness import (
     RUNNERS,
-    canonical,
     click_events,
     expected_running_totals,
     produce_clicks,
@@ -30,32 +25,9 @@ RECORDS = 20_000
 
 
 def _env(brokers: str, tmp: Path) -> dict[str, str]:
-    run_id = uuid.uuid4().hex[:8]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EOSFLOW_")}
-    env.update(
-        EOSFLOW_KAFKA_BROKERS=brokers,
-        EOSFLOW_STATE_DIR=str(tmp / "state"),
-        JOB_NAME=f"cli-{run_id}",
-        CLICKS_TOPIC=f"cli-clicks-{run_id}",
-        OUTPUT_DIR=str(tmp / "out"),
-    )
+    env = job_env(brokers, tmp, prefix="cli")
     produce_clicks(brokers, env["CLICKS_TOPIC"], RECORDS)
     return env
-
-
-def _eosflow(*args: str) -> list[str]:
-    return [sys.executable, "-m", "processor.cli", *args]
-
-
-def _output(env: dict[str, str]) -> Counter[bytes]:
-    return Counter(canonical(x) for x in read_jsonl(env["OUTPUT_DIR"]))
-
-
-def _status(env: dict[str, str]) -> dict[str, object]:
-    out = subprocess.run(
-        _eosflow("status", env["JOB_NAME"], "--json"), env=env, capture_output=True, text=True
-    )
-    return json.loads(out.stdout) if out.returncode == 0 else {}
 
 
 @pytest.mark.parametrize("runner", RUNNERS)
@@ -65,16 +37,16 @@ def test_run_until_idle_commits_everything_and_status_reports_it(
     env = _env(kafka_endpoint[0], tmp_path)
     pipeline = str(ROOT / "examples" / "running_total.py")
     result = subprocess.run(
-        _eosflow("run", pipeline, "--workers", "2", "--checkpoint-interval", "300ms",
+        eosflow("run", pipeline, "--workers", "2", "--checkpoint-interval", "300ms",
                  "--until-idle", "--runner", runner),
         env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"job {env['JOB_NAME']} finished: {RECORDS:,} records in" in result.stdout
     assert "stage 'clicks'" in result.stderr and "checkpoint=" in result.stderr
-    assert _output(env) == expected_running_totals(click_events(RECORDS))
+    assert committed_output(env) == expected_running_totals(click_events(RECORDS))
     text = subprocess.run(
-        _eosflow("status", env["JOB_NAME"]), env=env, capture_output=True, text=True
+        eosflow("status", env["JOB_NAME"]), env=env, capture_output=True, text=True
     ).stdout
     assert "finished" in text and f"in {RECORDS:,}" in text
     assert f"runner {runner}" in text
@@ -89,20 +61,15 @@ def test_sigint_stops_a_streaming_job_after_a_final_checkpoint(
     env = _env(kafka_endpoint[0], tmp_path)
     pipeline = str(ROOT / "examples" / "running_total.py")
     proc = subprocess.Popen(
-        _eosflow("run", pipeline, "--checkpoint-interval", "5s", "--runner", runner),
+        eosflow("run", pipeline, "--checkpoint-interval", "5s", "--runner", runner),
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 120
-        status: dict[str, object] = {}
-        while time.monotonic() < deadline:
-            status = _status(env)
-            if status.get("records_out") == RECORDS and status.get("state") == "running":
-                break
-            time.sleep(0.3)
-        assert status.get("records_out") == RECORDS, status
-        assert status["alive"] is True
+        found = wait_status(
+            env, lambda s: s.get("records_out") == RECORDS and s.get("state") == "running"
+        )
+        assert found["alive"] is True
         # Every record was processed, but with a 5 s interval most are not committed yet:
         # the stop must take a final checkpoint and commit it before the workers exit.
         os.killpg(proc.pid, signal.SIGINT)
@@ -112,8 +79,8 @@ def test_sigint_stops_a_streaming_job_after_a_final_checkpoint(
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 0, err[-3000:]
     assert "SIGINT: stopping after a final checkpoint" in err
-    assert _output(env) == expected_running_totals(click_events(RECORDS))
-    for worker in status["workers"]:  # type: ignore[attr-defined]
+    assert committed_output(env) == expected_running_totals(click_events(RECORDS))
+    for worker in found["workers"]:
         assert (
             not Path(f"/proc/{worker['pid']}").exists()
             or "Z" in Path(f"/proc/{worker['pid']}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -140,7 +107,7 @@ def test_run_fails_in_seconds_with_one_clear_error_when_the_broker_is_unreachabl
     )
     started = time.monotonic()
     result = subprocess.run(
-        _eosflow("run", str(ROOT / "examples" / "running_total.py"), "--until-idle"),
+        eosflow("run", str(ROOT / "examples" / "running_total.py"), "--until-idle"),
         env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     took = time.monotonic() - started
@@ -162,7 +129,7 @@ def test_run_refuses_local_recovery_of_a_running_total_that_crosses_a_second_shu
     env.update(EOSFLOW_STATE_DIR=str(tmp_path / "state"), EOSFLOW_KAFKA_BROKERS="127.0.0.1:9")
     pipeline = ROOT / "tests" / "e2e" / "pipelines" / "two_shuffle_total.py"
     result = subprocess.run(
-        _eosflow("run", str(pipeline), "--recovery", "local", "--until-idle"),
+        eosflow("run", str(pipeline), "--recovery", "local", "--until-idle"),
         env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert result.returncode == 2, result.stderr

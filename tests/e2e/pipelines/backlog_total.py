@@ -4,7 +4,8 @@ The source stage is fast and the aggregating stage slow (``WORK_US`` per click i
 the channel topics between them hold a backlog: after a restart, a dead generation's records
 stay in the channels for a while, and unaligned snapshots are taken while channels are still
 recovering (dropping them, or replaying in-flight records). The output equals the running-total
-example's.
+example's. ``CLICKS_START=latest`` starts the source at the end of its topic when the job first
+starts.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ flow = Dataflow(os.environ["JOB_NAME"])
         os.environ["CLICKS_TOPIC"],
         serde=JsonSerde(),
         timestamp=lambda click: click["ts_ms"],
+        start=os.environ.get("CLICKS_START", "earliest"),
     )
     .key_by("by-user", lambda click: click["user"])
     .aggregate(

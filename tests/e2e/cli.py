@@ -1,0 +1,66 @@
+"""``eosflow`` as a user runs it, for tests: a job's environment, the command line, its status
+and its committed file output."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sinks import read_jsonl
+from tests.e2e.harness import canonical
+
+__all__ = ["committed_output", "eosflow", "job_env", "status", "wait_status"]
+
+
+def job_env(brokers: str, tmp: Path, prefix: str = "life", **extra: str) -> dict[str, str]:
+    """The environment of a job with a name and a click topic of its own (no ``EOSFLOW_*``
+    from the test's environment but the broker and a state directory under ``tmp``)."""
+    run_id = uuid.uuid4().hex[:8]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EOSFLOW_")}
+    env.update(
+        EOSFLOW_KAFKA_BROKERS=brokers,
+        EOSFLOW_STATE_DIR=str(tmp / "state"),
+        JOB_NAME=f"{prefix}-{run_id}",
+        CLICKS_TOPIC=f"{prefix}-clicks-{run_id}",
+        OUTPUT_DIR=str(tmp / "out"),
+    )
+    env.update(extra)
+    return env
+
+
+def eosflow(*args: str) -> list[str]:
+    return [sys.executable, "-m", "processor.cli", *args]
+
+
+def committed_output(env: dict[str, str]) -> Counter[bytes]:
+    return Counter(canonical(x) for x in read_jsonl(env["OUTPUT_DIR"]))
+
+
+def status(env: dict[str, str]) -> dict[str, Any]:
+    """``eosflow status JOB --json`` (``{}`` while there is none)."""
+    out = subprocess.run(
+        eosflow("status", env["JOB_NAME"], "--json"), env=env, capture_output=True, text=True
+    )
+    return json.loads(out.stdout) if out.returncode == 0 else {}
+
+
+def wait_status(
+    env: dict[str, str], ok: Callable[[dict[str, Any]], bool], timeout: float = 120
+) -> dict[str, Any]:
+    """Polls :func:`status` until ``ok`` holds; fails the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    found: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        found = status(env)
+        if found and ok(found):
+            return found
+        time.sleep(0.3)
+    raise AssertionError(f"status never matched within {timeout}s: {found}")
