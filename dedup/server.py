@@ -72,9 +72,10 @@ def check_redis(
         try:
             info = client.info()
         except (redis.RedisError, OSError) as exc:  # refused, timed out, AUTH refused ...
+            reason = str(exc).rstrip(".")
             raise DedupConfigError(
                 f"{what} keeps record IDs in Redis, which did not answer at {where} ({source}) "
-                f"within {timeout_s:g}s: {type(exc).__name__}: {exc}. Start Redis there "
+                f"within {timeout_s:g}s: {type(exc).__name__}: {reason}. Start Redis there "
                 f"('eosflow dev up' starts one on loopback), or point {source} at a running one"
             ) from None
     finally:

@@ -125,7 +125,8 @@ def lost_error(where: str, prefix: str, lost: dict[int, tuple[int, int]]) -> Red
     state = "is gone" if have == 0 else f"counts {have}"
     return RedisDataLost(
         f"dedup ID store {prefix!r} on Redis at {where} lost record IDs this job relies on: "
-        f"run {run:x} wrote {want} batches of IDs there, and its write marker "
+        f"run {run:x} wrote {want} batch{'' if want == 1 else 'es'} of IDs there, and its "
+        f"write marker "
         f"{prefix}:written {state}. Redis restarted without its data, failed over to a replica "
         "that missed the last writes, or evicted keys. Copies of records whose IDs were lost "
         "would pass as new, so the task refuses to go on (it restarts from its last checkpoint "
