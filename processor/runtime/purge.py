@@ -168,9 +168,12 @@ class ChannelPurger:
         self.requests += 1
         self._inflight = [(tp, before[tp], f) for tp, f in futures.items()]
         self.purged.update(before)
-        log.debug(
-            "purging channels checkpoint_id=%d oldest_retained=%d partitions=%d requests=%d",
+        log.log(
+            logging.INFO if self.requests == 1 else logging.DEBUG,
+            "purging channel records below the oldest retained checkpoint checkpoint_id=%d "
+            "oldest_retained=%d partitions=%d requests=%d%s",
             checkpoint_id, oldest, len(before), self.requests,
+            " (first purge of this worker)" if self.requests == 1 else "",
         )  # fmt: skip
 
     def _settled(self) -> bool:
