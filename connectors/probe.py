@@ -287,7 +287,7 @@ _DELETES_RECORDS: dict[str, bool] = {}
 def deletes_records(settings: KafkaSettings, *, timeout: float = 20.0) -> bool:
     """Whether the broker deletes records on request (DeleteRecords), tried for real on a
     scratch topic once per process and cluster, then remembered (Apache Kafka: yes; Tansu
-    0.6: no). Workers ask before their first purge of channel topics (docs/failures.md)."""
+    0.6: no). The runner asks once per run; its workers purge or not (docs/failures.md)."""
     known = _DELETES_RECORDS.get(settings.brokers)
     if known is not None:
         return known

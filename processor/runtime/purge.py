@@ -114,16 +114,26 @@ class ChannelPurger:
     exactly-once, only for disk space, so nothing here fails the worker.
     """
 
-    def __init__(self, transport: Any, store: _Store, job: str, tasks: Sequence[_Task]) -> None:
+    def __init__(
+        self,
+        transport: Any,
+        store: _Store,
+        job: str,
+        tasks: Sequence[_Task],
+        *,
+        supported: bool | None = None,
+    ) -> None:
+        """``supported``: the runner's probe of the broker (``None``: probe here, once)."""
         self.transport: _Transport = transport
         self.store = store
         self.job = job
         self.tasks = [t for t in tasks if t.purge_floor.channels]
-        self.enabled: bool | None = None if self.tasks else False
+        self.enabled: bool | None = supported if self.tasks else False
         self.purged: dict[TP, int] = {}
         self.requests = 0  # DeleteRecords requests sent (one per completed checkpoint at most)
         self._inflight: list[tuple[TP, int, Future[object]]] = []
         self._failures = 0
+        self._told = False  # the "not purged" line was logged (once per worker)
 
     def completed(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` completed (its notice was handled by every task)."""
@@ -139,8 +149,10 @@ class ChannelPurger:
                 )  # fmt: skip
 
     def _completed(self, checkpoint_id: int) -> None:
-        if self.enabled is None:
-            self.enabled = bool(self.transport.purge_supported())
+        if self.enabled is None or not self._told:
+            if self.enabled is None:
+                self.enabled = bool(self.transport.purge_supported())
+            self._told = True
             if not self.enabled:
                 for task in self.tasks:
                     task.purge_floor.disable()

@@ -142,7 +142,7 @@ def run_worker(spec: dict[str, Any]) -> int:
                 state = store.read_task_snapshot(manifest.tasks[task.name])
             task.open(state, counts)
         sources = [t for t in tasks if t.is_source]
-        purger = ChannelPurger(transport, store, plan.job, tasks)
+        purger = ChannelPurger(transport, store, plan.job, tasks, supported=spec.get("purge"))
         log.info(
             "worker=%d generation=%d pid=%d python=%s restored_checkpoint=%d tasks=%d recovery=%s",
             worker, env.generation, os.getpid(), sys.executable, restore, len(tasks), recovery,
