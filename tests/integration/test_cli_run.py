@@ -134,7 +134,7 @@ def test_run_fails_in_seconds_with_one_clear_error_when_the_dedup_redis_is_unrea
     pipeline = ROOT / "tests" / "e2e" / "pipelines" / "dedup_window_count.py"
     started = time.monotonic()
     result = subprocess.run(
-        _eosflow("run", str(pipeline), "--until-idle"),
+        eosflow("run", str(pipeline), "--until-idle"),
         env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     took = time.monotonic() - started
