@@ -24,11 +24,10 @@ be pointed at a proxy from here.
 
 from __future__ import annotations
 
-import os
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,7 @@ import pytest
 from connectors import KafkaSettings
 from connectors.admin import TopicAdmin
 from processor.runtime.runner import Runner
-from processor.testing import BrokerBehindProxy, kafka_behind_proxy
+from processor.testing import BrokerBehindProxy
 from tests.e2e.harness import (
     assert_exactly_once,
     chaos_seed,
@@ -52,25 +51,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
 _OUTAGE_LINE = re.compile(r"Kafka broker (still )?unreachable")
 _RAW_LIBRDKAFKA = re.compile(r"^%\d\|\d+\.\d+\|FAIL\|", re.MULTILINE)
-
-
-@pytest.fixture(scope="module")
-def partitionable() -> Iterator[BrokerBehindProxy]:
-    if os.environ.get("EOSFLOW_KAFKA_BROKERS"):
-        pytest.skip(
-            "partition tests need a broker whose advertised listener is the fault proxy; the "
-            "broker named by EOSFLOW_KAFKA_BROKERS advertises itself (set its advertised."
-            "listeners to a processor.testing.FaultProxy to run them there)"
-        )
-    with kafka_behind_proxy() as broker:
-        yield broker
-
-
-@pytest.fixture
-def broker(partitionable: BrokerBehindProxy) -> Iterator[BrokerBehindProxy]:
-    partitionable.proxy.heal()
-    yield partitionable
-    partitionable.proxy.heal()
 
 
 def _partition(
