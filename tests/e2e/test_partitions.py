@@ -7,8 +7,8 @@ Once the job has completed a checkpoint and read a share of its input, the proxy
 the broker: connections stay open, nothing moves. With a 0.5 s checkpoint interval a checkpoint
 is always in flight, so the partition lands on barriers being aligned, on the sinks' ``prepare``
 (the staged Kafka sink flushes there) and on commits after completion (the staged sink publishes
-there). The placement is by progress, not at an exact protocol point: the named fault points of
-the harness SIGKILL a worker, and a worker cannot reach into the test's proxy.
+there). The placement is by progress; ``tests/e2e/test_partition_points.py`` places partitions
+at exact protocol points (a worker held there by a ``hold`` fault).
 
 * 5 s: shorter than librdkafka's request timeouts; clients stall and resume.
 * 45 s (``slow``): longer than ``socket.timeout.ms`` and ``request.timeout.ms`` (30 s), so
