@@ -1,25 +1,43 @@
-"""Topic administration: idempotent creation, description, beginning and end offsets."""
+"""Topic administration: idempotent creation, description, beginning and end offsets, the
+retention of eosflow's internal topics, and deleting records no restore needs."""
 
 from __future__ import annotations
 
 import logging
 import time
 from collections.abc import Iterable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import ConfigResource, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+)
 
 from connectors.config import KafkaSettings, admin_config, consumer_config, create_admin
 from connectors.errors import classify
 from connectors.offsets import watermarks
 from processor.errors import ConfigError
 
-__all__ = ["TopicAdmin", "TopicInfo", "TopicSpec"]
+__all__ = ["INTERNAL_TOPIC_CONFIG", "TopicAdmin", "TopicInfo", "TopicSpec"]
 
 log = logging.getLogger(__name__)
 
 TP = tuple[str, int]
+
+#: eosflow's internal topics (channels, commit markers) keep every record until eosflow
+#: deletes it: the broker's retention (time or size) could delete channel records that a
+#: restore of a retained checkpoint still reads, or the commit marker a rescue looks for.
+#: Kafka Streams creates its repartition topics the same way (``RepartitionTopicConfig``:
+#: ``retention.ms=-1``, ``cleanup.policy=delete``) and purges them with DeleteRecords.
+INTERNAL_TOPIC_CONFIG: Mapping[str, str] = {
+    "cleanup.policy": "delete",
+    "retention.ms": "-1",
+    "retention.bytes": "-1",
+}
 
 
 @dataclass(frozen=True)
@@ -63,14 +81,16 @@ class TopicAdmin:
         return len(self._admin.list_topics(timeout=self._timeout).brokers)
 
     def ensure_topics(self, specs: Iterable[TopicSpec]) -> list[str]:
-        """Create the topics that do not exist; verify the partition count of those that do.
+        """Create the topics that do not exist; verify the partition count of those that do,
+        and give them the spec's topic configs (:meth:`ensure_config`).
 
         Returns:
             The names of the topics this call created.
 
         Raises:
             ConfigError: a topic exists with another partition count (channel and source
-                partitioning are fixed by the job's parallelism; changing it is a migration).
+                partitioning are fixed by the job's parallelism; changing it is a migration),
+                or with other configs that cannot be altered.
         """
         specs = list(specs)
         if not specs:
@@ -103,7 +123,97 @@ class TopicAdmin:
                     f"{spec.partitions}. Its partitioning is fixed by the job's parallelism: "
                     "delete the topic (losing its data) or keep the old parallelism"
                 )
+        existing = [s for s in specs if s.name not in created and s.config]
+        if existing:
+            self.ensure_config(existing)
         return created
+
+    def ensure_config(self, specs: Iterable[TopicSpec]) -> list[str]:
+        """Give existing topics the configs of their specs: what the broker reports
+        differently (or not at all) is set with IncrementalAlterConfigs, with a warning.
+
+        Altered rather than refused: these are eosflow's own topics (an older eosflow created
+        its channel and marker topics with the broker's default retention), the right value is
+        never in doubt, and a refusal would leave the operator one command to type on every
+        upgrade. Refused only when the broker does not let eosflow alter them.
+
+        Returns:
+            The names of the topics altered.
+
+        Raises:
+            ConfigError: the broker refused the change (an ACL without AlterConfigs on the
+                topic, a broker policy); the message names the topic, the settings and the
+                command that fixes them.
+        """
+        specs = [s for s in specs if s.config]
+        if not specs:
+            return []
+        actual = self._describe_configs([s.name for s in specs])
+        altered = []
+        for spec in specs:
+            have = actual.get(spec.name, {})
+            wrong = {k: v for k, v in spec.config.items() if have.get(k) != v}
+            if not wrong:
+                continue
+            was = ", ".join(f"{k}={have.get(k, 'unreported')}" for k in sorted(wrong))
+            want = ",".join(f"{k}={v}" for k, v in sorted(wrong.items()))
+            resource = ConfigResource(
+                "topic",
+                spec.name,
+                incremental_configs=[
+                    ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
+                    for k, v in sorted(wrong.items())
+                ],
+            )
+            try:
+                for future in self._admin.incremental_alter_configs(
+                    [resource], request_timeout=self._timeout
+                ).values():
+                    future.result()
+            except KafkaException as exc:
+                reason = exc.args[0].str() if exc.args and hasattr(exc.args[0], "str") else exc
+                raise ConfigError(
+                    f"topic {spec.name!r} has {was}; eosflow needs {want} (its records must "
+                    "stay until no retained checkpoint needs them), and the broker refused to "
+                    f"change it: {reason}. Set it yourself: kafka-configs.sh --bootstrap-server "
+                    f"{self._settings.brokers} --alter --entity-type topics --entity-name "
+                    f"{spec.name} --add-config {want}"
+                ) from None
+            altered.append(spec.name)
+            log.warning(
+                "topic=%s had %s: set %s (records no retained checkpoint needs are deleted by "
+                "eosflow, not by the broker's retention)",
+                spec.name, was, want,
+            )  # fmt: skip
+        return altered
+
+    def _describe_configs(self, names: list[str]) -> dict[str, dict[str, str]]:
+        """The configs the broker reports for each topic (``{}`` for one it reports none of,
+        as Tansu does for a topic created without configs)."""
+        futures = self._admin.describe_configs(
+            [ConfigResource("topic", n) for n in names], request_timeout=self._timeout
+        )
+        out: dict[str, dict[str, str]] = {}
+        for resource, future in futures.items():
+            try:
+                entries = future.result()
+            except KafkaException as exc:  # not allowed to read them: altering will tell
+                log.debug("describe_configs topic=%s failed: %s", resource.name, exc)
+                entries = {}
+            out[resource.name] = {k: v.value for k, v in entries.items() if v.value is not None}
+        return out
+
+    def delete_records(self, before: Mapping[TP, int]) -> dict[TP, Future[object]]:
+        """Delete the records of each partition below its offset (DeleteRecords; Kafka >= 0.11).
+
+        Returns at once with one future per partition (its result has the new
+        ``low_watermark``); the caller decides whether to wait.
+        """
+        if not before:
+            return {}
+        request = [TopicPartition(t, p, o) for (t, p), o in sorted(before.items())]
+        futures = self._admin.delete_records(request, request_timeout=self._timeout)
+        return {(tp.topic, tp.partition): f for tp, f in futures.items()}
 
     def ensure_topic(
         self, name: str, partitions: int, config: Mapping[str, str] | None = None

@@ -32,6 +32,7 @@ from connectors.offsets import watermarks
 __all__ = [
     "BrokerCapabilities",
     "broker_transaction_max_timeout",
+    "deletes_records",
     "probe_broker",
     "write_aborted_then_committed",
 ]
@@ -60,6 +61,9 @@ class BrokerCapabilities:
         transaction_max_timeout_ms: the broker's ``transaction.max.timeout.ms`` if it reports it.
         list_offsets_exact: ListOffsets(latest) agrees with the high watermark of a Fetch (False on
             Tansu; eosflow measures end offsets by fetch either way, see connectors.offsets).
+        delete_records: DeleteRecords moved a partition's low watermark (False on Tansu 0.6,
+            whose in-memory storage drops the connection): without it channel topics are
+            never purged and grow until the job is reset.
         notes: what went wrong where a feature is missing.
     """
 
@@ -72,6 +76,7 @@ class BrokerCapabilities:
     group_join_seconds: float | None
     transaction_max_timeout_ms: int | None
     list_offsets_exact: bool = True
+    delete_records: bool = False
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -94,6 +99,7 @@ class BrokerCapabilities:
             f"  consumer group join: {join}",
             f"  transaction.max.timeout.ms: {self.transaction_max_timeout_ms or 'not reported'}",
             f"  ListOffsets(latest) exact: {yes[self.list_offsets_exact]}",
+            f"  DeleteRecords (channel topics purged): {yes[self.delete_records]}",
         ]
         if self.exactly_once_transactions:
             lines.append(
@@ -133,6 +139,7 @@ def probe_broker(settings: KafkaSettings, *, timeout: float = 20.0) -> BrokerCap
         if transactions and not hides:
             notes.append("read_committed consumers receive records of aborted transactions")
         joiner.join(timeout + 5)
+        purges = _try_delete_records(settings, topic, notes, timeout)  # last: it moves offset 0
         caps = BrokerCapabilities(
             brokers=settings.brokers,
             cluster_id=metadata.cluster_id,
@@ -143,8 +150,10 @@ def probe_broker(settings: KafkaSettings, *, timeout: float = 20.0) -> BrokerCap
             group_join_seconds=join[0],
             transaction_max_timeout_ms=_transaction_max_timeout(raw_admin, metadata, notes),
             list_offsets_exact=exact,
+            delete_records=purges,
             notes=notes,
         )
+        _DELETES_RECORDS.setdefault(settings.brokers, purges)
     finally:
         try:
             admin.delete_topics([topic])
@@ -244,6 +253,64 @@ def _read_committed_hides_aborted(settings: KafkaSettings, topic: str, timeout: 
         return _COMMITTED in seen and _ABORTED not in seen
     finally:
         consumer.close()
+
+
+def _try_delete_records(
+    settings: KafkaSettings, topic: str, notes: list[str], timeout: float
+) -> bool:
+    """DeleteRecords below offset 1 of partition 0 (which holds records by now), for real:
+    True when the broker answered with a low watermark of at least 1.
+
+    Decided by the broker's answer, never by a timeout: Tansu 0.6 drops the connection at
+    once (its in-memory storage has no DeleteRecords), which fails the request with a
+    transport error; a broker without the API answers an error code."""
+    admin = TopicAdmin(settings, timeout=timeout)
+    try:
+        future = admin.delete_records({(topic, 0): 1})[(topic, 0)]
+        low = getattr(future.result(), "low_watermark", None)
+    except KafkaException as exc:
+        err = exc.args[0] if exc.args else exc
+        notes.append(
+            "DeleteRecords failed "
+            f"({err.str() if hasattr(err, 'str') else err}): channel topics are not purged"
+        )
+        return False
+    if low is None or low < 1:
+        notes.append(f"DeleteRecords answered low watermark {low}: channel topics are not purged")
+        return False
+    return True
+
+
+_DELETES_RECORDS: dict[str, bool] = {}
+
+
+def deletes_records(settings: KafkaSettings, *, timeout: float = 20.0) -> bool:
+    """Whether the broker deletes records on request (DeleteRecords), tried for real on a
+    scratch topic once per process and cluster, then remembered (Apache Kafka: yes; Tansu
+    0.6: no). The runner asks once per run; its workers purge or not (docs/failures.md)."""
+    known = _DELETES_RECORDS.get(settings.brokers)
+    if known is not None:
+        return known
+    admin = TopicAdmin(settings, timeout=timeout)
+    topic = f"eosflow-probe-{uuid.uuid4().hex[:12]}"
+    admin.ensure_topic(topic, 1)
+    notes: list[str] = []
+    try:
+        if _try_idempotent(settings, topic, notes, timeout):
+            supported = _try_delete_records(settings, topic, notes, timeout)
+        else:
+            supported = False
+    finally:
+        try:
+            admin.delete_topics([topic])
+        except Exception as exc:  # deleting scratch data must not hide the answer
+            log.warning("could not delete probe topic=%s: %s", topic, exc)
+    _DELETES_RECORDS[settings.brokers] = supported
+    log.info(
+        "broker=%s DeleteRecords: %s%s",
+        settings.brokers, supported, f" ({'; '.join(notes)})" if notes else "",
+    )  # fmt: skip
+    return supported
 
 
 _HIDES_ABORTED: dict[str, bool] = {}

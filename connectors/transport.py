@@ -9,11 +9,12 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable, Mapping
+from concurrent.futures import Future
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from connectors.admin import TopicAdmin, TopicSpec
+from connectors.admin import INTERNAL_TOPIC_CONFIG, TopicAdmin, TopicSpec
 from connectors.config import (
     KafkaSettings,
     admin_config,
@@ -23,6 +24,7 @@ from connectors.config import (
 )
 from connectors.errors import classify
 from connectors.outage import report_client_error
+from connectors.probe import deletes_records
 from connectors.reader import PartitionReader
 from processor.errors import ConfigError, KafkaClientError
 
@@ -190,7 +192,20 @@ class KafkaTransport:
         check_reachable(self.settings, timeout=timeout)
 
     def ensure_topics(self, partitions: Mapping[str, int]) -> None:
-        self._admin.ensure_topics(TopicSpec(name, n) for name, n in partitions.items())
+        """Channel topics: created with, or altered to, a retention that never deletes
+        (:data:`~connectors.admin.INTERNAL_TOPIC_CONFIG`); :meth:`purge` deletes instead."""
+        self._admin.ensure_topics(
+            TopicSpec(name, n, INTERNAL_TOPIC_CONFIG) for name, n in partitions.items()
+        )
+
+    def purge_supported(self) -> bool:
+        """Whether the broker deletes records on request (probed once per process; Tansu
+        does not)."""
+        return deletes_records(self.settings)
+
+    def purge(self, before: Mapping[TP, int]) -> dict[TP, Future[object]]:
+        """Delete each partition's records below its offset; returns without waiting."""
+        return self._admin.delete_records(before)
 
     def partition_count(self, topic: str) -> int:
         if not self._admin.exists(topic):

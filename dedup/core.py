@@ -29,11 +29,26 @@ longer be checked: the ``late`` policy drops it or passes it, and either is coun
 **Redis down**: the store retries, then fails the task (:class:`dedup.errors.RedisUnavailable`);
 no record passes unchecked.
 
+**Redis lost data** (restarted empty, failed over to a replica that missed writes): a Bloom hit
+that the store calls absent would pass a copy as a false positive. So each run counts the
+batches of IDs it wrote (its write marker in the store, :mod:`dedup.store`), and a snapshot
+holds the counts of its lineage (``written``). The store must account for them: at restore
+(one round trip), in every lookup (the marker is read in the same round trip as the IDs), in
+every insert (checked in the script before the new batch counts) and at every checkpoint
+without one. Until this run writes its first batch, the restored counts are watched; then its
+own count, which vouches for everything written before it (Redis loses a suffix of its
+writes). A marker behind raises :class:`dedup.errors.RedisDataLost` (``on_lost="fail"``), or
+is logged and accepted (``on_lost="accept"``: copies of records whose IDs were lost may pass
+once). A first start (no snapshot) expects nothing.
+
 Invariants:
     No false negatives: an ID recorded at timestamp ``t`` is reported as a duplicate while
     ``t >= watermark - within``, in this run and after any restore of a snapshot taken after it
     was recorded. An ID recorded after the restored checkpoint is never reported as seen.
     ``snapshot`` is only taken right after ``prepare`` (nothing pending).
+    No decision rests on a store that lost IDs the snapshot or this run wrote: with
+    ``on_lost="fail"`` such a store raises :class:`dedup.errors.RedisDataLost` in the same
+    round trip that would have answered "absent".
 """
 
 from __future__ import annotations
@@ -41,11 +56,12 @@ from __future__ import annotations
 import logging
 import math
 import secrets
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from dedup.buckets import BloomBuckets
-from dedup.errors import DedupConfigError
-from dedup.store import decode_tag, encode_tag
+from dedup.errors import DedupConfigError, RedisDataLost
+from dedup.store import decode_tag, encode_tag, lost_error, lost_writes
 
 __all__ = ["DedupStats", "Deduplicator", "IdStore", "MemoryIdStore"]
 
@@ -54,6 +70,7 @@ log = logging.getLogger(__name__)
 MIN_TS = -(2**63)
 STATE_VERSION = 1
 LATE_POLICIES = ("drop", "pass")
+ON_LOST = ("fail", "accept")
 
 
 class IdStore(Protocol):
@@ -61,9 +78,20 @@ class IdStore(Protocol):
 
     round_trips: int
 
-    def lookup(self, buckets: list[int], ids: list[int]) -> list[list[bytes]]: ...
+    def lookup(
+        self, buckets: list[int], ids: list[int], watch: Mapping[int, int] | None = None
+    ) -> list[list[bytes]]: ...
 
-    def insert(self, entries: dict[int, list[int]], tag: bytes) -> None: ...
+    def insert(
+        self,
+        entries: dict[int, list[int]],
+        tag: bytes,
+        *,
+        count: tuple[int, int] | None = None,
+        watch: Mapping[int, int] | None = None,
+    ) -> None: ...
+
+    def verify(self, watch: Mapping[int, int]) -> None: ...
 
     def delete_before(self, cutoff_ms: int, bucket_ms: int) -> list[int]: ...
 
@@ -81,11 +109,20 @@ class MemoryIdStore:
 
     def __init__(self) -> None:
         self.data: dict[int, dict[int, bytes]] = {}
+        self.written: dict[int, int] = {}  # the write markers, run -> batches
         self.round_trips = 0
         self.gc_mark = MIN_TS
 
-    def lookup(self, buckets: list[int], ids: list[int]) -> list[list[bytes]]:
+    def _check(self, watch: Mapping[int, int] | None) -> None:
+        lost = lost_writes(watch or {}, self.written)
+        if lost:
+            raise lost_error("memory", "memory", lost)
+
+    def lookup(
+        self, buckets: list[int], ids: list[int], watch: Mapping[int, int] | None = None
+    ) -> list[list[bytes]]:
         self.round_trips += 1
+        self._check(watch)
         found: list[list[bytes]] = [[] for _ in ids]
         for bucket in buckets:
             entries = self.data.get(bucket, {})
@@ -95,10 +132,25 @@ class MemoryIdStore:
                     found[n].append(tag)
         return found
 
-    def insert(self, entries: dict[int, list[int]], tag: bytes) -> None:
+    def insert(
+        self,
+        entries: dict[int, list[int]],
+        tag: bytes,
+        *,
+        count: tuple[int, int] | None = None,
+        watch: Mapping[int, int] | None = None,
+    ) -> None:
         self.round_trips += 1
         for bucket, ids in entries.items():
             self.data.setdefault(bucket, {}).update(dict.fromkeys(ids, tag))
+        self._check(watch)
+        if count is not None:
+            run, batches = count
+            self.written[run] = max(self.written.get(run, 0), batches)
+
+    def verify(self, watch: Mapping[int, int]) -> None:
+        self.round_trips += 1
+        self._check(watch)
 
     def delete_before(self, cutoff_ms: int, bucket_ms: int) -> list[int]:
         self.round_trips += 1
@@ -155,6 +207,9 @@ class Deduplicator:
             run every stored entry counts as seen, which is right only without snapshots (the
             consumer-side :class:`dedup.consumer.IdDedupConsumer`, which stores IDs when the
             application commits).
+        on_lost: when the store lost IDs that the restored snapshot or this run wrote:
+            ``"fail"`` (raise :class:`dedup.errors.RedisDataLost`) or ``"accept"`` (log, and
+            go on without them: copies of those records may pass once).
     """
 
     def __init__(
@@ -170,11 +225,15 @@ class Deduplicator:
         flush_ids: int = 50_000,
         name: str = "dedup",
         run: int | None = None,
+        on_lost: str = "fail",
     ) -> None:
         if within_ms < 1:
             raise ValueError(f"within_ms must be >= 1, got {within_ms}")
         if late not in LATE_POLICIES:
             raise ValueError(f"late must be one of {LATE_POLICIES}, got {late!r}")
+        if on_lost not in ON_LOST:
+            raise DedupConfigError(f"on_lost must be one of {ON_LOST}, got {on_lost!r}")
+        self.on_lost = on_lost
         self.store = store
         self.within_ms = within_ms
         self.bucket_ms = bucket_ms or max(1000, within_ms // 4)
@@ -192,6 +251,8 @@ class Deduplicator:
         self._fixed_run = run
         self.run = secrets.randbits(63) if run is None else run
         self.lineage: dict[int, int] = {}  # run -> last epoch included (older runs only)
+        self.batches = 0  # batches of IDs this run wrote (its write marker in the store)
+        self.written: dict[int, int] = {}  # run -> batches the restored snapshot relies on
         self.prepared = 0  # last checkpoint prepared by this run (or restored)
         self.watermark = MIN_TS
         self.cutoff = MIN_TS  # records below it are older than the horizon
@@ -253,7 +314,7 @@ class Deduplicator:
         if ask:
             asked = [ids[i] for i in ask]
             self.stats.lookups += len(asked)
-            tags = self.store.lookup(sorted(self.filters.buckets), asked)
+            tags = self.store.lookup(sorted(self.filters.buckets), asked, self._watch())
             valid = self._valid
             answers = zip(asked, tags, strict=True)
             seen = {record_id for record_id, t in answers if any(map(valid, t))}
@@ -317,10 +378,19 @@ class Deduplicator:
             )  # fmt: skip
         return passed
 
+    def _watch(self) -> dict[int, int]:
+        """The write markers the store must still account for: this run's once it wrote a
+        batch (Redis loses a suffix of its writes, so it vouches for every earlier batch),
+        else the restored snapshot's."""
+        return {self.run: self.batches} if self.batches else self.written
+
     def _flush(self) -> None:
         if not self.pending_set:
             return
-        self.store.insert(self.pending, encode_tag(self.run, self.prepared + 1))
+        tag = encode_tag(self.run, self.prepared + 1)
+        count = (self.run, self.batches + 1)
+        self.store.insert(self.pending, tag, count=count, watch=self._watch())
+        self.batches += 1
         if len(self._recent) + len(self.pending_set) > self.recent_ids // 2:
             self._older, self._recent = self._recent, set()
         self._recent |= self.pending_set
@@ -339,8 +409,15 @@ class Deduplicator:
     # -- checkpoints -----------------------------------------------------------------------------
 
     def prepare(self, checkpoint_id: int) -> None:
-        """At the barrier of ``checkpoint_id``: write the pending IDs (before the snapshot)."""
-        self._flush()
+        """At the barrier of ``checkpoint_id``: write the pending IDs (before the snapshot);
+        with none, check that the store still holds what was written (so that lost data is
+        found at the next checkpoint even when no record needs the store)."""
+        if self.pending_set:
+            self._flush()
+        else:
+            watch = self._watch()
+            if watch:
+                self.store.verify(watch)
         self.prepared = checkpoint_id
         self._cutoff_at[checkpoint_id] = self.cutoff
 
@@ -349,6 +426,7 @@ class Deduplicator:
         return {
             "version": STATE_VERSION,
             "lineage": {**self.lineage, self.run: self.prepared},
+            "written": {**self.written, self.run: self.batches} if self.batches else self.written,
             "prepared": self.prepared,
             "watermark": self.watermark,
             "cutoff": self.cutoff,
@@ -363,6 +441,8 @@ class Deduplicator:
         self.pending, self.pending_set = {}, set()
         self._recent, self._older = set(), set()
         self._cutoff_at = {}
+        self.batches = 0
+        self.written = {}
         if state is None:
             self.lineage, self.prepared = {}, 0
             self.watermark = self.cutoff = MIN_TS
@@ -387,7 +467,26 @@ class Deduplicator:
         self.watermark = state["watermark"]
         self.cutoff = state["cutoff"]
         self.filters.restore(state["filters"])
+        # A snapshot of an eosflow before the write markers has none: nothing to check.
+        self.written = {int(r): int(n) for r, n in state.get("written", {}).items()}
+        self._check_restored()
         self._floor_cutoff()
+
+    def _check_restored(self) -> None:
+        """The store must still hold every batch the restored snapshot relies on."""
+        if not self.written:
+            return
+        try:
+            self.store.verify(self.written)
+        except RedisDataLost as exc:
+            if self.on_lost != "accept":
+                raise
+            log.warning(
+                "dedup %s: going on without lost IDs (on_lost=accept): copies of records "
+                "whose IDs were lost may pass once. %s",
+                self.name, exc,
+            )  # fmt: skip
+            self.written = {}
 
     def _floor_cutoff(self) -> None:
         """Stored buckets below the store's GC mark are gone (deleted after a newer checkpoint

@@ -7,8 +7,12 @@ of their own, drawn here and in :mod:`processor.errors`; the CLI reports both al
     DedupError
     ├── DedupConfigError (ValueError)   bad settings (no Redis URL, a snapshot taken with other
     │                                   ``within``/``bucket``); says how to fix it
-    └── RedisUnavailable                the ID store did not answer for longer than its
-                                        ``give_up_s``: the records stay unchecked, never passed
+    ├── RedisUnavailable                the ID store did not answer for longer than its
+    │                                   ``give_up_s``: the records stay unchecked, never passed
+    └── RedisDataLost                   the ID store lost IDs that the restored checkpoint or
+                                        this run wrote (Redis restarted empty, failed over to a
+                                        replica that missed writes, evicted keys): the task
+                                        refuses to decide records against it
 
 Invariants:
     Nothing here imports a third-party package or another eosflow package.
@@ -16,7 +20,7 @@ Invariants:
 
 from __future__ import annotations
 
-__all__ = ["DedupConfigError", "DedupError", "RedisUnavailable"]
+__all__ = ["DedupConfigError", "DedupError", "RedisDataLost", "RedisUnavailable"]
 
 
 class DedupError(Exception):
@@ -29,3 +33,15 @@ class DedupConfigError(DedupError, ValueError):
 
 class RedisUnavailable(DedupError):
     """Redis could not be reached for longer than the store's ``give_up_s``."""
+
+
+class RedisDataLost(DedupError):
+    """The ID store no longer holds IDs that were written to it (its write marker is behind).
+
+    Attributes:
+        lost: ``{run: (batches written, batches the store still accounts for)}``.
+    """
+
+    def __init__(self, message: str, lost: dict[int, tuple[int, int]]) -> None:
+        super().__init__(message)
+        self.lost = lost

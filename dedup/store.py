@@ -5,6 +5,7 @@ Layout, under a prefix unique per dedup scope (``eosflow:<job>:dedup:<step>:<sub
     <prefix>:b:<bucket start ms>   HASH   16-byte ID -> 16-byte tag (run u64, epoch u64, big-endian)
     <prefix>:buckets               SET    the bucket starts that have a hash
     <prefix>:gc                    STRING the GC mark: buckets below it may be deleted
+    <prefix>:written               HASH   run -> batches of IDs that run wrote (the write marker)
 
 Every call is one round trip (a pipeline; ``HMGET`` of many IDs per bucket, ``HSET`` of many
 fields per bucket), never one per record. The tag says which run of a task recorded the ID and in
@@ -17,9 +18,16 @@ for up to ``give_up_s``; then :class:`RedisUnavailable` fails the task, whose re
 unprocessed, to be replayed after its restart. A lookup never answers "absent" for a server it
 could not ask.
 
-Durability: an ID written here is only as durable as Redis makes it. Run Redis with
-``appendonly yes`` (and ``appendfsync everysec`` or ``always``): if Redis loses IDs that a
-completed checkpoint relies on, duplicates that reach the lost IDs pass.
+Lost data is detected, never trusted: every insert ends with a script that raises this run's
+write marker (``<prefix>:written``, one count per batch), after the IDs, in the same pipeline.
+Redis loses writes as a suffix of its history (a restart from an AOF/RDB that missed the last
+ones, a replica promoted before it received them, or all of them after a restart without
+persistence), so a marker that still counts a batch vouches for that batch and everything
+written before it. A lookup reads the marker in the same round trip as the IDs, and an insert
+checks it in the script before it counts the new batch: a marker behind what the caller knows
+was written raises :class:`RedisDataLost` instead of answering "absent" (DESIGN.md: never let
+records through unchecked). Eviction loses keys one by one, not as a suffix: the start-up check
+refuses an ``allkeys-*`` policy (:mod:`dedup.server`). Run Redis with ``appendonly yes``.
 """
 
 from __future__ import annotations
@@ -28,17 +36,27 @@ import logging
 import os
 import struct
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from dedup.errors import DedupConfigError, RedisUnavailable
+from dedup.errors import DedupConfigError, RedisDataLost, RedisUnavailable
 from dedup.ids import ID_BYTES
 
-__all__ = ["RedisIdStore", "RedisUnavailable", "Tag", "decode_tag", "encode_tag", "redis_client"]
+__all__ = [
+    "RedisIdStore",
+    "RedisUnavailable",
+    "Tag",
+    "decode_tag",
+    "encode_tag",
+    "lost_error",
+    "lost_writes",
+    "redis_client",
+    "redis_where",
+]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +89,62 @@ if n > 0 then redis.call('HSET', KEYS[1], unpack(args)) end
 redis.call('SADD', KEYS[2], ARGV[2])
 return 1
 """
+
+
+# KEYS[1] the write markers; ARGV[1] run, ARGV[2] its new count, then pairs (run, count) that
+# must still be there. Counts only if none is behind: a batch written into a Redis that lost
+# earlier ones must not make the marker vouch for them again.
+_WRITTEN_LUA = """
+local lost = {}
+for i = 3, #ARGV, 2 do
+  local have = tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '0')
+  if have < tonumber(ARGV[i + 1]) then
+    lost[#lost + 1] = ARGV[i]
+    lost[#lost + 1] = tostring(have)
+  end
+end
+if #lost == 0 and ARGV[1] ~= '' then
+  local old = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
+  if tonumber(ARGV[2]) > old then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end
+end
+return lost
+"""
+
+
+def lost_writes(watch: Mapping[int, int], stored: Mapping[int, int]) -> dict[int, tuple[int, int]]:
+    """``{run: (written, stored)}`` for each run whose marker in the store is behind the batches
+    the caller knows it wrote (an absent marker counts 0). Empty: nothing was lost."""
+    return {
+        run: (want, stored.get(run, 0)) for run, want in watch.items() if stored.get(run, 0) < want
+    }
+
+
+def lost_error(where: str, prefix: str, lost: dict[int, tuple[int, int]]) -> RedisDataLost:
+    """The error for IDs lost from the store at ``where``: what, why, and what to do."""
+    run, (want, have) = max(lost.items(), key=lambda item: item[1][0])
+    state = "is gone" if have == 0 else f"counts {have}"
+    return RedisDataLost(
+        f"dedup ID store {prefix!r} on Redis at {where} lost record IDs this job relies on: "
+        f"run {run:x} wrote {want} batch{'' if want == 1 else 'es'} of IDs there, and its "
+        f"write marker "
+        f"{prefix}:written {state}. Redis restarted without its data, failed over to a replica "
+        "that missed the last writes, or evicted keys. Copies of records whose IDs were lost "
+        "would pass as new, so the task refuses to go on (it restarts from its last checkpoint "
+        "and refuses again). Fix: bring Redis back with its data (its AOF/RDB files, or the "
+        "old primary) and the job continues by itself; or accept that copies of records seen "
+        "before may pass once: restart the job with EOSFLOW_DEDUP_ON_LOST_IDS=accept. Then "
+        "make Redis durable: appendonly yes, maxmemory-policy noeviction (docs/dedup.md, "
+        "'Redis durability')",
+        lost,
+    )
+
+
+def redis_where(client: Any) -> str:
+    """``redis://host:port/db`` (or the socket path) of a client, without credentials."""
+    kw = client.connection_pool.connection_kwargs
+    if "path" in kw:
+        return f"unix://{kw['path']}"
+    return f"redis://{kw.get('host', 'localhost')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
 
 
 def encode_tag(run: int, epoch: int) -> bytes:
@@ -141,8 +215,10 @@ class RedisIdStore:
         self.round_trips = 0
         self._index = f"{prefix}:buckets"
         self._mark = f"{prefix}:gc"
+        self._written = f"{prefix}:written"
         self._insert_script = client.register_script(_INSERT_LUA)
         self._raise_mark = client.register_script(_MARK_LUA)
+        self._count_written = client.register_script(_WRITTEN_LUA)
 
     def __repr__(self) -> str:
         return f"RedisIdStore(prefix={self.prefix!r})"
@@ -176,49 +252,109 @@ class RedisIdStore:
                 self.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
-    def lookup(self, buckets: Iterable[int], ids: list[int]) -> list[list[bytes]]:
-        """The tags stored for each ID in any of ``buckets`` (one round trip)."""
+    def _lost(self, lost: dict[int, tuple[int, int]]) -> RedisDataLost:
+        return lost_error(redis_where(self.client), self.prefix, lost)
+
+    def lookup(
+        self, buckets: Iterable[int], ids: list[int], watch: Mapping[int, int] | None = None
+    ) -> list[list[bytes]]:
+        """The tags stored for each ID in any of ``buckets`` (one round trip).
+
+        ``watch``: ``{run: batches written}`` that the store must still account for; their
+        markers are read in the same round trip, so an "absent" never comes from a Redis that
+        lost data (:class:`RedisDataLost`)."""
         buckets = list(buckets)
         found: list[list[bytes]] = [[] for _ in ids]
         if not ids or not buckets:
             return found
         fields = [i.to_bytes(ID_BYTES, "little") for i in ids]
+        runs = list(watch or ())
 
         def run() -> list[Any]:
             pipe = self.client.pipeline(transaction=False)
             for bucket in buckets:
                 pipe.hmget(self._key(bucket), fields)
+            if runs:
+                pipe.hmget(self._written, runs)
             return list(pipe.execute())
 
-        for values in self._call("lookup", run):
+        replies = self._call("lookup", run)
+        if runs:
+            markers = replies.pop()
+            stored = {r: int(m) for r, m in zip(runs, markers, strict=True) if m is not None}
+            lost = lost_writes(watch or {}, stored)
+            if lost:
+                raise self._lost(lost)
+        for values in replies:
             for n, tag in enumerate(values):
                 if tag is not None:
                     found[n].append(tag)
         return found
 
-    def insert(self, entries: dict[int, list[int]], tag: bytes) -> None:
+    def insert(
+        self,
+        entries: dict[int, list[int]],
+        tag: bytes,
+        *,
+        count: tuple[int, int] | None = None,
+        watch: Mapping[int, int] | None = None,
+    ) -> None:
         """Records the IDs per bucket with ``tag`` (one round trip; overwrites older tags).
+
+        ``count``: ``(run, batches)``: after the IDs, raise that run's write marker to
+        ``batches``, unless a marker of ``watch`` is behind (then :class:`RedisDataLost`, and
+        the marker is left as it was).
 
         The IDs of a bucket travel as one binary argument of a Lua script that splits it into
         ``HSET`` fields: building an ``HSET`` with one argument per field costs redis-py about
         1.5 us of Python per ID (measured), the join about 0.15 us.
         """
         entries = {b: ids for b, ids in entries.items() if ids}
-        if not entries:
+        if not entries and count is None and not watch:
             return
         blobs = {
             b: b"".join([i.to_bytes(ID_BYTES, "little") for i in ids]) for b, ids in entries.items()
         }
+        args = self._watch_args(count, watch)
 
-        def run() -> None:
+        def run() -> list[Any]:
             pipe = self.client.pipeline(transaction=False)
             for bucket, blob in blobs.items():
                 self._insert_script(
                     keys=[self._key(bucket), self._index], args=[tag, bucket, blob], client=pipe
                 )
-            pipe.execute()
+            if args is not None:  # last: the marker vouches for the writes before it
+                self._count_written(keys=[self._written], args=args, client=pipe)
+            return list(pipe.execute())
 
-        self._call("insert", run)
+        replies = self._call("insert", run)
+        if args is not None:
+            self._raise_if_lost(replies[-1], watch)
+
+    def verify(self, watch: Mapping[int, int]) -> None:
+        """Raises :class:`RedisDataLost` if a marker of ``watch`` is behind (one round trip)."""
+        args = self._watch_args(None, watch)
+        if args is not None:
+            reply = self._call(
+                "verify", lambda: self._count_written(keys=[self._written], args=args)
+            )
+            self._raise_if_lost(reply, watch)
+
+    @staticmethod
+    def _watch_args(
+        count: tuple[int, int] | None, watch: Mapping[int, int] | None
+    ) -> list[Any] | None:
+        if count is None and not watch:
+            return None
+        args: list[Any] = [count[0], count[1]] if count is not None else ["", 0]
+        for run, batches in (watch or {}).items():
+            args += [run, batches]
+        return args
+
+    def _raise_if_lost(self, reply: list[Any], watch: Mapping[int, int] | None) -> None:
+        if reply:
+            stored = {int(r): int(have) for r, have in zip(reply[::2], reply[1::2], strict=True)}
+            raise self._lost(lost_writes({r: (watch or {})[r] for r in stored}, stored))
 
     def delete_before(self, cutoff_ms: int, bucket_ms: int) -> list[int]:
         """Deletes every bucket wholly below ``cutoff_ms``, also ones a crashed run left."""
@@ -269,4 +405,4 @@ class RedisIdStore:
         for bucket in self.buckets():
             key = self._key(bucket)
             self._call("clear", lambda k=key: self.client.delete(k))  # type: ignore[misc]
-        self._call("clear", lambda: self.client.delete(self._index, self._mark))
+        self._call("clear", lambda: self.client.delete(self._index, self._mark, self._written))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -241,7 +242,9 @@ class Transport(Protocol):
         """Raise ``ConfigError`` naming the address when the cluster does not answer."""
 
     def ensure_topics(self, partitions: Mapping[str, int]) -> None:
-        """Create missing topics with these partition counts; refuse a mismatching count."""
+        """Create missing channel topics with these partition counts and a retention that
+        never deletes records (an existing topic's retention is changed to it, or refused
+        with a ``ConfigError`` naming the setting); refuse a mismatching count."""
 
     def partition_count(self, topic: str) -> int:
         """Partitions of an existing topic; raise ``ConfigError`` if it does not exist."""
@@ -254,3 +257,10 @@ class Transport(Protocol):
         (``fail``: :class:`~processor.errors.DataLossError`; ``skip``: counted and logged)."""
 
     def writer(self, *, client_id: str) -> Writer: ...
+
+    def purge_supported(self) -> bool:
+        """Whether the broker deletes records on request (probed, never guessed by a timeout)."""
+
+    def purge(self, before: Mapping[TP, int]) -> Mapping[TP, Future[object]]:
+        """Delete each channel partition's records below its offset; returns without waiting,
+        one future per partition."""

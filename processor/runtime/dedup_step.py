@@ -12,11 +12,17 @@ subtasks and is a migration, as it is for keyed state.
 
 Failing ``id`` functions are data: with a dead-letter destination the record goes there with
 the cause (the others of the batch are checked as usual), without one the task fails.
+
+If Redis lost IDs that the restored checkpoint or this run wrote (restarted empty, failed over
+to a replica that missed writes), the task fails with :class:`dedup.errors.RedisDataLost`
+instead of passing copies (:mod:`dedup.core`); ``EOSFLOW_DEDUP_ON_LOST_IDS=accept`` lets a
+restart go on without them.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from dedup.core import Deduplicator
@@ -61,6 +67,9 @@ class DedupOperator(Operator):
             fp_rate=p["fp_rate"],
             late=p["late"],
             name=f"{ctx.step}.{ctx.subtask}",
+            # The way past IDs that Redis lost, chosen by an operator for one restart
+            # (docs/dedup.md, "Redis durability"); by default the task refuses.
+            on_lost=os.environ.get("EOSFLOW_DEDUP_ON_LOST_IDS") or "fail",
         )
 
     def _ids(self, batch: list[Record]) -> list[int]:

@@ -10,7 +10,6 @@ from collections.abc import Iterator
 
 from processor.compiler import Plan
 from processor.contracts import preflight_sink
-from processor.errors import ConfigError
 from processor.runtime.job import RunOptions
 
 __all__ = ["extra_environ", "preflight"]
@@ -19,7 +18,7 @@ log = logging.getLogger(__name__)
 
 
 def preflight(plan: Plan, options: RunOptions, interval: float | None) -> None:
-    """Sinks check their configuration; local recovery checks its Redis."""
+    """Sinks check their configuration; ``dedup`` steps and local recovery check their Redis."""
     flow = plan.flow
     sinks = [s.params["sink"] for s in flow.steps.values() if s.kind == "sink"]
     if flow.dead_letter_sink is not None:
@@ -39,25 +38,25 @@ def preflight(plan: Plan, options: RunOptions, interval: float | None) -> None:
                 checkpoint_interval=interval,
                 checkpoint_timeout=options.checkpoint_timeout if interval is not None else None,
             )
-        if options.recovery == "local":
-            _preflight_redis()
+        _preflight_redis(plan, options)
 
 
-def _preflight_redis() -> None:
-    """Local recovery keeps the IDs of channel records in Redis: reachable, or fail now."""
-    from dedup.store import redis_client  # the engine's one other reach into dedup/
+def _preflight_redis(plan: Plan, options: RunOptions) -> None:
+    """``dedup`` steps and local recovery keep record IDs in Redis: it must answer within 5 s
+    and must not evict them, or the job fails now, with the address, instead of timing its
+    checkpoints out for minutes (issue 18). Each server is checked once."""
+    from dedup.server import allow_eviction, check_redis
 
-    client = redis_client(None, timeout_s=5.0, name="eosflow-preflight")
-    try:
-        client.ping()
-    except Exception as exc:
-        raise ConfigError(
-            f"--recovery local keeps record IDs in Redis, which did not answer at "
-            f"EOSFLOW_REDIS_URL ({type(exc).__name__}: {exc}). Start Redis there (eosflow dev up "
-            "starts one on loopback), or use --recovery global"
-        ) from None
-    finally:
-        client.close()
+    users: dict[str | None, tuple[str, str]] = {}  # URL (None: the variable) -> what, source
+    for step in plan.flow.steps.values():
+        if step.kind == "dedup":
+            url = step.params.get("redis_url")
+            source = f"redis_url= of step {step.name!r}" if url else "EOSFLOW_REDIS_URL"
+            users.setdefault(url or None, (f"dedup step {step.name!r}", source))
+    if options.recovery == "local":
+        users.setdefault(None, ("--recovery local", "EOSFLOW_REDIS_URL"))
+    for url, (what, source) in users.items():
+        check_redis(url, what=what, source=source, allow_eviction=allow_eviction())
 
 
 @contextlib.contextmanager

@@ -130,6 +130,7 @@ class Runner(RunnerLifecycle):
         self.ready_s: float | None = None
         self.final_trigger_s: float | None = None
         self._unstarted = 0  # consecutive generations that failed before every worker connected
+        self.purge = False  # the broker deletes channel records on request (runtime.purge)
         self.starts: list[list[Any]] = []  # a fresh job's start positions (runtime.topics)
         self.failed_worker: int | None = None  # set by _dead_worker when it knows which
 
@@ -168,6 +169,7 @@ class Runner(RunnerLifecycle):
             "checkpoint_interval": self._interval(),
             "end_offsets": ends,
             "start_positions": self.starts,
+            "purge": self.purge,
             "source_counts": counts,
             "transport": self.options.transport,
             "max_records": self.options.max_records,
@@ -360,6 +362,10 @@ class Runner(RunnerLifecycle):
             )
             if self.store.latest_completed(self.job) is None:
                 self.starts = start_positions(self.plan, self.store, transport, counts)
+            # Whether the broker deletes channel records on request: probed once, here, not
+            # in every worker process (runtime.purge).
+            probe = getattr(transport, "purge_supported", None)
+            self.purge = bool(probe()) if probe is not None and self.plan.edges else False
             self.coordinator = CheckpointCoordinator(
                 self.store,
                 self.job,

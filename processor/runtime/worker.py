@@ -34,6 +34,7 @@ from processor.compiler import compile_flow
 from processor.errors import ConfigError
 from processor.runtime.control import ControlClient
 from processor.runtime.pipeline import load_flow, load_object
+from processor.runtime.purge import ChannelPurger
 from processor.runtime.task import Task, TaskEnv
 from processor.snapshot.store import SnapshotStore
 
@@ -177,6 +178,7 @@ def run_worker(spec: dict[str, Any]) -> int:
         return admitted
     beat = _Heartbeat(client)
     tasks: list[Task] = []
+    purger: ChannelPurger | None = None
     try:
         tasks += [Task(env, stage, worker) for stage in plan.stages]
         counts = {str(k): int(v) for k, v in spec["source_counts"].items()}
@@ -186,6 +188,7 @@ def run_worker(spec: dict[str, Any]) -> int:
                 state = store.read_task_snapshot(manifest.tasks[task.name])
             task.open(state, counts)
         sources = [t for t in tasks if t.is_source]
+        purger = ChannelPurger(transport, store, plan.job, tasks, supported=spec.get("purge"))
         log.info(
             "worker=%d generation=%d pid=%d python=%s restored_checkpoint=%d tasks=%d recovery=%s",
             worker, env.generation, os.getpid(), sys.executable, restore, len(tasks), recovery,
@@ -194,7 +197,7 @@ def run_worker(spec: dict[str, Any]) -> int:
         idle = False
         next_stats = 0.0
         while True:
-            stop = _serve(client, tasks, sources, worker)
+            stop = _serve(client, tasks, sources, worker, purger)
             if stop is not None:
                 if stop == 0:
                     writer.flush()
@@ -213,6 +216,8 @@ def run_worker(spec: dict[str, Any]) -> int:
                 client.send(_stats(worker, tasks, sources))
     finally:
         beat.stop.set()
+        if purger is not None:
+            purger.close()
         for task in tasks:
             task.close()
         uploads.shutdown(wait=False)
@@ -298,7 +303,11 @@ def _stats(worker: int, tasks: list[Task], sources: list[Task]) -> dict[str, Any
 
 
 def _serve(
-    client: ControlClient, tasks: list[Task], sources: list[Task], worker: int
+    client: ControlClient,
+    tasks: list[Task],
+    sources: list[Task],
+    worker: int,
+    purger: ChannelPurger | None = None,
 ) -> int | None:
     """Handles the coordinator's queued messages; an exit code when the worker must stop."""
     while not client.inbox.empty():
@@ -315,6 +324,8 @@ def _serve(
             for task in tasks:
                 task.complete(chk)
                 client.send({"t": "committed", "chk": chk, "task": task.name})
+            if purger is not None:  # channel records no retained checkpoint needs
+                purger.completed(chk)
         elif kind == "abort":
             for task in tasks:
                 task.abort(int(msg["chk"]), str(msg.get("reason", "aborted")))

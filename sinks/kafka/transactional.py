@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from connectors.admin import TopicAdmin
+from connectors.admin import INTERNAL_TOPIC_CONFIG, TopicAdmin
 from connectors.config import create_producer, producer_config
 from connectors.errors import classify
 from connectors.transport import produce_waiting
@@ -81,7 +81,9 @@ class KafkaSinkWriter:
         self.subtask_b = str(ctx.subtask).encode()
         self.markers = marker_topic(ctx.job, ctx.step)
         self.marker_partition = ctx.subtask
-        TopicAdmin(self.settings).ensure_topic(self.markers, ctx.parallelism)
+        # Markers stay as long as the topic does: a rescue of a retained checkpoint's pending
+        # epoch reads its marker (rescue.py); the broker's retention could delete it.
+        TopicAdmin(self.settings).ensure_topic(self.markers, ctx.parallelism, INTERNAL_TOPIC_CONFIG)
         self.producers: dict[int, Producer] = {}
         self.busy: dict[int, str] = {}  # slot -> epoch tag of its open or prepared transaction
         self.slot: int | None = None  # slot of the open (not yet prepared) transaction

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from dedup.server import evicting_policy, persistent
 from processor.errors import ConfigError
 from sinks.redis.commands import OPERATIONS
 
@@ -96,14 +97,14 @@ def _check_server(info: Mapping[str, Any], where: str) -> None:
             "script over keys in any hash slot, which a cluster refuses. Point it at a "
             "standalone Redis (a primary with replicas or Sentinel is fine)"
         )
-    policy = str(info.get("maxmemory_policy", "noeviction"))
-    if policy.startswith("allkeys-"):
+    policy = evicting_policy(info)
+    if policy is not None:
         raise ConfigError(
             f"Redis at {where} has maxmemory-policy {policy}: it may evict the sink's epoch "
             "guards and staged epochs, which would duplicate or lose output. Use noeviction "
             "(or a volatile-* policy) for the sink's database"
         )
-    if not info.get("aof_enabled"):
+    if not persistent(info):
         log.warning(
             "redis persistence url=%s aof_enabled=0: staged epochs and guards are lost if Redis "
             "restarts (the job then fails with a missing-epoch error); enable appendonly",

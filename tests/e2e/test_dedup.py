@@ -34,9 +34,10 @@ NAMED = ENGINE_FAULTS
 def _dedup_keys(url: str, job: str) -> int:
     client = redis.Redis.from_url(url)
     try:
-        # the GC marks (``...:gc``) stay: they say what was deleted
+        # the GC marks (``...:gc``) and write markers (``...:written``) stay: they say what
+        # was deleted and what was written (a restore checks them)
         keys = client.scan_iter(f"eosflow:{job}:dedup:*")
-        return sum(1 for k in keys if not k.endswith(b":gc"))
+        return sum(1 for k in keys if not k.endswith((b":gc", b":written")))
     finally:
         client.close()
 

@@ -119,6 +119,35 @@ def test_run_fails_in_seconds_with_one_clear_error_when_the_broker_is_unreachabl
     assert took < 20
 
 
+def test_run_fails_in_seconds_with_one_clear_error_when_the_dedup_redis_is_unreachable(
+    kafka_endpoint: tuple[str, str], tmp_path: Path
+) -> None:
+    """Regression (issue 18): a ``dedup`` step with Redis down started, timed its checkpoints
+    out for minutes, and named Redis only when the ID store gave up after 5 minutes."""
+    import socket
+
+    with socket.socket() as s:  # a free port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"redis://127.0.0.1:{s.getsockname()[1]}/0"
+    env = _env(kafka_endpoint[0], tmp_path)  # a live broker with the input: only Redis is down
+    env["EOSFLOW_REDIS_URL"] = dead
+    pipeline = ROOT / "tests" / "e2e" / "pipelines" / "dedup_window_count.py"
+    started = time.monotonic()
+    result = subprocess.run(
+        _eosflow("run", str(pipeline), "--until-idle"),
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    took = time.monotonic() - started
+    print(f"exit {result.returncode} after {took:.1f}s; stderr:\n{result.stderr}")
+    assert result.returncode == 2
+    assert (
+        "eosflow: error: dedup step 'unique' keeps record IDs in Redis, which did not answer at "
+        f"{dead} (EOSFLOW_REDIS_URL) within 5s" in result.stderr
+    )
+    assert "Traceback" not in result.stderr
+    assert took < 20
+
+
 def test_run_refuses_local_recovery_of_a_running_total_that_crosses_a_second_shuffle(
     tmp_path: Path,
 ) -> None:

@@ -1,18 +1,24 @@
 """The Redis ID store and the deduplicator on a real Redis: round trips per batch, restore
-against stored tags, GC of stored buckets, and fail-closed behaviour when Redis is down."""
+against stored tags, GC of stored buckets, fail-closed behaviour when Redis is down, a Redis
+that restarted without its data, and the start-up check of the server."""
 
 from __future__ import annotations
 
+import logging
 import random
+import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
 
 from dedup.core import Deduplicator
-from dedup.errors import DedupConfigError
+from dedup.errors import DedupConfigError, RedisDataLost
+from dedup.server import check_redis
 from dedup.store import RedisIdStore, RedisUnavailable, encode_tag, redis_client
+from tests.e2e.redis_faults import kill_redis, private_redis, restart_redis
 
 pytestmark = pytest.mark.integration
 
@@ -90,6 +96,134 @@ def test_redis_client_says_how_to_configure_a_missing_url(monkeypatch: pytest.Mo
         redis_client(None)
     with pytest.raises(DedupConfigError, match="not a Redis URL"):
         redis_client("http://example:6379")
+
+
+def _written_on(url: str, prefix: str, n: int = 2000) -> tuple[dict, list[int]]:
+    """A deduplicator's snapshot after it wrote ``n`` IDs to the Redis at ``url``."""
+    client = redis_client(url)
+    d = Deduplicator(RedisIdStore(client, prefix), within_ms=60_000, expected_ids=100)
+    seen = ids(n, 20)
+    assert all(d.check(seen, [1000] * n))
+    d.prepare(1)
+    client.close()
+    return d.snapshot(), seen
+
+
+def test_a_redis_restarted_empty_is_refused_at_restore_and_by_a_lookup(tmp_path: Path) -> None:
+    """Issue 17: a Redis that came back empty answered "absent" for every ID, and the restored
+    filters' hits passed as false positives: every copy of a record seen before got through."""
+    server = private_redis(tmp_path / "redis")
+    prefix = "test:lost"
+    state, seen = _written_on(server.url, prefix)
+    client = redis_client(server.url)
+    live = Deduplicator(RedisIdStore(client, prefix), within_ms=60_000, expected_ids=100)
+    live.restore(state)  # the data is there: trusted
+    kill_redis(server)
+    server = restart_redis(server, empty=True)
+    try:
+        with pytest.raises(RedisDataLost) as caught:  # mid-run: the first lookup after it
+            live.check(seen[:50], [1000] * 50)
+        message = str(caught.value)
+        print(message)
+        assert f"on Redis at {server.url}" in message
+        assert f"{prefix}:written is gone" in message
+        assert "appendonly yes" in message and "EOSFLOW_DEDUP_ON_LOST_IDS=accept" in message
+        restored = Deduplicator(RedisIdStore(client, prefix), within_ms=60_000, expected_ids=100)
+        with pytest.raises(RedisDataLost):
+            restored.restore(state)
+    finally:
+        client.close()
+        kill_redis(server, clean=True)
+
+
+def test_a_batch_written_after_the_loss_does_not_make_the_marker_vouch_again(
+    tmp_path: Path,
+) -> None:
+    server = private_redis(tmp_path / "redis")
+    state, _seen = _written_on(server.url, "test:lost")
+    client = redis_client(server.url)
+    d = Deduplicator(RedisIdStore(client, "test:lost"), within_ms=60_000, expected_ids=100)
+    d.restore(state)
+    kill_redis(server)
+    server = restart_redis(server, empty=True)
+    try:
+        d.check(ids(10, 21), [1000] * 10)  # surely new: no lookup
+        with pytest.raises(RedisDataLost):
+            d.prepare(2)  # the insert's script sees the restored marker gone
+        assert client.hgetall("test:lost:written") == {}  # and did not count the new batch
+    finally:
+        client.close()
+        kill_redis(server, clean=True)
+
+
+def test_a_replica_that_missed_the_last_batch_is_refused(store: RedisIdStore) -> None:
+    """A failover: the promoted replica has the older writes, not the last ones."""
+    d = Deduplicator(store, within_ms=60_000, expected_ids=100, flush_ids=100)
+    d.check(ids(100, 22), [1000] * 100)  # batch 1 (flushed: flush_ids)
+    d.check(ids(50, 23), [1000] * 50)
+    d.prepare(1)  # batch 2
+    store.client.hset(f"{store.prefix}:written", str(d.run), 1)  # as the replica has it
+    with pytest.raises(RedisDataLost, match="counts 1"):
+        Deduplicator(store, within_ms=60_000).restore(d.snapshot())
+
+
+def test_a_redis_restarted_with_its_data_is_trusted_and_drops_the_copies(tmp_path: Path) -> None:
+    server = private_redis(tmp_path / "redis")
+    state, seen = _written_on(server.url, "test:kept")
+    kill_redis(server, clean=True)  # a clean shutdown writes the append-only file out
+    server = restart_redis(server, empty=False)
+    client = redis_client(server.url)
+    try:
+        d = Deduplicator(RedisIdStore(client, "test:kept"), within_ms=60_000, expected_ids=100)
+        d.restore(state)
+        assert not any(d.check(seen, [1000] * len(seen)))
+        assert d.stats.lookups > 0  # the filters are full: Redis answered
+    finally:
+        client.close()
+        kill_redis(server, clean=True)
+
+
+# -- the start-up check of the server -------------------------------------------------------------
+
+
+def test_check_redis_refuses_an_evicting_policy_unless_allowed_and_warns_without_aof(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = private_redis(tmp_path / "redis")
+    client = redis.Redis.from_url(server.url)
+    try:
+        check_redis(server.url, what="dedup step 'unique'", source="EOSFLOW_REDIS_URL")
+        assert "appendonly" not in caplog.text  # the embedded Redis writes an AOF
+        client.config_set("maxmemory-policy", "allkeys-lru")
+        with pytest.raises(DedupConfigError) as caught:
+            check_redis(server.url, what="dedup step 'unique'", source="EOSFLOW_REDIS_URL")
+        print(caught.value)
+        assert "maxmemory-policy allkeys-lru" in str(caught.value)
+        assert "CONFIG SET maxmemory-policy noeviction" in str(caught.value)
+        with caplog.at_level(logging.WARNING):
+            check_redis(server.url, what="x", source="y", allow_eviction=True)
+        assert "may evict record IDs" in caplog.text
+        client.config_set("maxmemory-policy", "volatile-lru")  # our keys have no TTL
+        client.config_set("appendonly", "no")
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            check_redis(server.url, what="dedup step 'unique'", source="EOSFLOW_REDIS_URL")
+        assert "appendonly=no: a Redis restart loses the record IDs" in caplog.text
+    finally:
+        client.close()
+        kill_redis(server, clean=True)
+
+
+def test_check_redis_names_the_address_and_the_variable_in_seconds_when_unreachable() -> None:
+    url = f"redis://127.0.0.1:{_free_port()}/0"
+    started = time.monotonic()
+    with pytest.raises(DedupConfigError) as caught:
+        check_redis(url, what="dedup step 'unique'", source="EOSFLOW_REDIS_URL")
+    assert time.monotonic() - started < 6
+    assert str(caught.value).startswith(
+        "dedup step 'unique' keeps record IDs in Redis, which did not answer at "
+        f"{url} (EOSFLOW_REDIS_URL) within 5s"
+    )
 
 
 def _free_port() -> int:

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from dedup.buckets import BloomBuckets
 from dedup.core import Deduplicator, MemoryIdStore
+from dedup.errors import DedupConfigError, RedisDataLost
 from dedup.ids import (
     derived_id,
     emission_id,
@@ -265,3 +266,174 @@ def test_restore_refuses_a_checkpoint_taken_with_another_bucket_or_horizon() -> 
     other = make(within_ms=10_000, bucket_ms=2000)
     with pytest.raises(ValueError, match="bucket_ms=1000"):
         other.restore(d.snapshot())
+
+
+# -- lost store data: the write markers ----------------------------------------------------------
+
+
+def _restart_empty(store: MemoryIdStore) -> None:
+    """What Redis without persistence looks like after a restart."""
+    store.data.clear()
+    store.written.clear()
+    store.gc_mark = -(2**63)
+
+
+def _written_then_restored(store: MemoryIdStore) -> tuple[Deduplicator, list[int]]:
+    d = make(store)
+    ids = fresh_ids(500, 12)
+    d.check(ids, [1000] * 500)
+    d.prepare(1)
+    r = make(store)
+    r.restore(d.snapshot())
+    return r, ids
+
+
+def test_restore_refuses_when_the_store_restarted_empty_after_the_checkpoint() -> None:
+    """Issue 17: the restored filters say "maybe seen", an empty store says "absent", and every
+    copy of a record before the crash passed as a Bloom false positive."""
+    store = MemoryIdStore()
+    d = make(store)
+    d.check(fresh_ids(500, 12), [1000] * 500)
+    d.prepare(1)
+    state = d.snapshot()
+    _restart_empty(store)
+    with pytest.raises(RedisDataLost, match="lost record IDs this job relies on") as caught:
+        make(store).restore(state)
+    assert caught.value.lost == {d.run: (1, 0)}
+    assert "EOSFLOW_DEDUP_ON_LOST_IDS=accept" in str(caught.value)
+
+
+def test_restore_refuses_when_a_failover_lost_the_last_batches_before_the_checkpoint() -> None:
+    """A promoted replica that missed the last writes: the marker is behind, not gone."""
+    store = MemoryIdStore()
+    d = make(store, flush_ids=100)
+    ids = fresh_ids(350, 13)
+    for start in range(0, 350, 100):
+        d.check(ids[start : start + 100], [1000] * len(ids[start : start + 100]))
+    d.prepare(1)  # three batches flushed on the way, the fourth now
+    state = d.snapshot()
+    assert state["written"] == {d.run: 4}
+    store.written[d.run] = 3  # the replica had the first three
+    with pytest.raises(RedisDataLost, match="counts 3"):
+        make(store).restore(state)
+
+
+def test_a_first_start_and_a_checkpoint_that_wrote_nothing_expect_nothing() -> None:
+    store = MemoryIdStore()
+    d = make(store)
+    d.restore(None)  # a first start, on an empty store
+    assert d.check([1, 2], [0, 0]) == [True, True]
+    idle = make(store)
+    idle.prepare(1)  # nothing to write
+    _restart_empty(store)
+    make(store).restore(idle.snapshot())  # relied on nothing: fine
+
+
+def test_a_lookup_refuses_when_the_store_restarted_empty_before_this_run_wrote() -> None:
+    store = MemoryIdStore()
+    r, ids = _written_then_restored(store)
+    _restart_empty(store)  # after the restore's check, before the first write of this run
+    with pytest.raises(RedisDataLost):
+        r.check(ids[:10], [1000] * 10)  # Bloom hits: the store must answer them
+
+
+def test_a_lookup_refuses_when_the_store_restarted_empty_after_this_run_wrote() -> None:
+    store = MemoryIdStore()
+    r, ids = _written_then_restored(store)
+    r.check(fresh_ids(100, 14), [2000] * 100)
+    r.prepare(2)  # this run's first batch: now its own marker is watched
+    _restart_empty(store)
+    with pytest.raises(RedisDataLost):
+        r.check(ids[:10], [1000] * 10)
+
+
+def test_an_insert_into_a_store_that_lost_earlier_batches_does_not_count() -> None:
+    """Otherwise the new batch would raise the marker again, and a restore would trust it."""
+    store = MemoryIdStore()
+    d = make(store)
+    d.check(fresh_ids(10, 15), [0] * 10)
+    d.prepare(1)
+    state = d.snapshot()
+    _restart_empty(store)
+    d.check(fresh_ids(10, 16), [0] * 10)
+    with pytest.raises(RedisDataLost):
+        d.prepare(2)
+    assert store.written == {}
+    with pytest.raises(RedisDataLost):
+        make(store).restore(state)
+
+
+def test_a_checkpoint_without_new_ids_finds_a_store_that_lost_them() -> None:
+    store = MemoryIdStore()
+    d = make(store)
+    d.check([1, 2, 3], [0, 0, 0])
+    d.prepare(1)
+    _restart_empty(store)
+    with pytest.raises(RedisDataLost):
+        d.prepare(2)
+
+
+def test_on_lost_accept_goes_on_without_the_lost_ids_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = MemoryIdStore()
+    d = make(store)
+    d.check(fresh_ids(10, 17), [0] * 10)
+    d.prepare(1)
+    state = d.snapshot()
+    _restart_empty(store)
+    r = make(store, on_lost="accept")
+    r.restore(state)
+    assert "going on without lost IDs (on_lost=accept)" in caplog.text
+    r.check(fresh_ids(10, 18), [0] * 10)
+    r.prepare(2)  # counts again from here
+    make(store).restore(r.snapshot())
+    with pytest.raises(DedupConfigError, match="on_lost"):
+        make(on_lost="ignore")
+
+
+def test_a_snapshot_from_before_the_write_markers_restores() -> None:
+    d = make()
+    d.check([1], [0])
+    d.prepare(1)
+    state = d.snapshot()
+    del state["written"]
+    make().restore(state)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_a_store_that_restarts_empty_never_lets_a_copy_through_silently(
+    data: st.DataObject,
+) -> None:
+    """Random check/checkpoint/crash/restart-empty sequences: every answer agrees with the
+    history, until the deduplicator refuses with RedisDataLost (then the task would fail)."""
+    store = MemoryIdStore()
+    d = make(store, fp_rate=0.3, expected_ids=10)  # many Bloom hits: the store decides them
+    seen: set[int] = set()
+    snapshots: list[tuple[dict, set[int]]] = []
+    checkpoint = 0
+    try:
+        for _ in range(data.draw(st.integers(1, 30))):
+            action = data.draw(st.sampled_from(["check"] * 3 + ["checkpoint", "crash", "empty"]))
+            if action == "check":
+                ids = data.draw(st.lists(st.integers(0, 80), max_size=20))
+                got = d.check(ids, [5000] * len(ids))
+                want = []
+                for x in ids:
+                    want.append(x not in seen)
+                    seen.add(x)
+                assert got == want
+            elif action == "checkpoint":
+                checkpoint += 1
+                d.prepare(checkpoint)
+                snapshots.append((d.snapshot(), set(seen)))
+            elif action == "empty":
+                _restart_empty(store)
+            elif snapshots:
+                state, history = data.draw(st.sampled_from(snapshots[-2:]))
+                d = make(store, fp_rate=0.3, expected_ids=10)
+                d.restore(state)
+                seen = set(history)
+    except RedisDataLost:
+        pass

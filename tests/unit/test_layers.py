@@ -24,7 +24,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("processor", "dedup", "sinks", "connectors")
 #: The modules of ``processor`` allowed to import ``sinks`` and ``connectors``.
-WIRING = {"processor.cli"}
+WIRING = {"processor.cli", "processor.cli_jobs"}
 
 
 def _modules(root: Path = ROOT) -> dict[str, Path]:

@@ -13,6 +13,7 @@ import logging
 from concurrent.futures import Future
 from typing import Any
 
+from processor.runtime.purge import PurgeFloor
 from processor.runtime.task.base import TP, TaskBase
 from processor.snapshot.store import SnapshotHandle
 from processor.wire import (
@@ -27,10 +28,16 @@ _MAX_UPLOAD_FAILURES = 3
 class TaskCheckpoints(TaskBase):
     """Snapshot, restore, barrier forwarding, acks and completion of a task."""
 
+    #: the channel positions of this task's snapshots: what its worker may purge
+    #: (:mod:`processor.runtime.purge`)
+    purge_floor: PurgeFloor
+
     def _restore(self, state: dict[str, Any] | None, positions: dict[TP, int | None]) -> set[TP]:
         """Loads ``state`` (``None``: a fresh start) and recovers the sinks from the
         committables it holds; fills ``positions`` with the restored offsets of this task's
         inputs and returns the inputs whose barrier the snapshot had seen."""
+        channels = {e.topic for e in self.stage.inputs}
+        self.purge_floor = PurgeFloor(tp for tp in positions if tp[0] in channels)
         if state is None:
             for tp, offset in self.env.start_positions.items():
                 if tp in positions:
@@ -50,6 +57,7 @@ class TaskCheckpoints(TaskBase):
         self.watermark = state["watermark"]
         for name, writer in self.committers:
             writer.recover(list(state["sinks"].get(name, [])))
+        self.purge_floor.record(self.restored_id, positions)
         return set(state["barrier_seen"])
 
     # -- checkpoints -----------------------------------------------------------------------------
@@ -115,6 +123,7 @@ class TaskCheckpoints(TaskBase):
             # it would replay a dead generation's records (docs/checkpointing.md).
             "recovering": {tp: [list(ph) for ph in self.phases[tp]] for tp in self.modes},
         }
+        self.purge_floor.record(checkpoint_id, self.pos)
         env = self.env
         incarnation = env.sink_generation  # the generation, or this start under local recovery
         if env.mode == "sync":  # stop-the-world: serialize and upload in the task loop
