@@ -410,8 +410,9 @@ def _parser() -> argparse.ArgumentParser:
         help="the window of --max-restarts (5m): a failure rate, not a lifetime count",
     )  # fmt: skip
     run.add_argument(
-        "--fault", action="append", default=[], metavar="ATTEMPT:WORKER:POINT[:N]",
-        help="crash testing: SIGKILL a worker at a protocol point (repeatable)",
+        "--fault", action="append", default=[], metavar="ATTEMPT:WORKER:POINT[:N][:hold]",
+        help="crash testing: SIGKILL a worker at a protocol point, or with :hold pause it "
+        "there until FAULT_DIR/POINT.wWORKER.release exists (repeatable)",
     )  # fmt: skip
     run.add_argument("--explain", action="store_true", help="print the compiled stages and exit")
     run.set_defaults(func=_run)

@@ -10,7 +10,7 @@ from typing import Any, TextIO
 from processor.embedded.cluster import state_dir
 from processor.errors import ConfigError, EosflowError
 from processor.runtime.control import Connection
-from processor.runtime.worker import FAULT_POINTS
+from processor.runtime.worker import FAULT_ACTIONS, FAULT_POINTS
 
 __all__ = [
     "MODES",
@@ -35,27 +35,42 @@ class JobFailed(EosflowError):
 
 @dataclass(frozen=True)
 class Fault:
-    """SIGKILL worker ``worker`` the ``nth`` time it reaches ``point``, in start ``attempt``
-    (0: the first start, 1: after the first restart...)."""
+    """Act on worker ``worker`` the ``nth`` time it reaches ``point``, in start ``attempt``
+    (0: the first start, 1: after the first restart...).
+
+    ``action``: ``kill`` (default) SIGKILLs the worker there; ``hold`` pauses it there until
+    the test releases it (see :func:`processor.runtime.worker.hold_paths`), so that a test can
+    break the network exactly while a worker sits at a protocol point. Text form:
+    ``ATTEMPT:WORKER:POINT[:N][:ACTION]``, e.g. ``0:1:mid-alignment:2:hold``.
+    """
 
     attempt: int
     worker: int
     point: str
     nth: int = 1
+    action: str = "kill"
+
+    def __post_init__(self) -> None:
+        if self.action not in FAULT_ACTIONS:
+            raise ConfigError(f"fault action {self.action!r}: use one of {FAULT_ACTIONS}")
 
     @classmethod
     def parse(cls, text: str) -> Fault:
         parts = text.split(":")
+        action = parts.pop() if len(parts) > 3 and parts[-1] in FAULT_ACTIONS else "kill"
         try:
             attempt, worker, point = int(parts[0]), int(parts[1]), parts[2]
             nth = int(parts[3]) if len(parts) > 3 else 1
+            if len(parts) > 4:
+                raise ValueError(text)
         except (IndexError, ValueError):
             raise ConfigError(
-                f"fault {text!r}: expected ATTEMPT:WORKER:POINT[:N], e.g. 0:1:mid-alignment:2"
+                f"fault {text!r}: expected ATTEMPT:WORKER:POINT[:N][:ACTION], e.g. "
+                f"0:1:mid-alignment:2 or 0:1:mid-alignment:2:hold (ACTION: {FAULT_ACTIONS})"
             ) from None
         if point not in FAULT_POINTS:
             raise ConfigError(f"fault {text!r}: unknown point {point!r}; use one of {FAULT_POINTS}")
-        return cls(attempt, worker, point, nth)
+        return cls(attempt, worker, point, nth, action)
 
 
 @dataclass

@@ -181,7 +181,7 @@ class Runner(RunnerLifecycle):
             "stale_through": stale_through,
             "sink_generation": sink_generation,
             "faults": [
-                [f.point, f.nth]
+                [f.point, f.nth, f.action]
                 for f in self.options.faults
                 if f.attempt == attempt and f.worker == i
             ],

@@ -5,8 +5,12 @@ runs in a Spark task (:mod:`processor.runtime.spark`). The loop polls each task 
 the coordinator's messages between batches (trigger, complete, abort, stop) and acknowledges
 snapshots as their uploads finish.
 
-Fault injection (for crash tests): the spec's ``faults`` lists ``[point, n]`` pairs; the worker
-SIGKILLs itself the ``n``-th time it reaches ``point`` (one of :data:`FAULT_POINTS`).
+Fault injection (for crash tests): the spec's ``faults`` lists ``[point, n, action]``; the
+``n``-th time the worker reaches ``point`` (one of :data:`FAULT_POINTS`) it SIGKILLs itself
+(``kill``) or holds there (``hold``): it creates ``<point>.w<worker>.reached`` in the hold
+directory and blocks until ``<point>.w<worker>.release`` appears (at most 300 s, then it goes on
+and says so). The directory is ``$EOSFLOW_FAULT_DIR``, else ``faults/`` in the job's directory
+(:func:`hold_paths`). The heartbeat thread keeps beating while the worker holds.
 """
 
 from __future__ import annotations
@@ -34,7 +38,15 @@ from processor.runtime.purge import ChannelPurger
 from processor.runtime.task import Task, TaskEnv
 from processor.snapshot.store import SnapshotStore
 
-__all__ = ["FAULT_POINTS", "log_format", "main", "run_logged", "run_worker"]
+__all__ = [
+    "FAULT_ACTIONS",
+    "FAULT_POINTS",
+    "hold_paths",
+    "log_format",
+    "main",
+    "run_logged",
+    "run_worker",
+]
 
 log = logging.getLogger(__name__)
 
@@ -47,24 +59,58 @@ FAULT_POINTS = (
     "mid-sink-recover",
     "mid-sink-commit",
 )
+FAULT_ACTIONS = ("kill", "hold")
+#: A held worker goes on by itself after this long: a test that died must not leave it forever.
+HOLD_MAX_S = 300.0
 _STATS_EVERY_S = 1.0
 _HEARTBEAT_EVERY_S = 1.0
 #: How long a worker waits for the coordinator to admit it after its hello.
 _ADMIT_TIMEOUT_S = 60.0
 
 
-def _fault_hook(worker: int, faults: list[list[Any]]) -> Callable[[str], None]:
-    wanted = {str(p): int(n) for p, n in faults}
+def hold_paths(directory: str | Path, point: str, worker: int) -> tuple[Path, Path]:
+    """The files of a ``hold`` fault: ``(reached, release)``. The worker creates ``reached``
+    when it holds at ``point``, and goes on once ``release`` exists."""
+    stem = Path(directory) / f"{point}.w{worker}"
+    return Path(f"{stem}.reached"), Path(f"{stem}.release")
+
+
+def _hold(directory: Path, point: str, worker: int) -> None:
+    reached, release = hold_paths(directory, point, worker)
+    directory.mkdir(parents=True, exist_ok=True)
+    release.unlink(missing_ok=True)  # a release left by an earlier hold is not this one's
+    tmp = reached.with_name(reached.name + ".tmp")
+    tmp.write_text(json.dumps({"pid": os.getpid(), "time": time.time()}))
+    tmp.replace(reached)  # atomic: the test never sees it half written
+    log.critical("fault injection: HOLD worker=%d point=%s until %s", worker, point, release)
+    start = time.monotonic()
+    while not release.exists():
+        if time.monotonic() - start > HOLD_MAX_S:
+            log.error("fault injection: HOLD worker=%d point=%s not released in %.0fs; going on",
+                      worker, point, HOLD_MAX_S)  # fmt: skip
+            return
+        time.sleep(0.02)
+    log.critical("fault injection: RELEASED worker=%d point=%s after %.1fs",
+                 worker, point, time.monotonic() - start)  # fmt: skip
+
+
+def _fault_hook(worker: int, faults: list[list[Any]], hold_dir: Path) -> Callable[[str], None]:
+    wanted = {str(f[0]): (int(f[1]), str(f[2]) if len(f) > 2 else "kill") for f in faults}
     seen: dict[str, int] = {}
 
     def fault(point: str) -> None:
         if point not in wanted:
             return
         seen[point] = seen.get(point, 0) + 1
-        if seen[point] == wanted[point]:
-            log.critical("fault injection: SIGKILL worker=%d point=%s", worker, point)
-            logging.shutdown()
-            os.kill(os.getpid(), signal.SIGKILL)
+        nth, action = wanted[point]
+        if seen[point] != nth:
+            return
+        if action == "hold":
+            _hold(hold_dir, point, worker)
+            return
+        log.critical("fault injection: SIGKILL worker=%d point=%s", worker, point)
+        logging.shutdown()
+        os.kill(os.getpid(), signal.SIGKILL)
 
     return fault
 
@@ -103,7 +149,7 @@ def run_worker(spec: dict[str, Any]) -> int:
         ),
         store=store,
         uploads=uploads,
-        fault=_fault_hook(worker, spec.get("faults", [])),
+        fault=_fault_hook(worker, spec.get("faults", []), _hold_dir(spec)),
         end_offsets=end_offsets,
         start_positions=starts,
         checkpoint_interval=spec.get("checkpoint_interval"),
@@ -202,6 +248,11 @@ def send_acks(client: ControlClient, tasks: list[Task], fault: Callable[[str], N
                     "log": task.loop_log.pop(chk, 0),  # a loop head's back-edge log
                 }
             )
+
+
+def _hold_dir(spec: dict[str, Any]) -> Path:
+    explicit = os.environ.get("EOSFLOW_FAULT_DIR")
+    return Path(explicit) if explicit else Path(spec.get("log_path", ".")).parent / "faults"
 
 
 def _admitted(client: ControlClient, worker: int, generation: int) -> int | None:

@@ -7,8 +7,8 @@ Once the job has completed a checkpoint and read a share of its input, the proxy
 the broker: connections stay open, nothing moves. With a 0.5 s checkpoint interval a checkpoint
 is always in flight, so the partition lands on barriers being aligned, on the sinks' ``prepare``
 (the staged Kafka sink flushes there) and on commits after completion (the staged sink publishes
-there). The placement is by progress, not at an exact protocol point: the named fault points of
-the harness SIGKILL a worker, and a worker cannot reach into the test's proxy.
+there). The placement is by progress; ``tests/e2e/test_partition_points.py`` places partitions
+at exact protocol points (a worker held there by a ``hold`` fault).
 
 * 5 s: shorter than librdkafka's request timeouts; clients stall and resume.
 * 45 s (``slow``): longer than ``socket.timeout.ms`` and ``request.timeout.ms`` (30 s), so
@@ -24,11 +24,10 @@ be pointed at a proxy from here.
 
 from __future__ import annotations
 
-import os
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,7 @@ import pytest
 from connectors import KafkaSettings
 from connectors.admin import TopicAdmin
 from processor.runtime.runner import Runner
-from processor.testing import BrokerBehindProxy, kafka_behind_proxy
+from processor.testing import BrokerBehindProxy
 from tests.e2e.harness import (
     assert_exactly_once,
     chaos_seed,
@@ -52,25 +51,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
 _OUTAGE_LINE = re.compile(r"Kafka broker (still )?unreachable")
 _RAW_LIBRDKAFKA = re.compile(r"^%\d\|\d+\.\d+\|FAIL\|", re.MULTILINE)
-
-
-@pytest.fixture(scope="module")
-def partitionable() -> Iterator[BrokerBehindProxy]:
-    if os.environ.get("EOSFLOW_KAFKA_BROKERS"):
-        pytest.skip(
-            "partition tests need a broker whose advertised listener is the fault proxy; the "
-            "broker named by EOSFLOW_KAFKA_BROKERS advertises itself (set its advertised."
-            "listeners to a processor.testing.FaultProxy to run them there)"
-        )
-    with kafka_behind_proxy() as broker:
-        yield broker
-
-
-@pytest.fixture
-def broker(partitionable: BrokerBehindProxy) -> Iterator[BrokerBehindProxy]:
-    partitionable.proxy.heal()
-    yield partitionable
-    partitionable.proxy.heal()
 
 
 def _partition(
