@@ -84,7 +84,10 @@ class RedisFault:
         time.sleep(self.down_s)
         self.server = restart_redis(self.server, empty=self.empty)
         self.back_at = time.monotonic()
-        self.unfinished_when_back = runner.final_chk is None
+        # Not finished yet: the final checkpoint (if triggered while Redis was down, as on a
+        # loaded machine) cannot complete without Redis, so it has not.
+        final = runner.final_chk
+        self.unfinished_when_back = final is None or runner.coordinator.stats.last_completed < final
         if self.kill_worker:
             pid = runner.workers[0].pid
             if pid is not None:
