@@ -27,6 +27,7 @@ import pytest
 
 from processor.runtime.job import JobFailed
 from processor.runtime.runner import Runner
+from processor.testing import FaultProxy
 from sinks import read_jsonl
 from tests.e2e.harness import (
     assert_exactly_once,
@@ -170,4 +171,65 @@ def test_the_job_waits_for_redis_and_stays_exact_when_redis_comes_back_with_its_
     logs = "\n".join(run.logs.values())
     assert "dedup store unreachable, retrying" in logs, "no task waited for Redis"
     assert "RedisDataLost" not in logs
+    assert_exactly_once(expected(expected_window_counts, RECORDS, seed), run.output, seed=seed)
+
+
+class RedisPartition(RedisFault):
+    """The ``during=`` hook: the same placement, but Redis is cut off by a black-holing proxy
+    (connections stay open, nothing moves, as in a network partition) for ``down_s``; Redis
+    itself keeps running with its data."""
+
+    def __init__(self, server: Any, proxy: FaultProxy, *, down_s: float) -> None:
+        super().__init__(server, empty=False, down_s=down_s, kill_worker=False)
+        self.proxy = proxy
+
+    def __call__(self, runner: Runner) -> None:
+        self.runner = runner
+        if not _wait(runner, 0.6, 4, self.stop):
+            return
+        self.proxy.black_hole(self.down_s)
+        self.proxy.wait_healed(self.down_s + 30)
+        self.back_at = time.monotonic()
+        final = runner.final_chk
+        self.unfinished_when_back = final is None or runner.coordinator.stats.last_completed < final
+
+
+@pytest.mark.parametrize(
+    "down_s", [pytest.param(5.0, id="5s"), pytest.param(45.0, id="45s", marks=pytest.mark.slow)]
+)
+def test_a_dedup_job_stays_exact_when_redis_is_partitioned_away(
+    kafka_endpoint: tuple[str, str], tmp_path: Path, down_s: float
+) -> None:
+    """A network partition between the job and Redis: requests hang instead of failing. Shorter
+    than the client's 10 s socket timeout, they complete once it heals; longer, they time out
+    and the store retries (its records wait; it gives up after 300 s and the task restarts).
+    Either way no record passes unchecked: the output is exact."""
+    seed = chaos_seed()
+    server = private_redis(tmp_path / "redis")
+    proxy = FaultProxy("127.0.0.1", server.port).start()
+    fault = RedisPartition(server, proxy, down_s=down_s)
+    url = f"redis://{proxy.address}/0"
+    try:
+        run = run_chaos(
+            "dedup_window_count.py",
+            brokers=kafka_endpoint[0],
+            tmp=tmp_path,
+            records=RECORDS,
+            seed=seed,
+            mode="aligned",
+            interval=0.5,
+            duplicates=0.10,
+            env={"EOSFLOW_REDIS_URL": url, **ENV},
+            during=fault,
+        )
+    finally:
+        fault.stop.set()
+        proxy.stop()
+        kill_redis(fault.server, clean=True)
+    assert fault.back_at is not None and fault.unfinished_when_back, "the partition missed the job"
+    print(f"seed={seed} restarts={run.result.restarts} causes={run.result.restart_causes}")
+    logs = "\n".join(run.logs.values())
+    assert "RedisDataLost" not in logs
+    if down_s > 10:  # past the socket timeout: a request timed out and was retried
+        assert "dedup store unreachable, retrying" in logs
     assert_exactly_once(expected(expected_window_counts, RECORDS, seed), run.output, seed=seed)
