@@ -102,16 +102,19 @@ def assert_exactly_once(want: Counter[bytes], got: Counter[bytes], *, seed: int)
 
 
 def assert_faults_fired(
-    run: ChaosRun, faults: list[Fault], random_kills: int, *, seed: int, other_restarts: int = 0
+    run: ChaosRun, faults: list[Fault], random_kills: int, *, seed: int
 ) -> None:
-    """Every named fault fired, every random kill landed, and each one cost a restart (plus
-    ``other_restarts``, e.g. a pipeline's own kills): a run that ended early proves less."""
+    """Every named fault fired, every random kill landed, and each one cost a restart: a run
+    that ended early proves less. A pipeline's own kills are not counted in that bound: one
+    can land in the same generation as a random kill (the killer checks that the generation
+    is whole just before it kills), and one restart answers both (seen once in CI: 8
+    restarts for 5 named faults, 2 random kills and 2 self-kills)."""
     fired = {point for _worker, point in run.faults_fired}
     assert fired == {f.point for f in faults}, f"seed={seed}: named faults fired: {fired}"
     assert len(run.random_kills) == random_kills, (
         f"seed={seed}: the job ended after {len(run.random_kills)} of {random_kills} random kills"
     )
-    assert run.result.restarts >= len(faults) + random_kills + other_restarts, (
+    assert run.result.restarts >= len(faults) + random_kills, (
         f"seed={seed}: {run.result.restarts} restarts: {run.result.restart_causes}"
     )
 
