@@ -18,7 +18,10 @@ only if its run is in the restored lineage and its epoch is at most that run's c
 was written by the current run. Entries written after the restored checkpoint by a run that
 crashed are therefore absent, and a record they would have hidden is processed again: nothing
 is lost. The filters are part of the snapshot, so they too hold exactly the restored IDs (plus
-false positives, which the store resolves).
+false positives, which the store resolves). A stored entry holds one tag, the last writer's:
+that is enough because a restore never returns to a checkpoint prepared after the one an
+earlier restore chose (those never complete: checkpoint ids only grow), so an entry overwritten
+by a later run is only ever read under a lineage that includes that run.
 
 **Garbage collection.** When the watermark passes, buckets wholly below ``watermark - within``
 leave the filters at once, and the store's hashes of buckets below the cut-off of a *completed*
