@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
@@ -282,38 +283,51 @@ def _try_delete_records(
 
 
 _DELETES_RECORDS: dict[str, bool] = {}
+_HIDES_ABORTED: dict[str, bool] = {}
+
+
+def _remembered(
+    cache: dict[str, bool],
+    settings: KafkaSettings,
+    what: str,
+    check: Callable[[str], bool],
+    timeout: float,
+) -> bool:
+    """``check(scratch_topic)``, tried for real once per process and cluster, then remembered;
+    the scratch topic is deleted afterwards (a failure to delete it is only logged)."""
+    known = cache.get(settings.brokers)
+    if known is not None:
+        return known
+    admin = TopicAdmin(settings, timeout=timeout)
+    topic = f"eosflow-probe-{uuid.uuid4().hex[:12]}"
+    admin.ensure_topic(topic, 1)
+    try:
+        answer = check(topic)
+    finally:
+        try:
+            admin.delete_topics([topic])
+        except Exception as exc:  # deleting scratch data must not hide the answer
+            log.warning("could not delete probe topic=%s: %s", topic, exc)
+    cache[settings.brokers] = answer
+    log.info("broker=%s %s: %s", settings.brokers, what, answer)
+    return answer
 
 
 def deletes_records(settings: KafkaSettings, *, timeout: float = 20.0) -> bool:
     """Whether the broker deletes records on request (DeleteRecords), tried for real on a
     scratch topic once per process and cluster, then remembered (Apache Kafka: yes; Tansu
     0.6: no). The runner asks once per run; its workers purge or not (docs/failures.md)."""
-    known = _DELETES_RECORDS.get(settings.brokers)
-    if known is not None:
-        return known
-    admin = TopicAdmin(settings, timeout=timeout)
-    topic = f"eosflow-probe-{uuid.uuid4().hex[:12]}"
-    admin.ensure_topic(topic, 1)
     notes: list[str] = []
-    try:
-        if _try_idempotent(settings, topic, notes, timeout):
-            supported = _try_delete_records(settings, topic, notes, timeout)
-        else:
-            supported = False
-    finally:
-        try:
-            admin.delete_topics([topic])
-        except Exception as exc:  # deleting scratch data must not hide the answer
-            log.warning("could not delete probe topic=%s: %s", topic, exc)
-    _DELETES_RECORDS[settings.brokers] = supported
-    log.info(
-        "broker=%s DeleteRecords: %s%s",
-        settings.brokers, supported, f" ({'; '.join(notes)})" if notes else "",
-    )  # fmt: skip
-    return supported
 
+    def check(topic: str) -> bool:
+        if not _try_idempotent(settings, topic, notes, timeout):
+            return False
+        return _try_delete_records(settings, topic, notes, timeout)
 
-_HIDES_ABORTED: dict[str, bool] = {}
+    answer = _remembered(_DELETES_RECORDS, settings, "DeleteRecords", check, timeout)
+    if notes:
+        log.info("broker=%s DeleteRecords probe: %s", settings.brokers, "; ".join(notes))
+    return answer
 
 
 def hides_aborted_records(settings: KafkaSettings, *, timeout: float = 20.0) -> bool:
@@ -324,23 +338,14 @@ def hides_aborted_records(settings: KafkaSettings, *, timeout: float = 20.0) -> 
     A workaround for a broker that does not hide them must be switched on by this answer, never
     by a timeout that can also fire on Apache Kafka (docs/brokers.md).
     """
-    known = _HIDES_ABORTED.get(settings.brokers)
-    if known is not None:
-        return known
-    admin = TopicAdmin(settings, timeout=timeout)
-    topic = f"eosflow-probe-{uuid.uuid4().hex[:12]}"
-    admin.ensure_topic(topic, 1)
-    try:
+
+    def check(topic: str) -> bool:
         write_aborted_then_committed(settings, topic, timeout=timeout)
-        hides = _read_committed_hides_aborted(settings, topic, timeout)
-    finally:
-        try:
-            admin.delete_topics([topic])
-        except Exception as exc:  # deleting scratch data must not hide the answer
-            log.warning("could not delete probe topic=%s: %s", topic, exc)
-    _HIDES_ABORTED[settings.brokers] = hides
-    log.info("broker=%s read_committed hides aborted records: %s", settings.brokers, hides)
-    return hides
+        return _read_committed_hides_aborted(settings, topic, timeout)
+
+    return _remembered(
+        _HIDES_ABORTED, settings, "read_committed hides aborted records", check, timeout
+    )
 
 
 def _time_group_join(

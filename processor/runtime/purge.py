@@ -149,13 +149,13 @@ class ChannelPurger:
                 )  # fmt: skip
 
     def _completed(self, checkpoint_id: int) -> None:
-        if self.enabled is None or not self._told:
-            if self.enabled is None:
-                self.enabled = bool(self.transport.purge_supported())
+        if self.enabled is None:
+            self.enabled = bool(self.transport.purge_supported())
+        if not self.enabled and not self._told:
             self._told = True
-            if not self.enabled:
-                for task in self.tasks:
-                    task.purge_floor.disable()
+            for task in self.tasks:
+                task.purge_floor.disable()
+            if self.tasks:
                 log.info(
                     "channel topics of job %r are not purged: the broker does not delete "
                     "records on request (DeleteRecords; the probe says so, e.g. Tansu). They "
