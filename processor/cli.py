@@ -286,26 +286,22 @@ def _txn_list(args: argparse.Namespace) -> int:
 
 
 def _txn_abort(args: argparse.Namespace) -> int:
-    from connectors import KafkaSettings
-    from processor.runtime.local import job_dir
-    from sinks.kafka import abort_lingering
+    from processor.errors import JobRunningError
 
     job, steps = kafka_sinks(args.pipeline)
-    status_path = job_dir(job) / "status.json"
-    if status_path.exists() and not args.force:
-        status = json.loads(status_path.read_text())
-        if status["state"] == "running" and cli_jobs.pid_alive(int(status["pid"])):
+    if args.force:
+        cli_jobs.abort_transactions(steps, args.workers)
+    else:
+        try:  # held while aborting: a job started meanwhile would have its producers fenced
+            with cli_jobs.holding(job):
+                cli_jobs.abort_transactions(steps, args.workers)
+        except JobRunningError as exc:
             print(
-                f"job {job!r} is running (pid {status['pid']}): aborting its transactions would "
-                "fence its producers and force a recovery. Stop it first, or pass --force",
+                f"eosflow: refusing to abort the transactions of job {job!r}: {exc}. Aborting "
+                "them would fence its producers and force a recovery; pass --force to anyway",
                 file=sys.stderr,
             )
             return 1
-    settings = KafkaSettings.from_env()
-    for step in steps:
-        sink = step.params["sink"]
-        done = abort_lingering(settings, sink.prefix, step.name, args.workers)
-        print(f"sink {step.name!r}: fenced {len(done)} transactional ids (open ones aborted)")
     print(
         "Pending epochs of the last checkpoint are re-published from the log when the job "
         "next starts (their records stay in the partitions until retention deletes them)."

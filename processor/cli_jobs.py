@@ -8,14 +8,18 @@ positions, lease; :mod:`processor.snapshot.lease`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
 import socket
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from processor.snapshot.store import SnapshotStore
 
 __all__ = ["jobs", "pid_alive", "reset", "status"]
 
@@ -159,58 +163,57 @@ def reset(args: argparse.Namespace) -> int:
     """Deletes a stopped job's checkpoints, job files, internal topics, dedup IDs and state
     directory (and, given its pipeline, aborts its Kafka sinks' open transactions)."""
     from processor.errors import JobRunningError
-    from processor.runtime.local import default_snapshot_url, job_dir
-    from processor.snapshot.lease import JobLease
-    from processor.snapshot.store import SnapshotStore
+
+    try:
+        with holding(args.job, args.snapshot_url) as store:
+            done = _reset(args, store)
+    except JobRunningError as exc:
+        print(f"eosflow: refusing to reset: {exc}", file=sys.stderr)
+        return 1
+    if not done:
+        return 1
+    store.delete_job(args.job)  # the lease file that the release just wrote
+    return 0
+
+
+def _reset(args: argparse.Namespace, store: SnapshotStore) -> bool:
+    """What :func:`reset` does holding the lease; ``False`` when not confirmed."""
+    from processor.runtime.local import job_dir
     from processor.wire import job_topic_prefix
 
     job = args.job
     directory = job_dir(job)
-    st = _read_status(directory / "status.json") or {}
-    url = args.snapshot_url or st.get("snapshot_url") or default_snapshot_url(job)
-    store = SnapshotStore(url)
-    lease = JobLease(store, job)
-    try:
-        lease.acquire()
-    except JobRunningError as exc:
-        print(f"eosflow: refusing to reset: {exc}", file=sys.stderr)
-        return 1
-    done = False
-    try:
-        prefix = job_topic_prefix(job)
-        topics = _internal_topics(prefix)
-        print(f"reset job {job!r} deletes:")
-        print(f"  checkpoints and job files in {url}")
-        print(f"  its state directory {directory}")
-        print(f"  {len(topics)} internal topics ({prefix}*): {', '.join(topics) or 'none'}")
-        print(f"  its dedup and record-ID keys in Redis (eosflow:{job}:*), if Redis is set")
-        if args.pipeline:
-            print(f"  and aborts the open transactions of {args.pipeline}'s Kafka sinks")
-        if not args.yes:
-            if not sys.stdin.isatty():
-                print("not a terminal: pass --yes to confirm", file=sys.stderr)
-                return 1
-            if input(f"type the job name ({job}) to confirm: ").strip() != job:
-                print("not confirmed; nothing deleted", file=sys.stderr)
-                return 1
-        if args.pipeline:
-            _abort_transactions(args.pipeline, args.workers)
-        deleted = store.delete_job(job)
-        print(f"deleted {deleted} checkpoints")
-        if topics:
-            _admin().delete_topics(topics)
-            print(f"deleted {len(topics)} topics")
-        keys = _delete_redis_keys(job)
-        if keys is not None:
-            print(f"deleted {keys} Redis keys")
-        shutil.rmtree(directory, ignore_errors=True)
-        print(f"job {job!r} reset: its next run starts afresh")
-        done = True
-    finally:
-        lease.release()
-    if done:
-        store.delete_job(job)  # the lease file that release() just wrote
-    return 0
+    prefix = job_topic_prefix(job)
+    topics = _internal_topics(prefix)
+    print(f"reset job {job!r} deletes:")
+    print(f"  checkpoints and job files in {store.url}")
+    print(f"  its state directory {directory}")
+    print(f"  {len(topics)} internal topics ({prefix}*): {', '.join(topics) or 'none'}")
+    print(f"  its dedup and record-ID keys in Redis (eosflow:{job}:*), if Redis is set")
+    if args.pipeline:
+        print(f"  and aborts the open transactions of {args.pipeline}'s Kafka sinks")
+    if not args.yes:
+        if not sys.stdin.isatty():
+            print("not a terminal: pass --yes to confirm", file=sys.stderr)
+            return False
+        if input(f"type the job name ({job}) to confirm: ").strip() != job:
+            print("not confirmed; nothing deleted", file=sys.stderr)
+            return False
+    if args.pipeline:
+        from processor.cli import kafka_sinks
+
+        abort_transactions(kafka_sinks(args.pipeline)[1], args.workers)
+    deleted = store.delete_job(job)
+    print(f"deleted {deleted} checkpoints")
+    if topics:
+        _admin().delete_topics(topics)
+        print(f"deleted {len(topics)} topics")
+    keys = _delete_redis_keys(job)
+    if keys is not None:
+        print(f"deleted {keys} Redis keys")
+    shutil.rmtree(directory, ignore_errors=True)
+    print(f"job {job!r} reset: its next run starts afresh")
+    return True
 
 
 def _admin() -> Any:
@@ -223,16 +226,36 @@ def _internal_topics(prefix: str) -> list[str]:
     return list(_admin().list_topics(prefix))
 
 
-def _abort_transactions(pipeline: str, workers: int) -> None:
+def abort_transactions(steps: list[Any], workers: int) -> None:
+    """Fences the transactional ids of these Kafka sink steps (open transactions abort)."""
     from connectors import KafkaSettings
-    from processor.cli import kafka_sinks
     from sinks.kafka import abort_lingering
 
-    _job, steps = kafka_sinks(pipeline)
+    settings = KafkaSettings.from_env()
     for step in steps:
         sink = step.params["sink"]
-        done = abort_lingering(KafkaSettings.from_env(), sink.prefix, step.name, workers)
+        done = abort_lingering(settings, sink.prefix, step.name, workers)
         print(f"sink {step.name!r}: fenced {len(done)} transactional ids (open ones aborted)")
+
+
+@contextlib.contextmanager
+def holding(job: str, snapshot_url: str | None = None) -> Iterator[SnapshotStore]:
+    """Holds ``job``'s lease (the job cannot start meanwhile) and yields its snapshot store.
+
+    Raises:
+        JobRunningError: the job is running; the message names its runner.
+    """
+    from processor.runtime.local import default_snapshot_url, job_dir
+    from processor.snapshot.lease import JobLease
+
+    st = _read_status(job_dir(job) / "status.json") or {}
+    store = SnapshotStore(snapshot_url or st.get("snapshot_url") or default_snapshot_url(job))
+    lease = JobLease(store, job)
+    lease.acquire()
+    try:
+        yield store
+    finally:
+        lease.release()
 
 
 def _delete_redis_keys(job: str) -> int | None:
