@@ -121,6 +121,20 @@ def _check_logs(logs: dict[str, str], report: dict[str, Any]) -> None:
     print(f"outage log lines={outage} over {starts} worker starts")
 
 
+def _check_run(run: Any, report: dict[str, Any], records: int, seed: int, what: str) -> None:
+    """The partition happened, the output is exactly once, a checkpoint completed after the
+    partition healed, and the outage was logged once per period."""
+    result = run.result
+    report.update(
+        restarts=result.restarts, checkpoints=result.checkpoints, seconds=round(result.seconds, 1)
+    )
+    print(f"seed={seed} {what}: {report}; causes={result.restart_causes}")
+    assert report.get("partitioned"), f"seed={seed}: the job ended before the partition"
+    assert_exactly_once(expected(expected_running_totals, records, seed), run.output, seed=seed)
+    assert "recovery_s" in report, f"seed={seed}: no checkpoint completed after healing: {report}"
+    _check_logs(run.logs, report)
+
+
 def _run_file_sink(
     broker: BrokerBehindProxy, tmp: Path, seconds: float, *, fault: str = "black-hole"
 ) -> dict[str, Any]:
@@ -138,15 +152,7 @@ def _run_file_sink(
         env={"WORK_US": "250", "EOSFLOW_KAFKA_CONFIG": _config_file(tmp)},
         during=_partition(broker, seconds, records, report, fault=fault),
     )
-    result = run.result
-    report.update(
-        restarts=result.restarts, checkpoints=result.checkpoints, seconds=round(result.seconds, 1)
-    )
-    print(f"seed={seed} {fault} {seconds}s: {report}; causes={result.restart_causes}")
-    assert report.get("partitioned"), f"seed={seed}: the job ended before the partition"
-    assert_exactly_once(expected(expected_running_totals, records, seed), run.output, seed=seed)
-    assert "recovery_s" in report, f"seed={seed}: no checkpoint completed after healing: {report}"
-    _check_logs(run.logs, report)
+    _check_run(run, report, records, seed, f"{fault} {seconds}s")
     return report
 
 
@@ -209,15 +215,7 @@ def _run_staged_kafka_sink(broker: BrokerBehindProxy, tmp: Path, seconds: float)
         read_output=read_output,
         during=_partition(broker, seconds, records, report),
     )
-    result = run.result
-    report.update(
-        restarts=result.restarts, checkpoints=result.checkpoints, seconds=round(result.seconds, 1)
-    )
-    print(f"seed={seed} partition {seconds}s, staged sink: {report}; {result.restart_causes}")
-    assert report.get("partitioned"), f"seed={seed}: the job ended before the partition"
-    assert_exactly_once(expected(expected_running_totals, records, seed), run.output, seed=seed)
-    assert "recovery_s" in report, f"seed={seed}: no checkpoint completed after healing: {report}"
-    _check_logs(run.logs, report)
+    _check_run(run, report, records, seed, f"partition {seconds}s, staged sink")
 
 
 def test_a_5s_partition_during_kafka_sink_prepare_and_commit_keeps_output_exactly_once(
