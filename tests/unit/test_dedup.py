@@ -5,6 +5,7 @@ The same rules against a real Redis: ``tests/integration/test_dedup_redis.py``.
 
 from __future__ import annotations
 
+import contextlib
 import random
 
 import pytest
@@ -163,15 +164,30 @@ def test_restored_deduplicator_agrees_with_a_reference_after_any_crash_sequence(
 ) -> None:
     """Random runs of check/prepare/snapshot/crash/restore against a dict of what the restored
     history saw: no duplicate passes, no new ID is dropped."""
-    store = MemoryIdStore()
-    d = make(store, fp_rate=0.2, expected_ids=20)  # many false positives: the store decides
+    _crash_sequences(data, MemoryIdStore(), steps=25, id_max=60, fp_rate=0.2, expected_ids=20)
+
+
+def _crash_sequences(
+    data: st.DataObject,
+    store: MemoryIdStore,
+    *,
+    steps: int,
+    id_max: int,
+    fp_rate: float,
+    expected_ids: int,
+    empties: bool = False,
+) -> None:
+    """Drives a deduplicator through random check / checkpoint / crash (and, with ``empties``,
+    store-restarted-empty) steps; every answer must agree with the restored history."""
+    d = make(store, fp_rate=fp_rate, expected_ids=expected_ids)  # many Bloom hits: store decides
     seen: set[int] = set()  # IDs of the current history
     snapshots: list[tuple[dict, set[int]]] = []  # (state, history) per prepared checkpoint
     checkpoint = 0
-    for _ in range(data.draw(st.integers(1, 25))):
-        action = data.draw(st.sampled_from(["check", "check", "check", "checkpoint", "crash"]))
+    actions = ["check"] * 3 + ["checkpoint", "crash"] + (["empty"] if empties else [])
+    for _ in range(data.draw(st.integers(1, steps))):
+        action = data.draw(st.sampled_from(actions))
         if action == "check":
-            ids = data.draw(st.lists(st.integers(0, 60), max_size=20))
+            ids = data.draw(st.lists(st.integers(0, id_max), max_size=20))
             got = d.check(ids, [5000] * len(ids))
             want = []
             for x in ids:
@@ -182,6 +198,8 @@ def test_restored_deduplicator_agrees_with_a_reference_after_any_crash_sequence(
             checkpoint += 1
             d.prepare(checkpoint)
             snapshots.append((d.snapshot(), set(seen)))
+        elif action == "empty":
+            _restart_empty(store)
         elif snapshots:
             # Recovery restores the latest completed checkpoint, or the one before it when that
             # is unusable. Checkpoints prepared after the restored one never complete (the
@@ -189,7 +207,7 @@ def test_restored_deduplicator_agrees_with_a_reference_after_any_crash_sequence(
             restored = data.draw(st.sampled_from(range(max(0, len(snapshots) - 2), len(snapshots))))
             del snapshots[restored + 1 :]
             state, history = snapshots[restored]
-            d = make(store, fp_rate=0.2, expected_ids=20)
+            d = make(store, fp_rate=fp_rate, expected_ids=expected_ids)
             d.restore(state)
             seen = set(history)
 
@@ -409,31 +427,7 @@ def test_a_store_that_restarts_empty_never_lets_a_copy_through_silently(
     """Random check/checkpoint/crash/restart-empty sequences: every answer agrees with the
     history, until the deduplicator refuses with RedisDataLost (then the task would fail)."""
     store = MemoryIdStore()
-    d = make(store, fp_rate=0.3, expected_ids=10)  # many Bloom hits: the store decides them
-    seen: set[int] = set()
-    snapshots: list[tuple[dict, set[int]]] = []
-    checkpoint = 0
-    try:
-        for _ in range(data.draw(st.integers(1, 30))):
-            action = data.draw(st.sampled_from(["check"] * 3 + ["checkpoint", "crash", "empty"]))
-            if action == "check":
-                ids = data.draw(st.lists(st.integers(0, 80), max_size=20))
-                got = d.check(ids, [5000] * len(ids))
-                want = []
-                for x in ids:
-                    want.append(x not in seen)
-                    seen.add(x)
-                assert got == want
-            elif action == "checkpoint":
-                checkpoint += 1
-                d.prepare(checkpoint)
-                snapshots.append((d.snapshot(), set(seen)))
-            elif action == "empty":
-                _restart_empty(store)
-            elif snapshots:
-                state, history = data.draw(st.sampled_from(snapshots[-2:]))
-                d = make(store, fp_rate=0.3, expected_ids=10)
-                d.restore(state)
-                seen = set(history)
-    except RedisDataLost:
-        pass
+    with contextlib.suppress(RedisDataLost):
+        _crash_sequences(
+            data, store, steps=30, id_max=80, fp_rate=0.3, expected_ids=10, empties=True
+        )
