@@ -9,11 +9,11 @@ checkpoint is simply not committed, and the next run resumes from that checkpoin
 
 Restarts (Flink's failure-rate strategy): a job may restart at most ``max_restarts`` times
 within any ``restart_window``; a streaming job that fails once a week runs for ever, one that
-fails in a loop stops with the last cause. A failure that names a record (a user function that
-raised, with no dead-letter destination) and happens again on the same record right after the
-restart is deterministic: restarting cannot fix it, so the job fails at once, naming the step,
-the record and the exception. So does the same data loss (records deleted by retention, a
-checkpoint's positions beyond a recreated topic's end) twice in a row.
+fails in a loop stops with the last cause. A user function that raised on a record (no
+dead-letter destination), and data loss (records deleted by retention, a checkpoint's positions
+beyond a recreated topic's end), are deterministic: when the same failure comes back right after
+the restart (up to its numbers: which worker, partition or offset shows it first is a race
+between the workers), restarting cannot fix it, so the job fails at once with the cause.
 """
 
 from __future__ import annotations
@@ -36,8 +36,17 @@ _WORKER_N = re.compile(r"\bworker[ =]\d+")
 _DETERMINISTIC = ("UserFunctionError", "DataLossError")
 
 
+_NUMBER = re.compile(r"\d+")
+
+
 def same_cause(a: str, b: str) -> bool:
     return _WORKER_N.sub("worker", a) == _WORKER_N.sub("worker", b)
+
+
+def same_kind(a: str, b: str) -> bool:
+    """The same failure up to its numbers: which worker, partition or offset hit it first
+    varies from one generation to the next (the workers race), what failed does not."""
+    return _NUMBER.sub("N", a) == _NUMBER.sub("N", b)
 
 
 class RunnerLifecycle(RunnerReporting):
@@ -116,7 +125,7 @@ class RunnerLifecycle(RunnerReporting):
         self._restart_times = [t for t in self._restart_times if now - t < window] + [now]
         causes = self.restart_causes
         deterministic = any(kind in cause for kind in _DETERMINISTIC)
-        if deterministic and len(causes) >= 2 and same_cause(causes[-2], cause):
+        if deterministic and len(causes) >= 2 and same_kind(causes[-2], cause):
             raise JobFailed(
                 f"job {self.job!r}: the same failure again after a restart, so restarting "
                 f"cannot fix it: {cause}. Worker logs: {self.dir}/worker-*.log"
