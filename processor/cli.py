@@ -452,6 +452,10 @@ def _parser() -> argparse.ArgumentParser:
             cmd.add_argument("--force", action="store_true", help="even if the job runs")
         cmd.set_defaults(func=func)
 
+    from processor.certify.cli import add_parser as add_certify
+
+    add_certify(sub)
+
     sub.add_parser("version", help="print the version").set_defaults(
         func=lambda _a: print(f"eosflow {__version__}") or 0
     )

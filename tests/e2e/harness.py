@@ -9,10 +9,8 @@ from __future__ import annotations
 import os
 import random
 import re
-import signal
 import sys
 import threading
-import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -24,6 +22,7 @@ import pytest
 
 from processor.runtime.local import Fault, LocalRunner, RunOptions, RunResult
 from processor.runtime.runner import Runner
+from processor.testing.chaos import Killer
 from sinks import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -119,126 +118,6 @@ def assert_faults_fired(
     )
 
 
-class _Killer(threading.Thread):
-    """SIGKILLs a random worker (of ``victims``, default any) at random points of the job's
-    progress, once ``start_after`` restarts happened.
-
-    Kills are placed by progress, not by the clock, so that a test means the same on a fast
-    broker and a slow one (the release check on Apache Kafka finished jobs before wall-clock
-    kills landed): kill ``k`` waits until the sources have read a random share of the input
-    (their position, which survives restarts, from the workers' ``lag``; or every source
-    drained) and the generation it hits has completed a random 0-2 checkpoints. While kills
-    remain, the final checkpoint of ``until_idle`` is held back (:meth:`hold_final`), so a
-    job that drained its input quickly keeps taking checkpoints (records may still circulate
-    in loops) until every kill landed; the hold ends after ``hold_s`` regardless, and the
-    test's own count of kills then fails instead of hanging.
-    """
-
-    def __init__(
-        self,
-        runner: Runner,
-        *,
-        kills: int,
-        start_after: int,
-        rng: random.Random,
-        records: int,
-        victims: list[int] | None = None,
-        plan: list[tuple[float, int]] | None = None,
-        hold_s: float = 120.0,
-    ) -> None:
-        super().__init__(name="chaos-killer", daemon=True)
-        self.runner, self.kills, self.start_after, self.rng = runner, kills, start_after, rng
-        self.victims = victims
-        self.records = records
-        self.hold_s = hold_s
-        #: (share of the input read, checkpoints the generation completed) before kill k
-        self.plan = plan or [
-            (share, rng.choice((0, 1, 2)))
-            for share in sorted(rng.uniform(0.05, 1.0) for _ in range(kills))
-        ]
-        assert len(self.plan) == kills
-        self.done: list[tuple[float, int]] = []
-        self.stop = threading.Event()
-
-    @staticmethod
-    def _live(workers: list[Any]) -> bool:
-        return bool(workers) and all(w.conn is not None and not w.conn.closed for w in workers)
-
-    def holding(self) -> bool:
-        return len(self.done) < self.kills and not self.stop.is_set()
-
-    def hold_final(self) -> None:
-        """Wraps the runner's coordinator step: no final checkpoint while kills remain."""
-        runner, drive = self.runner, self.runner._drive
-        deadline = time.monotonic() + self.hold_s
-
-        def drive_holding_final() -> None:
-            hold = self.holding() and runner.options.until_idle and time.monotonic() < deadline
-            if hold:
-                runner.options.until_idle = False  # drained sources do not end the job yet
-            try:
-                drive()
-            finally:
-                if hold:
-                    runner.options.until_idle = True
-
-        runner._drive = drive_holding_final  # type: ignore[method-assign]
-
-    def _due(self, workers: list[Any], completed_at_start: int) -> bool:
-        """Whether the job progressed to the point of the next kill."""
-        share, checkpoints = self.plan[len(self.done)]
-        runner = self.runner
-        if runner.coordinator.stats.completed - completed_at_start < checkpoints:
-            return False
-        if not all(w.stats for w in workers):  # this generation has not reported yet
-            return False
-        if all(w.drained for w in workers):
-            return True
-        _read, _out, lag = runner._counters()
-        return self.records - lag >= share * self.records
-
-    def run(self) -> None:
-        started = time.monotonic()
-        generation, completed_at_start = -1, 0
-        while len(self.done) < self.kills and not self.stop.is_set():
-            runner = self.runner
-            workers = list(getattr(runner, "workers", []))
-            attempt = runner.restarts
-            if (
-                attempt < self.start_after + len(self.done)
-                or not self._live(workers)
-                or runner.final_chk is not None
-            ):
-                time.sleep(0.01)
-                continue
-            if runner.generation != generation:
-                generation = runner.generation
-                completed_at_start = runner.coordinator.stats.completed
-            if not self._due(workers, completed_at_start):
-                time.sleep(0.01)
-                continue
-            if self.stop.wait(self.rng.uniform(0.0, 0.2)):  # not always right at a report
-                return
-            # Still the same generation, every worker connected: not one being torn down (the
-            # Spark runner keeps the old handles while it cancels the old job).
-            if (
-                runner.restarts != attempt
-                or runner.final_chk is not None
-                or [id(w) for w in workers] != [id(w) for w in runner.workers]
-                or not self._live(workers)
-            ):
-                continue
-            victim = self.rng.choice(self.victims or range(len(workers)))
-            pid = workers[victim].pid
-            if pid is None:
-                continue
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                continue
-            self.done.append((round(time.monotonic() - started, 2), victim))
-
-
 def run_chaos(
     pipeline: str,
     *,
@@ -313,7 +192,7 @@ def run_chaos(
         job = SparkRunner(str(PIPELINES / pipeline), options)
     else:
         job = LocalRunner(str(PIPELINES / pipeline), options)
-    killer = _Killer(
+    killer = Killer(
         job,
         kills=random_kills,
         start_after=len(faults),

@@ -37,7 +37,7 @@ from tests.e2e.harness import (
     expected_window_counts,
     run_chaos,
 )
-from tests.e2e.redis_faults import kill_redis, private_redis, restart_redis
+from processor.testing.redis import kill_redis, private_redis, restart_redis
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 

@@ -18,7 +18,7 @@ from dedup.core import Deduplicator
 from dedup.errors import DedupConfigError, RedisDataLost
 from dedup.server import check_redis
 from dedup.store import RedisIdStore, RedisUnavailable, encode_tag, redis_client
-from tests.e2e.redis_faults import kill_redis, private_redis, restart_redis
+from processor.testing.redis import kill_redis, private_redis, restart_redis
 
 pytestmark = pytest.mark.integration
 

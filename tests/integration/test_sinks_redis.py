@@ -20,16 +20,16 @@ import redis
 
 from processor.contracts import Sink, SinkContext, SinkWriter
 from processor.embedded._process import free_port, stop
-from processor.embedded.servers import Server, start_redis
+from processor.embedded.servers import start_redis
 from processor.errors import (
     ConfigError,
     DefinitionError,
     InfrastructureError,
     SerializationError,
-    ServerNotFoundError,
     SnapshotError,
 )
 from processor.snapshot import codec
+from processor.testing.redis import private_redis
 from sinks.redis import OPERATIONS, RedisSink, RedisSinkWriter
 
 
@@ -308,7 +308,7 @@ def test_config_error_is_raised_when_guard_is_ahead_of_the_job(
 
 
 def test_commit_waits_for_redis_when_it_restarts_during_commit(tmp_path: Path, job: str) -> None:
-    server = _private_redis(tmp_path / "redis")
+    server = private_redis(tmp_path / "redis")
     retrying = threading.Event()
 
     class Retries(logging.Handler):
@@ -517,7 +517,7 @@ def test_preflight_names_the_url_without_password_when_redis_is_unreachable(job:
 
 
 def test_preflight_refuses_eviction_of_keys_without_ttl(tmp_path: Path, job: str) -> None:
-    server = _private_redis(tmp_path)
+    server = private_redis(tmp_path)
     try:
         client = redis.Redis.from_url(server.url)
         client.config_set("maxmemory-policy", "allkeys-lru")
@@ -563,15 +563,3 @@ def test_log_lines_carry_key_value_context_when_epoch_is_committed(
     assert "prepared checkpoint_id=7 step='out' subtask=2" in caplog.text
     assert f"committed checkpoint_id=7 step='out' subtask=2 key={committable['key']}" in caplog.text
     assert "already committed checkpoint_id=7 step='out' subtask=2 guard=7" in caplog.text
-
-
-# -- helpers -------------------------------------------------------------------------------------
-
-
-def _private_redis(workdir: Path) -> Server:
-    """A Redis of this test alone (its settings change, or it restarts)."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    try:
-        return start_redis(workdir, owned=True)
-    except ServerNotFoundError as exc:
-        pytest.skip(f"no redis-server binary for a private server: {exc}")

@@ -1,14 +1,14 @@
-"""Redis faults for tests: a private embedded Redis that a test may kill and bring back on the
-same port, with its data (a clean shutdown flushes the append-only file) or without it (the
-files deleted, as after a restart of a Redis without persistence or a lost disk)."""
+"""Redis faults: a private embedded Redis that a test (or ``eosflow certify``) may kill and
+bring back on the same port, with its data (a clean shutdown flushes the append-only file) or
+without it (the files deleted, as after a restart of a Redis without persistence or a lost
+disk)."""
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
 from pathlib import Path
-
-import pytest
 
 from processor.embedded._process import stop
 from processor.embedded.servers import Server, start_redis
@@ -18,12 +18,20 @@ __all__ = ["kill_redis", "private_redis", "restart_redis"]
 
 
 def private_redis(workdir: Path, port: int | None = None) -> Server:
-    """A Redis of this test alone (append-only file in ``workdir``), on ``port`` if given."""
+    """A Redis of the caller alone (append-only file in ``workdir``), on ``port`` if given.
+
+    Raises:
+        ServerNotFoundError: no ``redis-server`` binary; under pytest the test skips instead.
+    """
     workdir.mkdir(parents=True, exist_ok=True)
     try:
         return start_redis(workdir, owned=True, port=port)
     except ServerNotFoundError as exc:
-        pytest.skip(f"no redis-server binary for a private server: {exc}")
+        if "pytest" in sys.modules:
+            import pytest
+
+            pytest.skip(f"no redis-server binary for a private server: {exc}")
+        raise
 
 
 def kill_redis(server: Server, *, clean: bool = False) -> None:
