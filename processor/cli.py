@@ -182,6 +182,7 @@ def _run(args: argparse.Namespace) -> int:
             checkpoint_timeout=args.checkpoint_timeout,
             heartbeat_timeout=args.heartbeat_timeout,
             stop_timeout=args.stop_timeout,
+            max_rate=args.max_rate,
             tolerable_failed_checkpoints=args.tolerable_failed_checkpoints,
             on_deleted_records=args.on_deleted_records,
             keep_checkpoints=args.keep_checkpoints,
@@ -381,6 +382,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--heartbeat-timeout", type=parse_duration, default=30.0, metavar="DURATION",
         help="restart a worker that sent nothing (not even its heartbeat) this long (30s)",
+    )  # fmt: skip
+    run.add_argument(
+        "--max-rate", type=float, default=0.0, metavar="RECORDS_PER_S",
+        help="records per second each worker's sources read at most, e.g. to replay or "
+        "backfill at a bounded pace (default: no limit)",
     )  # fmt: skip
     run.add_argument(
         "--stop-timeout", type=parse_duration, default=120.0, metavar="DURATION",

@@ -63,6 +63,11 @@ def add_parser(sub: Any) -> None:
         "--outage", type=parse_duration, default=5.0, metavar="DURATION",
         help="how long a broker partition or Redis restart lasts (default 5s)",
     )  # fmt: skip
+    p.add_argument(
+        "--pace", type=parse_duration, default=10.0, metavar="DURATION",
+        help="a fault run reads its input at a pace that takes this long, so that faults land "
+        "while records flow (default 10s; 0: full speed)",
+    )  # fmt: skip
     p.add_argument("--seed", type=int, help="the seed of the fault plan (printed; rerun with it)")
     p.add_argument(
         "--input", action="append", default=[], metavar="TOPIC=FILE",
@@ -112,6 +117,7 @@ def command(args: argparse.Namespace) -> int:
         recovery=args.recovery,
         kills=args.kills,
         outage_s=args.outage,
+        pace_s=args.pace,
         seed=args.seed,
         inputs=_inputs(args.input),
         partitions=args.partitions,

@@ -61,6 +61,7 @@ class CertifyOptions:
     recovery: str = "global"
     kills: int = 3
     outage_s: float = 5.0
+    pace_s: float = 10.0
     seed: int | None = None
     inputs: dict[str, Path] = field(default_factory=dict)
     partitions: int = 4
@@ -81,6 +82,8 @@ class CertifyOptions:
             raise ConfigError(f"--runs must be at least 1, got {self.runs}")
         if self.runner not in ("local", "spark"):
             raise ConfigError(f"--runner {self.runner!r}: use local or spark")
+        if self.pace_s < 0:
+            raise ConfigError(f"--pace must be 0 (full speed) or positive, got {self.pace_s}")
         if self.partitions < 1:
             raise ConfigError(f"--partitions must be at least 1, got {self.partitions}")
 
@@ -126,7 +129,12 @@ def certify(options: CertifyOptions) -> Report:
             )
         rng = random.Random(seed)
         plans = plan_runs(
-            kinds, options.runs or len(kinds), workers=options.workers, kills=options.kills, rng=rng
+            kinds,
+            options.runs or len(kinds),
+            workers=options.workers,
+            kills=options.kills,
+            outage_s=options.outage_s,
+            rng=rng,
         )
         with _environ(svc.environ()):
             topics = _snapshot_inputs(flow, options, svc, tag, report)
@@ -318,6 +326,8 @@ def _run(
         progress=options.out if options.verbose else None,
     )
     records = sum(int(i["records"]) for i in report.inputs.values())
+    if plan.kind is not None and options.pace_s > 0:  # faults land while the input flows
+        run_options.max_rate = max(1.0, records / options.workers / options.pace_s)
     started = time.monotonic()
     try:
         if options.runner == "spark":
@@ -330,7 +340,9 @@ def _run(
         outcome.error = f"{type(exc).__name__}: {exc}"
         return outcome
     threads: list[Any] = [RecoveryClock(runner)]
-    if plan.kind == "kill":
+    if plan.kind == "protocol-points":
+        hold_final(runner, _chain_pending(runner, len(plan.faults), options.checkpoint_interval))
+    elif plan.kind == "kill":
         killer = Killer(
             runner,
             kills=plan.kills,
@@ -403,6 +415,21 @@ def _run(
         except (EosflowError, OSError, TimeoutError) as exc:
             outcome.error = f"reading the committed output failed: {exc}"
     return outcome
+
+
+def _chain_pending(runner: Any, faults: int, interval: float) -> Any:
+    """Whether a protocol-point chain may still fire: fewer restarts than faults, and the
+    current start is young enough to reach its point (one the pipeline never reaches must not
+    keep the job waiting: ten checkpoint intervals and 10 s)."""
+    patience = 10 * interval + 10.0
+    seen = {"restarts": -1, "since": 0.0}
+
+    def pending() -> bool:
+        if runner.restarts != seen["restarts"]:
+            seen["restarts"], seen["since"] = runner.restarts, time.monotonic()
+        return bool(runner.restarts < faults and time.monotonic() - seen["since"] < patience)
+
+    return pending
 
 
 def _redis_restart(svc: Services, seconds: float) -> tuple[Any, Any]:

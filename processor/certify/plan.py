@@ -57,6 +57,7 @@ class RunPlan:
     kills: int = 0
     kill_plan: list[tuple[float, int]] = field(default_factory=list)
     outage_at: float = 0.0
+    outage_s: float = 0.0
 
     def describe(self) -> str:
         if self.kind is None:
@@ -66,11 +67,17 @@ class RunPlan:
         if self.kind == "kill":
             return f"{self.kills} random SIGKILLs"
         what = "broker partition" if self.kind == "broker-partition" else "Redis restart"
-        return f"{what} at {self.outage_at:.0%} of the input"
+        return f"{what} {self.outage_s:g}s at {self.outage_at:.0%} of the input"
 
 
 def plan_runs(
-    kinds: list[str], runs: int, *, workers: int, kills: int, rng: random.Random
+    kinds: list[str],
+    runs: int,
+    *,
+    workers: int,
+    kills: int,
+    outage_s: float,
+    rng: random.Random,
 ) -> list[RunPlan]:
     """The two fault-free runs, then ``runs`` fault runs taking ``kinds`` in turn."""
     plans = [RunPlan("ref", None), RunPlan("det", None)]
@@ -91,5 +98,6 @@ def plan_runs(
             ]
         else:
             plan.outage_at = round(rng.uniform(0.1, 0.7), 2)
+            plan.outage_s = outage_s
         plans.append(plan)
     return plans

@@ -77,11 +77,9 @@ class RunOutcome:
         return self.error is None and all(c.ok for c in self.checks)
 
     def fault_text(self) -> str:
-        if self.fired:
-            text = f"SIGKILL at {len(self.fired)} protocol points"
-            if self.not_reached:
-                text += f" ({len(self.not_reached)} not reached)"
-            return text
+        if self.fired or self.not_reached:
+            total = len(self.fired) + len(self.not_reached)
+            return f"SIGKILL at {len(self.fired)} of {total} protocol points"
         if self.faults.endswith("random SIGKILLs"):
             return f"{self.injected} of {self.faults}"
         if self.faults != "none" and not self.injected:

@@ -108,6 +108,10 @@ class RunOptions:
     progress: TextIO | None = None
     progress_every: float = 2.0
     max_records: int = 5000
+    #: Records per second each worker's sources read at most (0: no limit): a replay or a
+    #: backfill at a bounded pace, and ``eosflow certify``'s fault runs, whose faults must land
+    #: while input still flows.
+    max_rate: float = 0.0
     log_level: str = "INFO"
     #: ``global``: every worker restarts from the latest completed checkpoint; ``local``: only
     #: the failed one (docs/local-recovery.md; needs Redis for the record IDs).
@@ -119,6 +123,8 @@ class RunOptions:
     def validate(self) -> None:
         if self.mode not in MODES:
             raise ConfigError(f"mode {self.mode!r}: choose one of {MODES}")
+        if self.max_rate < 0:
+            raise ConfigError(f"--max-rate must be 0 (no limit) or positive, got {self.max_rate}")
         if self.workers < 1:
             raise ConfigError(f"workers must be at least 1, got {self.workers}")
         if self.checkpoint_interval <= 0:

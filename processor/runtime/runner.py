@@ -173,6 +173,7 @@ class Runner(RunnerLifecycle):
             "source_counts": counts,
             "transport": self.options.transport,
             "max_records": self.options.max_records,
+            "max_rate": self.options.max_rate,
             "log_level": self.options.log_level,
             "log_path": str(self._log_path(i)),
             "recovery": self.options.recovery,

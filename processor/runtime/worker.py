@@ -194,6 +194,7 @@ def run_worker(spec: dict[str, Any]) -> int:
             worker, env.generation, os.getpid(), sys.executable, restore, len(tasks), recovery,
         )  # fmt: skip
         max_records = int(spec.get("max_records", 5000))
+        pace = _Pace(float(spec.get("max_rate") or 0.0))
         idle = False
         next_stats = 0.0
         while True:
@@ -206,7 +207,13 @@ def run_worker(spec: dict[str, Any]) -> int:
             read = 0
             timeout = 0.005 if idle else 0.0
             for task in tasks:
-                read += task.step(timeout, max_records)
+                if task.is_source and pace.rate:
+                    allowed = pace.allowed(max_records)
+                    if allowed:
+                        pace.took(n := task.step(timeout, max_records, limit=allowed))
+                        read += n
+                else:
+                    read += task.step(timeout, max_records)
             idle = read == 0
             writer.poll()
             send_acks(client, tasks, env.fault)
@@ -222,6 +229,22 @@ def run_worker(spec: dict[str, Any]) -> int:
             task.close()
         uploads.shutdown(wait=False)
         client.close()
+
+
+class _Pace:
+    """``--max-rate``: how many records the worker's sources may read now, to read at most
+    ``rate`` records per second in all (0: no limit)."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.start = time.monotonic()
+        self.read = 0
+
+    def allowed(self, most: int) -> int:
+        return max(0, min(most, int(self.rate * (time.monotonic() - self.start)) - self.read))
+
+    def took(self, records: int) -> None:
+        self.read += records
 
 
 def send_acks(client: ControlClient, tasks: list[Task], fault: Callable[[str], None]) -> None:

@@ -95,8 +95,11 @@ class Task(SourceInputs):
 
     # -- the data path ---------------------------------------------------------------------------
 
-    def step(self, timeout: float, max_records: int, budget_s: float = 0.05) -> int:
-        """Poll and process for up to ``budget_s``; returns the number of records read.
+    def step(
+        self, timeout: float, max_records: int, budget_s: float = 0.05, limit: int = 0
+    ) -> int:
+        """Poll and process for up to ``budget_s``; returns the number of records read (at
+        most ``limit`` if given: a paced source, ``--max-rate``).
 
         Batches are sized so that one takes about a quarter of the budget: a task with a slow
         user function must not starve the other tasks of its worker (or delay a checkpoint
@@ -108,7 +111,8 @@ class Task(SourceInputs):
         start = clock()
         total = 0
         while True:
-            msgs = self.reader.poll(self.batch_size, timeout if total == 0 else 0.0)
+            size = min(self.batch_size, limit - total) if limit else self.batch_size
+            msgs = self.reader.poll(size, timeout if total == 0 else 0.0)
             if msgs:
                 began = clock()
                 if self.is_source:
@@ -133,4 +137,6 @@ class Task(SourceInputs):
                 if self.dead is not None:
                     self.dead.flush()
             if not msgs or self.halted or clock() - start >= budget_s:
+                return total
+            if limit and total >= limit:
                 return total
