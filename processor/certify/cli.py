@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -106,6 +107,9 @@ def _inputs(items: list[str]) -> dict[str, Path]:
 
 
 def command(args: argparse.Namespace) -> int:
+    if not args.progress and not args.verbose:  # the runs' restarts are the point: say them once
+        for name in ("processor", "sinks", "connectors", "dedup"):
+            logging.getLogger(name).setLevel(logging.ERROR)
     options = CertifyOptions(
         pipeline=args.pipeline,
         runs=args.runs,

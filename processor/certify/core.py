@@ -38,7 +38,13 @@ from processor.certify.services import Services, services
 from processor.errors import ConfigError, EosflowError
 from processor.runtime.job import RunOptions
 from processor.runtime.pipeline import load_flow
-from processor.testing.chaos import Killer, Outage, RecoveryClock, hold_final
+from processor.testing.chaos import (
+    Killer,
+    Outage,
+    RecoveryClock,
+    hold_final,
+    on_driver_thread,
+)
 from processor.testing.compare import Output, diff, order_diff
 from processor.testing.outputs import ORDERED, read_output
 
@@ -109,6 +115,9 @@ def certify(options: CertifyOptions) -> Report:
             "sinks commit; give it a FileSink, KafkaSink, PostgresSink or RedisSink (or "
             "--side-output FILE for a file it appends to)"
         )
+    probe = Rewrite(job=flow.name, prefix="eosflow-certify-probe", outputs=".")
+    for name, sink in compared.items():
+        redirected(sink, name, probe)  # a sink certify cannot redirect fails here, not later
     tag = secrets.token_hex(3)
     report = Report(options.pipeline, flow.name, seed, options.runner, options.workers)
     with (
@@ -116,6 +125,7 @@ def certify(options: CertifyOptions) -> Report:
         services(workdir, redis=uses_redis, postgres=uses_postgres) as svc,
     ):
         report.servers = dict(svc.origin)
+        _check_readable(compared, svc)
         kinds = []
         for kind in options.faults:
             why = svc.why_not(kind)
@@ -171,7 +181,7 @@ def _workdir(options: CertifyOptions, report: Report) -> Iterator[Path]:
     verdict is not ``PASS`` (then its worker logs and outputs explain what happened)."""
     if options.workdir is not None:
         options.workdir.mkdir(parents=True, exist_ok=True)
-        yield options.workdir
+        yield options.workdir.resolve()  # servers chdir into it
         return
     path = Path(tempfile.mkdtemp(prefix="eosflow-certify-"))
     try:
@@ -197,6 +207,27 @@ def _environ(extra: dict[str, str]) -> Iterator[None]:
 
 def _say(options: CertifyOptions, text: str) -> None:
     print(text, file=options.out, flush=True)
+
+
+def _check_readable(sinks: dict[str, Any], svc: Services) -> None:
+    """A transactional Kafka sink is read back with ``read_committed``: on a broker that does
+    not hide aborted records there (Tansu), a crash's aborted transactions would look like
+    duplicates, so certify refuses instead of blaming the engine."""
+    from connectors import KafkaSettings, probe_broker
+
+    txn = [n for n, s in sinks.items() if type(s).__name__ == "KafkaSink" and s.mode != "staged"]
+    if not txn:
+        return
+    settings = KafkaSettings.from_env(brokers=svc.kafka)
+    if probe_broker(settings).read_committed_hides_aborted:
+        return
+    raise ConfigError(
+        f"sink step {txn[0]!r} is a transactional KafkaSink, and the broker {svc.kafka} "
+        "shows records of aborted transactions to read_committed readers (Tansu does; see "
+        "docs/brokers.md): certify could not tell a crash's aborted output from a duplicate. "
+        "Certify against Apache Kafka (EOSFLOW_KAFKA_BROKERS=...), or give the sink "
+        "mode='staged' for this check"
+    )
 
 
 def _snapshot_inputs(
@@ -358,7 +389,7 @@ def _run(
             assert svc.proxy is not None
             begin, end = svc.proxy.black_hole, svc.proxy.heal
         else:
-            begin, end = _redis_restart(svc, options.outage_s)
+            begin, end = _redis_restart(runner, svc, options.outage_s)
         outage = Outage(
             runner,
             records=records,
@@ -432,8 +463,13 @@ def _chain_pending(runner: Any, faults: int, interval: float) -> Any:
     return pending
 
 
-def _redis_restart(svc: Services, seconds: float) -> tuple[Any, Any]:
-    """``begin``: stop certify's Redis; ``end`` (``seconds`` later): start it with its data."""
+def _redis_restart(runner: Any, svc: Services, seconds: float) -> tuple[Any, Any]:
+    """``begin``: stop certify's Redis; ``end`` (``seconds`` later): start it with its data.
+
+    The new Redis is started by the runner's own thread (between two coordinator steps): an
+    owned server dies with the thread that started it (``PR_SET_PDEATHSIG``), and the fault
+    thread ends right after.
+    """
     from processor.embedded._process import stop
     from processor.testing.redis import restart_redis
 
@@ -442,9 +478,12 @@ def _redis_restart(svc: Services, seconds: float) -> tuple[Any, Any]:
         stop(svc.redis_server.process)
         threading.Event().wait(seconds)
 
-    def end() -> None:
+    def restart() -> None:
         assert svc.redis_server is not None
         svc.redis_server = restart_redis(svc.redis_server, empty=False)
+
+    def end() -> None:
+        on_driver_thread(runner, restart)
 
     return begin, end
 

@@ -107,11 +107,11 @@ def redirected(sink: Any, step: str, rewrite: Rewrite) -> Any:
     return out
 
 
-def _with_db(url: str, db: int | None) -> str:
+def _with_db(url: str, db: int | None) -> str | None:
+    if db is None:
+        return url or None
     if not url:
         raise ConfigError("a RedisSink needs its url or EOSFLOW_REDIS_URL for eosflow certify")
-    if db is None:
-        return url
     base, _, query = url.partition("?")
     scheme, _, rest = base.partition("://")
     host, _, _old_db = rest.partition("/")

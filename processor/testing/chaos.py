@@ -18,7 +18,14 @@ from typing import Any
 
 from processor.runtime.runner import Runner
 
-__all__ = ["Killer", "Outage", "RecoveryClock", "hold_final", "input_read"]
+__all__ = [
+    "Killer",
+    "Outage",
+    "RecoveryClock",
+    "hold_final",
+    "input_read",
+    "on_driver_thread",
+]
 
 
 def _live(workers: list[Any]) -> bool:
@@ -57,6 +64,35 @@ def hold_final(runner: Runner, pending: Callable[[], bool], hold_s: float = 120.
                 runner.options.until_idle = True
 
     runner._drive = drive_holding_final  # type: ignore[method-assign]
+
+
+def on_driver_thread(runner: Runner, fn: Callable[[], None], timeout: float = 60.0) -> None:
+    """Runs ``fn`` on the thread that runs the job (between two coordinator steps) and waits
+    for it; what ``fn`` raises is raised here. For what must outlive a fault thread: a server
+    started with ``owned=True`` dies with the thread that started it.
+
+    Raises:
+        TimeoutError: the job's thread did not run it within ``timeout`` seconds.
+    """
+    done = threading.Event()
+    failed: list[BaseException] = []
+    drive = runner._drive
+
+    def drive_once_more() -> None:
+        runner._drive = drive  # type: ignore[method-assign]
+        try:
+            fn()
+        except BaseException as exc:
+            failed.append(exc)
+        finally:
+            done.set()
+        drive()
+
+    runner._drive = drive_once_more  # type: ignore[method-assign]
+    if not done.wait(timeout):
+        raise TimeoutError(f"the job's thread did not run {fn!r} within {timeout:g}s")
+    if failed:
+        raise failed[0]
 
 
 class Outage(threading.Thread):

@@ -28,6 +28,7 @@ import pytest
 from processor.runtime.job import JobFailed
 from processor.runtime.runner import Runner
 from processor.testing import FaultProxy
+from processor.testing.redis import kill_redis, private_redis, restart_redis
 from sinks import read_jsonl
 from tests.e2e.harness import (
     assert_exactly_once,
@@ -37,7 +38,6 @@ from tests.e2e.harness import (
     expected_window_counts,
     run_chaos,
 )
-from processor.testing.redis import kill_redis, private_redis, restart_redis
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 

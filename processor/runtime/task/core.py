@@ -95,9 +95,7 @@ class Task(SourceInputs):
 
     # -- the data path ---------------------------------------------------------------------------
 
-    def step(
-        self, timeout: float, max_records: int, budget_s: float = 0.05, limit: int = 0
-    ) -> int:
+    def step(self, timeout: float, max_records: int, budget_s: float = 0.05, limit: int = 0) -> int:
         """Poll and process for up to ``budget_s``; returns the number of records read (at
         most ``limit`` if given: a paced source, ``--max-rate``).
 

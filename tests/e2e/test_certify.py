@@ -1,0 +1,207 @@
+"""``eosflow certify`` as a user runs it: on the examples it must say PASS after every kind of
+fault it can inject here; on a pipeline with a side effect outside the sinks, on a sink that
+writes outside the two-phase commit and on a non-deterministic pipeline it must say what
+differs, with counts.
+
+Certify starts its own broker behind a fault proxy unless ``EOSFLOW_KAFKA_BROKERS`` names one
+(then the broker partition is reported as not injected, and the tests accept that).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from tests.e2e.cli import eosflow
+from tests.e2e.harness import ROOT, click_events
+
+pytestmark = [pytest.mark.integration, pytest.mark.chaos]
+
+PIPELINES = Path(__file__).resolve().parent / "pipelines"
+EXTERNAL_BROKER = bool(os.environ.get("EOSFLOW_KAFKA_BROKERS"))
+
+
+def _clicks(path: Path, records: int, seed: int = 5) -> Path:
+    with path.open("wb") as f:
+        for click in click_events(records, seed=seed):
+            f.write(orjson.dumps(click) + b"\n")
+    return path
+
+
+def _certify(
+    tmp: Path, pipeline: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 600
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    report = tmp / "report.json"
+    clicks = _clicks(tmp / "clicks.jsonl", 8000)
+    out = subprocess.run(
+        eosflow(
+            "certify", str(pipeline), "--input", f"clicks={clicks}", "--input-key", "user",
+            "--json", str(report), "--pace", "5s", *args,
+        ),
+        cwd=tmp, env={**os.environ, **(env or {})}, capture_output=True, text=True,
+        timeout=timeout,
+    )  # fmt: skip
+    print(out.stdout[-6000:], out.stderr[-3000:])
+    return out, json.loads(report.read_text()) if report.exists() else {}
+
+
+def _runs(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {run["name"]: run for run in report["runs"]}
+
+
+def test_certify_passes_the_running_total_example_under_every_fault_kind(tmp_path: Path) -> None:
+    junit = tmp_path / "certify.xml"
+    out, report = _certify(
+        tmp_path, ROOT / "examples" / "running_total.py", "--junit", str(junit), "--seed", "7"
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert report["verdict"] == "PASS"
+    assert "PASS: all 3 fault runs" in out.stdout
+    runs = _runs(report)
+    assert set(runs) == {"ref", "det", "1", "2", "3"}
+    assert runs["ref"]["restarts"] == 0 and runs["det"]["restarts"] == 0
+    # run 1: random kills, run 2: the protocol-point chain, run 3: a broker partition
+    assert runs["1"]["injected"] == 3 and runs["1"]["restarts"] >= 3
+    assert runs["2"]["fired"][:6] == [
+        "before-prepare",
+        "after-snapshot-before-ack",
+        "after-completion-before-commit",
+        "mid-sink-recover",
+        "during-recovery",
+        "mid-sink-commit",
+    ], runs["2"]
+    assert runs["2"]["restarts"] >= 6
+    if EXTERNAL_BROKER:
+        assert "broker-partition" in report["skipped"]
+    else:
+        assert runs["3"]["faults"].startswith("broker partition") and runs["3"]["injected"] == 1
+    for name in ("det", "1", "2", "3"):
+        (check,) = runs[name]["checks"]
+        assert check["counts"]["actual"] == check["counts"]["expected"] == 8000, check
+        assert check["diff"] == "" and check["out_of_order"] == 0 and check["order_keys"] > 900
+    suite = ET.parse(junit).getroot()
+    assert suite.get("tests") == "5" and suite.get("failures") == "0"
+    assert suite.get("errors") == "0"
+
+
+def test_certify_passes_the_windowed_count_example(tmp_path: Path) -> None:
+    out, report = _certify(
+        tmp_path,
+        ROOT / "examples" / "windowed_count.py",
+        "--faults", "protocol-points,kill", "--seed", "3",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    runs = _runs(report)
+    assert report["verdict"] == "PASS" and set(runs) == {"ref", "det", "1", "2"}
+    assert len(runs["1"]["fired"]) >= 6 and runs["2"]["injected"] == 3
+    windows = runs["1"]["checks"][0]["counts"]["expected"]
+    assert windows == 48  # 8,000 clicks 10 ms apart: 8 windows of 10 s, 6 pages
+
+
+def test_certify_finds_the_copies_of_a_side_effect_outside_the_sinks(tmp_path: Path) -> None:
+    side = tmp_path / "audit.jsonl"
+    out, report = _certify(
+        tmp_path,
+        PIPELINES / "side_effect_total.py",
+        "--faults", "kill", "--side-output", str(side), "--seed", "4",
+        env={"SIDE_FILE": str(side)},
+    )  # fmt: skip
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert report["verdict"] == "FAIL"
+    assert "FAIL: 1 of 1 fault runs" in out.stdout
+    checks = {c["sink"]: c for c in _runs(report)["1"]["checks"]}
+    sink, audit = checks["out"], checks[f"side:{side}"]
+    assert sink["diff"] == "" and sink["counts"]["actual"] == 8000  # the sink: exactly once
+    # the file: every click at least once, the replayed ones again
+    assert audit["counts"]["missing"] == 0 and audit["counts"]["unexpected"] == 0
+    assert audit["counts"]["duplicated"] > 0
+    assert audit["counts"]["actual"] == 8000 + audit["counts"]["duplicated"]
+    assert f"{audit['counts']['duplicated']:,} duplicated (of 8,000)" in out.stdout
+
+
+def test_certify_finds_the_copies_of_a_sink_that_writes_outside_the_commit(
+    tmp_path: Path,
+) -> None:
+    out, report = _certify(
+        tmp_path, PIPELINES / "leaky_sink_total.py", "--faults", "kill", "--seed", "9"
+    )
+    assert out.returncode == 1, out.stdout + out.stderr
+    (check,) = _runs(report)["1"]["checks"]
+    assert check["counts"]["missing"] == 0 and check["counts"]["duplicated"] > 0, check
+    assert "duplicated (" in check["diff"]
+
+
+def test_certify_says_a_pipeline_is_nondeterministic_instead_of_blaming_the_engine(
+    tmp_path: Path,
+) -> None:
+    out, report = _certify(tmp_path, PIPELINES / "random_score.py", "--faults", "kill")
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert report["verdict"] == "NONDETERMINISTIC"
+    assert [r["name"] for r in report["runs"]] == ["ref", "det"]  # no fault run judged
+    (check,) = report["runs"][1]["checks"]
+    assert check["counts"]["missing"] == check["counts"]["unexpected"] > 7000
+    assert "NONDETERMINISTIC: two runs without any fault committed different outputs" in out.stdout
+
+
+def test_certify_restarts_redis_under_a_dedup_pipeline_and_reads_a_kafka_sink(
+    tmp_path: Path, broker_caps: Any
+) -> None:
+    """A dedup step keeps its IDs in Redis (certify's own, restarted with its data mid-run) and
+    a Kafka sink writes the output: transactional where read_committed hides aborted records
+    (Apache Kafka), else staged (Tansu; certify refuses a transactional sink there, see
+    below)."""
+    mode = "transactional" if broker_caps.read_committed_hides_aborted else "staged"
+    out, report = _certify(
+        tmp_path,
+        PIPELINES / "dedup_kafka_total.py",
+        "--faults", "redis-restart,kill", "--seed", "2", "--outage", "2s",
+        env={"SINK_MODE": mode},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    runs = _runs(report)
+    if os.environ.get("EOSFLOW_REDIS_URL"):
+        assert "redis-restart" in report["skipped"]
+    else:
+        assert runs["1"]["faults"].startswith("Redis restart") and runs["1"]["injected"] == 1
+        assert report["servers"] == {
+            "kafka": "env" if EXTERNAL_BROKER else "embedded",
+            "redis": "embedded",
+        }
+    for run in runs.values():
+        for check in run["checks"]:
+            assert check["counts"]["actual"] == 8000 and check["order_keys"] > 900, check
+
+
+def test_certify_refuses_a_transactional_kafka_sink_where_aborted_records_show(
+    tmp_path: Path, broker_caps: Any
+) -> None:
+    if broker_caps.read_committed_hides_aborted:
+        pytest.skip("this broker hides aborted records from read_committed readers")
+    out, _ = _certify(tmp_path, PIPELINES / "dedup_kafka_total.py", timeout=120)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "sink step 'out' is a transactional KafkaSink" in out.stderr
+    assert "mode='staged'" in out.stderr
+
+
+def test_certify_refuses_a_sink_it_cannot_redirect_at_start_up(tmp_path: Path) -> None:
+    pipeline = tmp_path / "odd.py"
+    pipeline.write_text(
+        "from connectors import JsonSerde\n"
+        "from processor import Dataflow\n\n"
+        "class Odd:\n"
+        "    def open(self, ctx):\n"
+        "        raise AssertionError('never opened')\n\n"
+        "flow = Dataflow('odd')\n"
+        "flow.source('clicks', 'clicks', serde=JsonSerde()).sink('out', Odd())\n"
+    )
+    out, _ = _certify(tmp_path, pipeline, timeout=120)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "sink step 'out': eosflow certify cannot give a Odd a destination" in out.stderr
+    assert "certify_redirect(rewrite, step)" in out.stderr
