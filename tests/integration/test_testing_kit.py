@@ -17,6 +17,7 @@ import redis
 from connectors import KafkaSettings, PartitionReader, TopicAdmin
 from processor.errors import KafkaClientError
 from processor.runtime.job import JobFailed
+from processor.runtime.local import Fault
 from processor.testing import (
     Job,
     SessionServers,
@@ -183,6 +184,21 @@ def test_a_pipeline_run_in_process_commits_each_record_once_when_its_input_is_bo
     result = orders_job.run(Path(orders_job.env["OUTPUT_DIR"]).parent / "pipeline.py")
     assert result.job == orders_job.name
     assert (result.records_in, result.restarts) == (500, 0)
+    assert_exactly_once(read_jsonl(orders_job.env["OUTPUT_DIR"]), _running_totals(orders))
+
+
+def test_a_pipeline_killed_at_a_protocol_point_commits_each_record_once_when_run_with_faults(
+    orders_job: Job, eosflow_kafka: str
+) -> None:
+    """The documented way to test under a crash: RunOptions' faults through ``Job.run``."""
+    orders = _orders(500)
+    produce(eosflow_kafka, orders_job.env["ORDERS_TOPIC"], orders, key=lambda o: o["customer"])
+    result = orders_job.run(
+        Path(orders_job.env["OUTPUT_DIR"]).parent / "pipeline.py",
+        faults=[Fault(0, 1, "after-snapshot-before-ack")],
+        restart_backoff=0.05,
+    )
+    assert result.restarts == 1, result.restart_causes
     assert_exactly_once(read_jsonl(orders_job.env["OUTPUT_DIR"]), _running_totals(orders))
 
 
