@@ -87,12 +87,15 @@ def docker_engine_available() -> bool:
         # testcontainers' own dependency (by name: the repository's docker/ folder would shadow
         # it for mypy)
         docker: Any = importlib.import_module("docker")
+    except ImportError:
+        return False
+    try:
         client = docker.from_env(timeout=10)
         try:
             return bool(client.ping())
         finally:
             client.close()
-    except Exception:  # any failure to reach an engine means the same: there is none
+    except (docker.errors.DockerException, OSError):  # requests' errors are OSErrors
         return False
 
 
