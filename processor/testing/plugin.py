@@ -84,7 +84,7 @@ def _url(found: SessionServers, service: str) -> str:
     try:
         return found.url(service)
     except ServerNotFoundError as exc:
-        pytest.skip(f"{service} unavailable ({found.mode} servers): {exc}")
+        pytest.skip(f"{service} unavailable (--eosflow-servers={found.mode}): {exc}")
 
 
 @pytest.fixture(scope="session")
