@@ -1,32 +1,33 @@
 """Fixtures shared by every tier.
 
-Servers: each service is resolved once per session, lazily (a unit-only run starts nothing):
-``EOSFLOW_KAFKA_BROKERS`` / ``EOSFLOW_REDIS_URL`` / ``EOSFLOW_POSTGRES_DSN`` if set, else a running
-``eosflow dev up`` cluster, else an embedded server owned by the test process (killed with it).
-With ``EOSFLOW_TESTCONTAINERS=1`` and a Docker engine, Kafka comes from testcontainers instead.
+Servers come from the test kit's pytest plugin (:mod:`processor.testing.plugin`): each service
+is resolved once per session, lazily (a unit-only run starts nothing), as
+``--eosflow-servers`` says (default ``auto``: ``EOSFLOW_KAFKA_BROKERS`` / ``EOSFLOW_REDIS_URL`` /
+``EOSFLOW_POSTGRES_DSN`` if set, else a running ``eosflow dev up`` cluster, else an embedded
+server owned by the test process, killed with it). ``--eosflow-servers=containers`` (or
+``EOSFLOW_TESTCONTAINERS=1``) takes them from testcontainers, and skips without a Docker engine.
+The fixtures below are the suite's names for the plugin's.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import re
 import shutil
-import subprocess
-import uuid
-import warnings
-from collections.abc import Iterator
+import sys
 from pathlib import Path
 
 import pytest
 
-from processor.embedded import Endpoints, servers
-from processor.errors import ServerNotFoundError
+from processor.testing import SessionServers, unique_name
+
+# The plugin is registered by the package's pytest11 entry point, which pytest loads before this
+# file. An install whose metadata predates the entry point (an editable install not redone since)
+# has not loaded it: load it here. Listing it when it is loaded already would fail ("Plugin
+# already registered under a different name").
+pytest_plugins = [] if "processor.testing.plugin" in sys.modules else ["processor.testing.plugin"]
 
 ROOT = Path(__file__).resolve().parent.parent
-KAFKA_IMAGE = "confluentinc/cp-kafka:7.6.0"  # testcontainers' own default: Apache Kafka 3.6
 NO_JAVA = "Spark needs a Java runtime: install OpenJDK 17 (apt-get install openjdk-17-jre-headless)"
-NO_DOCKER = "no Docker engine answers 'docker info' (the docker CLI alone is not enough)"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -45,48 +46,10 @@ def java_available() -> bool:
     return shutil.which("java") is not None or bool(home and Path(home, "bin", "java").exists())
 
 
-def docker_engine_available() -> bool:
-    if shutil.which("docker") is None:
-        return False
-    result = subprocess.run(["docker", "info"], capture_output=True, check=False, timeout=20)
-    return result.returncode == 0
-
-
-@contextlib.contextmanager
-def kafka_container() -> Iterator[str]:
-    """An Apache Kafka broker in a container (testcontainers); yields its bootstrap servers."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        from testcontainers.kafka import KafkaContainer
-
-    with KafkaContainer(KAFKA_IMAGE) as container:
-        yield container.get_bootstrap_server()
-
-
-@contextlib.contextmanager
-def _one_service(service: str) -> Iterator[Endpoints]:
-    try:
-        with servers([service]) as endpoints:
-            yield endpoints
-    except ServerNotFoundError as exc:
-        pytest.skip(f"{service} unavailable: {exc}")
-
-
 @pytest.fixture(scope="session")
-def kafka_endpoint() -> Iterator[tuple[str, str]]:
+def kafka_endpoint(eosflow_servers: SessionServers, eosflow_kafka: str) -> tuple[str, str]:
     """``(bootstrap servers, origin)`` of the session's Kafka-protocol broker."""
-    wants_container = os.environ.get("EOSFLOW_TESTCONTAINERS") == "1"
-    if wants_container and not os.environ.get("EOSFLOW_KAFKA_BROKERS"):
-        if docker_engine_available():
-            with kafka_container() as bootstrap:
-                yield bootstrap, "testcontainers"
-            return
-        warnings.warn(
-            f"EOSFLOW_TESTCONTAINERS=1 but {NO_DOCKER}: using the embedded broker", stacklevel=1
-        )
-    with _one_service("kafka") as endpoints:
-        assert endpoints.kafka_brokers is not None
-        yield endpoints.kafka_brokers, endpoints.origin["kafka"]
+    return eosflow_kafka, eosflow_servers.origin("kafka")
 
 
 @pytest.fixture(scope="session")
@@ -105,21 +68,16 @@ def broker_caps(kafka_settings):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="session")
-def redis_url() -> Iterator[str]:
-    with _one_service("redis") as endpoints:
-        assert endpoints.redis_url is not None
-        yield endpoints.redis_url
+def redis_url(eosflow_redis: str) -> str:
+    return eosflow_redis
 
 
 @pytest.fixture(scope="session")
-def postgres_dsn() -> Iterator[str]:
-    with _one_service("postgres") as endpoints:
-        assert endpoints.postgres_dsn is not None
-        yield endpoints.postgres_dsn
+def postgres_dsn(eosflow_postgres: str) -> str:
+    return eosflow_postgres
 
 
 @pytest.fixture
 def topic_name(request: pytest.FixtureRequest) -> str:
     """A topic name unique to this test (tests share brokers, never topics)."""
-    base = re.sub(r"[^a-zA-Z0-9]+", "-", request.node.name).strip("-")[:80]
-    return f"t-{base}-{uuid.uuid4().hex[:8]}"
+    return unique_name(request.node.name, limit=100)

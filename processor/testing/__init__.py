@@ -1,14 +1,78 @@
 """Test kit for eosflow pipelines and for the services around them.
 
-* :class:`FaultProxy` — a loopback TCP proxy that black-holes (a network partition), delays or
-  resets the connections to a server, for a chosen time or until healed.
-* :func:`kafka_behind_proxy` — an embedded Kafka-protocol broker (Tansu) whose advertised
-  listener is a :class:`FaultProxy`, so that every client connection goes through it.
+Like ``bytewax.testing``, this is public API: use it to prove your own pipelines exactly-once,
+under faults too (docs/testing.md). The pytest plugin (:mod:`processor.testing.plugin`,
+registered by the package) gives the servers, topics and jobs as ``eosflow_*`` fixtures.
 
-Like ``bytewax.testing``, this is public API: use it to test your own pipelines under faults.
+* Servers: :class:`SessionServers` (embedded, ``EOSFLOW_*``, ``eosflow dev up`` or
+  testcontainers), :func:`docker_engine_available`.
+* Input: :func:`create_topic`, :func:`produce` (Python values), :func:`produce_jsonl` (a JSON
+  lines file), :func:`unique_name`.
+* Runs: :func:`run_pipeline` (in this process), :func:`run_pipeline_subprocess` (``eosflow
+  run``), both bounded (``--until-idle``); :class:`Job`, :func:`new_job`, :class:`CliRun`.
+* Output: :func:`assert_exactly_once`, :func:`diff`, :class:`Output`, :func:`canonical`,
+  :func:`order_diff`.
+* Faults: :class:`FaultProxy` — a loopback TCP proxy that black-holes (a network partition),
+  delays or resets the connections to a server; :func:`kafka_behind_proxy` — an embedded broker
+  whose advertised listener is a :class:`FaultProxy`.
 """
 
-from processor.testing.kafka import BrokerBehindProxy, kafka_behind_proxy
-from processor.testing.proxy import FaultProxy, ProxyStats
+from processor.testing.compare import (
+    Diff,
+    Output,
+    assert_exactly_once,
+    canonical,
+    diff,
+    order_diff,
+)
+from processor.testing.kafka import (
+    BrokerBehindProxy,
+    kafka_behind_proxy,
+)
+from processor.testing.proxy import (
+    FaultProxy,
+    ProxyStats,
+)
+from processor.testing.run import (
+    CliRun,
+    Job,
+    logs_tail,
+    new_job,
+    run_pipeline,
+    run_pipeline_subprocess,
+)
+from processor.testing.servers import (
+    SessionServers,
+    docker_engine_available,
+)
+from processor.testing.topics import (
+    create_topic,
+    produce,
+    produce_jsonl,
+    unique_name,
+)
 
-__all__ = ["BrokerBehindProxy", "FaultProxy", "ProxyStats", "kafka_behind_proxy"]
+__all__ = [
+    "BrokerBehindProxy",
+    "CliRun",
+    "Diff",
+    "FaultProxy",
+    "Job",
+    "Output",
+    "ProxyStats",
+    "SessionServers",
+    "assert_exactly_once",
+    "canonical",
+    "create_topic",
+    "diff",
+    "docker_engine_available",
+    "kafka_behind_proxy",
+    "logs_tail",
+    "new_job",
+    "order_diff",
+    "produce",
+    "produce_jsonl",
+    "run_pipeline",
+    "run_pipeline_subprocess",
+    "unique_name",
+]

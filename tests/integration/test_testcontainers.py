@@ -1,7 +1,8 @@
 """Connectors against Apache Kafka in a container, where a Docker engine exists.
 
 Without one these tests skip, and the embedded broker (or EOSFLOW_KAFKA_BROKERS) covers the same
-paths in the rest of the suite. EOSFLOW_TESTCONTAINERS=1 runs the whole suite on the container.
+paths in the rest of the suite. --eosflow-servers=containers (or EOSFLOW_TESTCONTAINERS=1) runs
+the whole suite on containers.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import pytest
 
 from connectors import KafkaSettings, PartitionReader, TopicAdmin, create_producer, probe_broker
 from connectors.config import producer_config
-from tests.conftest import NO_DOCKER, docker_engine_available, kafka_container
+from processor.testing.servers import NO_DOCKER, docker_engine_available, kafka_container
 
 pytestmark = pytest.mark.skipif(not docker_engine_available(), reason=NO_DOCKER)
 
