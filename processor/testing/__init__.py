@@ -12,11 +12,21 @@ registered by the package) gives the servers, topics and jobs as ``eosflow_*`` f
   run``), both bounded (``--until-idle``); :class:`Job`, :func:`new_job`, :class:`CliRun`.
 * Output: :func:`assert_exactly_once`, :func:`diff`, :class:`Output`, :func:`canonical`,
   :func:`order_diff`.
-* Faults: :class:`FaultProxy` — a loopback TCP proxy that black-holes (a network partition),
+* Output of every sink kind: :func:`read_output`, :func:`scan_topic`.
+* Faults: :class:`Killer` (SIGKILLs placed by progress), :class:`Outage`, :class:`RecoveryClock`,
+  :func:`hold_final`, :func:`on_driver_thread`, :mod:`processor.testing.redis` (a restartable
+  private Redis); :class:`FaultProxy` — a loopback TCP proxy that black-holes (a network partition),
   delays or resets the connections to a server; :func:`kafka_behind_proxy` — an embedded broker
   whose advertised listener is a :class:`FaultProxy`.
 """
 
+from processor.testing.chaos import (
+    Killer,
+    Outage,
+    RecoveryClock,
+    hold_final,
+    on_driver_thread,
+)
 from processor.testing.compare import (
     Diff,
     Output,
@@ -28,6 +38,10 @@ from processor.testing.compare import (
 from processor.testing.kafka import (
     BrokerBehindProxy,
     kafka_behind_proxy,
+)
+from processor.testing.outputs import (
+    read_output,
+    scan_topic,
 )
 from processor.testing.proxy import (
     FaultProxy,
@@ -58,21 +72,28 @@ __all__ = [
     "Diff",
     "FaultProxy",
     "Job",
+    "Killer",
+    "Outage",
     "Output",
     "ProxyStats",
+    "RecoveryClock",
     "SessionServers",
     "assert_exactly_once",
     "canonical",
     "create_topic",
     "diff",
     "docker_engine_available",
+    "hold_final",
     "kafka_behind_proxy",
     "logs_tail",
     "new_job",
+    "on_driver_thread",
     "order_diff",
     "produce",
     "produce_jsonl",
+    "read_output",
     "run_pipeline",
     "run_pipeline_subprocess",
+    "scan_topic",
     "unique_name",
 ]
