@@ -4,6 +4,7 @@ Used by the examples, the tests and the benchmarks; the expectation is computed 
 generated events, never by the engine.
 
     python examples/clicks.py --brokers 127.0.0.1:9092 --topic clicks --records 100000
+    python examples/clicks.py --jsonl clicks.jsonl --records 20000   # for eosflow certify --input
 """
 
 from __future__ import annotations
@@ -321,13 +322,25 @@ def produce_json(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--brokers", required=True)
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--brokers", help="write the clicks to a topic of this Kafka cluster")
+    where.add_argument(
+        "--jsonl", metavar="FILE", help="write them to a JSON-lines file (eosflow certify --input)"
+    )
     parser.add_argument("--topic", default="clicks")
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--users", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
+    if args.jsonl:
+        import orjson
+
+        with open(args.jsonl, "wb") as f:
+            for click in click_events(args.records, users=args.users, seed=args.seed):
+                f.write(orjson.dumps(click) + b"\n")
+        print(f"wrote {args.records:,} clicks to {args.jsonl}")
+        return
     took = produce_clicks(
         args.brokers,
         args.topic,

@@ -30,6 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from processor.certify.destinations import (
+    appended,
+    check_readable,
+    cleanup,
+    free_redis_db,
+    prepare_outputs,
+)
 from processor.certify.inputs import copy_topic, load_lines
 from processor.certify.plan import FAULT_KINDS, RunPlan, plan_runs
 from processor.certify.redirect import Rewrite, redirected, sink_steps
@@ -125,7 +132,7 @@ def certify(options: CertifyOptions) -> Report:
         services(workdir, redis=uses_redis, postgres=uses_postgres) as svc,
     ):
         report.servers = dict(svc.origin)
-        _check_readable(compared, svc)
+        check_readable(compared, svc)
         kinds = []
         for kind in options.faults:
             why = svc.why_not(kind)
@@ -169,7 +176,7 @@ def certify(options: CertifyOptions) -> Report:
         if not report.verdict:
             report.verdict = "PASS" if all(r.ok for r in report.runs) else "FAIL"
         if not options.keep:
-            _cleanup(svc, tag, report)
+            cleanup(svc, tag, report)
         keep = options.keep or options.workdir is not None or report.verdict != "PASS"
         report.workdir = str(workdir) if keep else ""
     return report
@@ -209,27 +216,6 @@ def _say(options: CertifyOptions, text: str) -> None:
     print(text, file=options.out, flush=True)
 
 
-def _check_readable(sinks: dict[str, Any], svc: Services) -> None:
-    """A transactional Kafka sink is read back with ``read_committed``: on a broker that does
-    not hide aborted records there (Tansu), a crash's aborted transactions would look like
-    duplicates, so certify refuses instead of blaming the engine."""
-    from connectors import KafkaSettings, probe_broker
-
-    txn = [n for n, s in sinks.items() if type(s).__name__ == "KafkaSink" and s.mode != "staged"]
-    if not txn:
-        return
-    settings = KafkaSettings.from_env(brokers=svc.kafka)
-    if probe_broker(settings).read_committed_hides_aborted:
-        return
-    raise ConfigError(
-        f"sink step {txn[0]!r} is a transactional KafkaSink, and the broker {svc.kafka} "
-        "shows records of aborted transactions to read_committed readers (Tansu does; see "
-        "docs/brokers.md): certify could not tell a crash's aborted output from a duplicate. "
-        "Certify against Apache Kafka (EOSFLOW_KAFKA_BROKERS=...), or give the sink "
-        "mode='staged' for this check"
-    )
-
-
 def _snapshot_inputs(
     flow: Any, options: CertifyOptions, svc: Services, tag: str, report: Report
 ) -> dict[str, str]:
@@ -266,51 +252,6 @@ def _snapshot_inputs(
     return topics
 
 
-def _prepare_outputs(sinks: dict[str, Any], rewrite: Rewrite, svc: Services) -> dict[str, Any]:
-    """The run's redirected sinks, their destinations created."""
-    out = {}
-    for name, sink in sinks.items():
-        copy = redirected(sink, name, rewrite)
-        kind = type(sink).__name__
-        if kind == "KafkaSink":
-            from connectors import KafkaSettings, TopicAdmin
-
-            admin = TopicAdmin(sink.settings or KafkaSettings.from_env(brokers=svc.kafka))
-            parts = admin.describe(sink.topic).partitions if admin.exists(sink.topic) else 4
-            admin.ensure_topic(copy.topic, parts)
-        elif kind == "PostgresSink":
-            _like_table(sink, copy, svc)
-        out[name] = copy
-    return out
-
-
-def _like_table(sink: Any, copy: Any, svc: Services) -> None:
-    import psycopg
-    from psycopg import sql
-
-    dsn = sink.dsn or svc.postgres or ""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        exists = conn.execute("SELECT to_regclass(%s)", [sink.table]).fetchone()
-        if exists and exists[0] is not None:
-            conn.execute(
-                sql.SQL("CREATE TABLE IF NOT EXISTS {} (LIKE {} INCLUDING ALL)").format(
-                    sql.Identifier(*copy.table.split(".")), sql.Identifier(*sink.table.split("."))
-                )
-            )
-
-
-def _free_redis_db(url: str, avoid: set[int]) -> int:
-    from dedup.store import redis_client
-
-    for db in range(1, 16):
-        if db in avoid:
-            continue
-        client = redis_client(re.sub(r"/\d*$", f"/{db}", url.split("?")[0]))
-        if client.dbsize() == 0:
-            return db
-    raise ConfigError(f"no empty Redis database (1-15) on {url} for certify's Redis sinks")
-
-
 def _run(
     plan: RunPlan,
     options: CertifyOptions,
@@ -332,12 +273,14 @@ def _run(
         prefix=f"eosflow-certify-{tag}-{plan.name}",
         topics=topics,
         outputs=str(workdir / f"run-{plan.name}" / "out"),
-        redis_db=_free_redis_db(svc.redis, used) if has_redis_sink and svc.redis else None,
+        redis_db=free_redis_db(svc.redis, used) if has_redis_sink and svc.redis else None,
     )
     outcome = RunOutcome(plan.name, plan.describe(), job=job, redis_db=rewrite.redis_db)
     try:
-        copies = _prepare_outputs(sinks, rewrite, svc)
-        outcome.tables = [c.table for c in copies.values() if type(c).__name__ == "PostgresSink"]
+        copies = prepare_outputs(sinks, rewrite, svc)
+        outcome.tables = [
+            ".".join(c.table) for c in copies.values() if type(c).__name__ == "PostgresSink"
+        ]
     except EosflowError as exc:
         outcome.error = f"preparing the outputs failed: {exc}"
         return outcome
@@ -442,7 +385,7 @@ def _run(
                 for name, copy in copies.items()
             }
             for path, size in side_sizes.items():
-                outcome.outputs[f"side:{path}"] = _appended(path, size)
+                outcome.outputs[f"side:{path}"] = appended(path, size)
         except (EosflowError, OSError, TimeoutError) as exc:
             outcome.error = f"reading the committed output failed: {exc}"
     return outcome
@@ -488,25 +431,6 @@ def _redis_restart(runner: Any, svc: Services, seconds: float) -> tuple[Any, Any
     return begin, end
 
 
-def _appended(path: Path, since: int) -> list[Output]:
-    """The lines appended to ``path`` after its first ``since`` bytes (a side output)."""
-    import orjson
-
-    if not path.exists():
-        return []
-    with path.open("rb") as f:
-        f.seek(since)
-        lines = f.read().split(b"\n")
-    out = []
-    for i, line in enumerate(lines[:-1] if lines and not lines[-1] else lines, 1):
-        try:
-            value: Any = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            value = line
-        out.append(Output(value, None, f"{path.name}+{i}"))
-    return out
-
-
 def _compare(
     outputs: dict[str, list[Output]],
     reference: dict[str, list[Output]],
@@ -525,38 +449,3 @@ def _compare(
             check.order_example = order["example"]
         checks.append(check)
     return checks
-
-
-def _cleanup(svc: Services, tag: str, report: Report) -> None:
-    """Deletes certify's topics, tables and Redis databases (best effort; said if it fails)."""
-    from connectors import KafkaSettings, TopicAdmin
-
-    try:
-        admin = TopicAdmin(KafkaSettings.from_env(brokers=svc.kafka))
-        mine = admin.list_topics(f"eosflow-certify-{tag}-")
-        for run in report.runs:
-            mine += admin.list_topics(f"eosflow.{report.job[:40]}-c{tag}-{run.name}.")
-        if mine:
-            admin.delete_topics(mine)
-    except Exception as exc:  # cleanup must not hide the verdict
-        report.notes.append(f"could not delete certify's topics: {exc}")
-    if svc.redis:
-        from dedup.store import redis_client
-
-        client = redis_client(svc.redis)
-        for run in report.runs:
-            stale = list(client.scan_iter(match=f"eosflow:{run.job}:*", count=1000))
-            if stale:
-                client.delete(*stale)
-            if run.redis_db is not None:
-                redis_client(re.sub(r"/\d*$", f"/{run.redis_db}", svc.redis)).flushdb()
-    tables = [t for run in report.runs for t in run.tables]
-    if tables and svc.postgres:
-        import psycopg
-        from psycopg import sql
-
-        with psycopg.connect(svc.postgres, autocommit=True) as conn:
-            for table in tables:
-                conn.execute(
-                    sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(*table.split(".")))
-                )

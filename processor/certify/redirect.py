@@ -92,7 +92,8 @@ def redirected(sink: Any, step: str, rewrite: Rewrite) -> Any:
         if out.prefix:
             out.prefix = f"{rewrite.prefix}-{step}"
     elif kind == "PostgresSink":
-        out.table = f"{sink.table}{rewrite.table_suffix}"
+        *schema, table = sink.table  # identifier parts: ("table",) or ("schema", "table")
+        out.table = (*schema, f"{table}{rewrite.table_suffix}")
     elif kind == "RedisSink":
         out.url = _with_db(sink.url or os.environ.get("EOSFLOW_REDIS_URL", ""), rewrite.redis_db)
     elif kind == "ConsoleSink":

@@ -179,8 +179,8 @@ def _read_postgres(sink: Any) -> list[Output]:
     dsn = sink.dsn or os.environ.get("EOSFLOW_POSTGRES_DSN")
     if not dsn:
         raise ConfigError("reading a PostgresSink's table needs its dsn or EOSFLOW_POSTGRES_DSN")
-    schema, _, name = sink.table.rpartition(".")
-    table = sql.Identifier(schema, name) if schema else sql.Identifier(name)
+    table = sql.Identifier(*sink.table)  # identifier parts: ("table",) or ("schema", "table")
+    name = ".".join(sink.table)
     query = sql.SQL("SELECT {} FROM {}").format(
         sql.SQL(", ").join(map(sql.Identifier, sink.columns)), table
     )
@@ -191,7 +191,7 @@ def _read_postgres(sink: Any) -> list[Output]:
     for row in rows:
         value = [_jsonable(v) for v in row]
         key = [value[i] for i in index] if index else None
-        out.append(Output(value, key, f"{sink.table}({key})" if key else sink.table))
+        out.append(Output(value, key, f"{name}({key})" if key else name))
     return out
 
 

@@ -205,3 +205,49 @@ def test_certify_refuses_a_sink_it_cannot_redirect_at_start_up(tmp_path: Path) -
     assert out.returncode == 2, out.stdout + out.stderr
     assert "sink step 'out': eosflow certify cannot give a Odd a destination" in out.stderr
     assert "certify_redirect(rewrite, step)" in out.stderr
+
+
+def test_certify_reads_postgres_tables_and_drops_its_own_afterwards(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    """Two PostgreSQL sinks (append and upsert), each redirected to a table of every run's own
+    (created by the sinks' start-up check), read back, compared, and dropped at the end."""
+    import psycopg
+
+    env = {
+        "JOB_NAME": "certify-pg",
+        "CLICKS_TOPIC": "clicks",
+        "PG_APPEND_TABLE": "certify_rows",
+        "PG_UPSERT_TABLE": "certify_latest",
+        "WORK_US": "0",
+        "EOSFLOW_POSTGRES_DSN": postgres_dsn,
+    }
+    out, report = _certify(
+        tmp_path, PIPELINES / "running_total_postgres.py", "--faults", "kill", env=env
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    checks = {c["sink"]: c for c in _runs(report)["1"]["checks"]}
+    assert checks["rows"]["counts"]["actual"] == 8000  # one row per click
+    assert checks["latest"]["counts"]["actual"] == 1000  # one row per user
+    with psycopg.connect(postgres_dsn) as conn:
+        left = conn.execute(
+            "SELECT tablename FROM pg_tables WHERE tablename LIKE 'certify_%eosflow_certify%'"
+        ).fetchall()
+    assert left == []
+
+
+@pytest.mark.spark
+def test_certify_runs_every_run_on_spark_when_asked(tmp_path: Path) -> None:
+    """``--runner spark``: the reference, the determinism run and a run with random SIGKILLs of
+    the worker tasks' Python processes, each a Spark barrier job on local[2]."""
+    out, report = _certify(
+        tmp_path,
+        ROOT / "examples" / "running_total.py",
+        "--runner", "spark", "--faults", "kill", "--kills", "2", "--seed", "5",
+        env={"SPARK_LOCAL_IP": "127.0.0.1"},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert report["runner"] == "spark" and report["verdict"] == "PASS"
+    run = _runs(report)["1"]
+    assert run["injected"] == 2 and run["restarts"] >= 2, run
+    assert all("Python process died" in c for c in run["causes"]), run["causes"]
