@@ -16,7 +16,6 @@ The steps (docs/testing.md, "eosflow certify"):
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import re
 import secrets
@@ -45,6 +44,7 @@ from processor.certify.services import Services, services
 from processor.errors import ConfigError, EosflowError
 from processor.runtime.job import RunOptions
 from processor.runtime.pipeline import load_flow
+from processor.runtime.preflight import extra_environ
 from processor.testing.chaos import (
     Killer,
     Outage,
@@ -153,7 +153,7 @@ def certify(options: CertifyOptions) -> Report:
             outage_s=options.outage_s,
             rng=rng,
         )
-        with _environ(svc.environ()):
+        with extra_environ(svc.environ()):
             topics = _snapshot_inputs(flow, options, svc, tag, report)
             reference: dict[str, list[Output]] | None = None
             for plan in plans:
@@ -196,20 +196,6 @@ def _workdir(options: CertifyOptions, report: Report) -> Iterator[Path]:
     finally:
         if not options.keep and report.verdict == "PASS":
             shutil.rmtree(path, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def _environ(extra: dict[str, str]) -> Iterator[None]:
-    old = {k: os.environ.get(k) for k in extra}
-    os.environ.update(extra)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _say(options: CertifyOptions, text: str) -> None:
