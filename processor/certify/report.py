@@ -149,12 +149,26 @@ class Report:
             bad = next((r for r in self.runs if r.error), None)
             return f"ERROR: a run without faults failed: {bad.error if bad else '?'}"
         bad_runs = [r for r in fault_runs if not r.ok]
-        return (
+        text = (
             f"FAIL: {len(bad_runs)} of {len(fault_runs)} fault runs did not commit the "
             "reference output exactly once (see above). If a step writes somewhere outside "
             "the sinks (a file, a database, an HTTP call), a replay after a failure repeats "
             "it: only sinks commit with the checkpoint"
         )
+        checks = [c for r in bad_runs for c in r.checks if not c.ok]
+        if checks and all(
+            not c.counts["duplicated"] and c.counts["missing"] == c.counts["unexpected"]
+            for c in checks
+        ):
+            text += (
+                ". Here no record was duplicated or lost in number: records have other values, "
+                "which is what an output that depends on timing looks like (a running "
+                "aggregate of a key whose records sit in several partitions sees them in "
+                "another order after a restart); the two fault-free runs did not show it. "
+                "Key the input by the aggregate's key (--input-key), or certify again to see "
+                "whether it repeats"
+            )
+        return text
 
     def text(self) -> str:
         lines = [

@@ -251,3 +251,35 @@ def test_certify_runs_every_run_on_spark_when_asked(tmp_path: Path) -> None:
     run = _runs(report)["1"]
     assert run["injected"] == 2 and run["restarts"] >= 2, run
     assert all("Python process died" in c for c in run["causes"]), run["causes"]
+
+
+def test_certify_snapshots_a_topic_of_the_users_broker_and_says_what_it_cannot_break(
+    tmp_path: Path, kafka_endpoint: tuple[str, str], topic_name: str
+) -> None:
+    """Input from a topic of a broker certify did not start (``EOSFLOW_KAFKA_BROKERS``): it is
+    copied once, so records written meanwhile change no run; the broker partition is reported
+    as not injected, with the reason, and the rest still runs."""
+    from tests.e2e.harness import produce_clicks
+
+    brokers = kafka_endpoint[0]
+    produce_clicks(brokers, topic_name, 6000, seed=8, partitions=3)
+    out = subprocess.run(
+        eosflow(
+            "certify", str(ROOT / "examples" / "running_total.py"),
+            "--faults", "kill,broker-partition", "--pace", "4s", "--seed", "6",
+            "--json", str(tmp_path / "r.json"),
+        ),
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "EOSFLOW_KAFKA_BROKERS": brokers, "CLICKS_TOPIC": topic_name},
+    )  # fmt: skip
+    print(out.stdout[-4000:], out.stderr[-2000:])
+    assert out.returncode == 0, out.stdout + out.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["inputs"][topic_name] == {
+        "records": 6000, "partitions": 3, "from": f"topic {topic_name}",
+    }  # fmt: skip
+    assert report["servers"]["kafka"] == "env"
+    assert "EOSFLOW_KAFKA_BROKERS" in report["skipped"]["broker-partition"]
+    assert "not injected: broker-partition" in out.stdout
+    assert [r["name"] for r in report["runs"]] == ["ref", "det", "1"]
+    assert report["runs"][2]["checks"][0]["counts"]["actual"] == 6000
