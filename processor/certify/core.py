@@ -169,6 +169,14 @@ def certify(options: CertifyOptions) -> Report:
                     continue
                 if reference is None:
                     reference = outcome.outputs
+                    if not any(reference.values()):
+                        outcome.error = (
+                            "the run without faults committed no output at all, so every run "
+                            "would agree: check that the pipeline's sinks receive records "
+                            f"from the input ({report.inputs})"
+                        )
+                        report.verdict = "ERROR"
+                        break
                     continue
                 if plan.name == "det" and not outcome.ok:
                     report.verdict = "NONDETERMINISTIC"

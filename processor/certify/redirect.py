@@ -125,7 +125,9 @@ def apply(flow: Dataflow, rewrite: Rewrite) -> Dataflow:
     for step in flow.steps.values():
         if step.kind == "source":
             topic = step.params["topic"]
-            step.params["topic"] = rewrite.topics.get(topic, topic)
+            if topic in rewrite.topics:  # a snapshot is read whole, whatever the job's start
+                step.params["topic"] = rewrite.topics[topic]
+                step.params["start"] = "earliest"
         elif step.kind == "sink":
             step.params["sink"] = redirected(step.params["sink"], step.name, rewrite)
     if flow.dead_letter_sink is not None:

@@ -283,3 +283,26 @@ def test_certify_snapshots_a_topic_of_the_users_broker_and_says_what_it_cannot_b
     assert "not injected: broker-partition" in out.stdout
     assert [r["name"] for r in report["runs"]] == ["ref", "det", "1"]
     assert report["runs"][2]["checks"][0]["counts"]["actual"] == 6000
+
+
+def test_certify_refuses_to_judge_when_the_reference_run_commits_nothing(tmp_path: Path) -> None:
+    """An empty reference would make every run agree: a filter that drops everything (or a
+    source that starts at the latest offset, which certify reads from the earliest anyway)."""
+    pipeline = tmp_path / "nothing.py"
+    pipeline.write_text(
+        "from connectors import JsonSerde\n"
+        "from processor import Dataflow\n"
+        "from sinks import FileSink\n\n"
+        "flow = Dataflow('nothing')\n"
+        "(\n"
+        "    flow.source('clicks', 'clicks', serde=JsonSerde(), start='latest')\n"
+        "    .filter('none', lambda c: False)\n"
+        "    .sink('out', FileSink('out'))\n"
+        ")\n"
+    )
+    out, report = _certify(tmp_path, pipeline, "--faults", "kill", timeout=300)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert report["verdict"] == "ERROR" and [r["name"] for r in report["runs"]] == ["ref"]
+    assert "ERROR: a run without faults failed: the run without faults committed no output" in (
+        out.stdout
+    )

@@ -103,11 +103,12 @@ def test_a_rewrite_renames_the_job_and_points_sources_and_dead_letters_elsewhere
     tmp_path: Path,
 ) -> None:
     flow = Dataflow("shop", dead_letters=FileSink("dead"))
-    flow.source("orders", "orders").sink("out", FileSink("out"))
+    flow.source("orders", "orders", start="latest").sink("out", FileSink("out"))
     rewrite = Rewrite("shop-c1-ref", "eosflow-certify-1-ref", {"orders": "snap"}, str(tmp_path))
     apply(flow, rewrite)
     assert flow.name == "shop-c1-ref"
     assert flow.steps["orders"].params["topic"] == "snap"
+    assert flow.steps["orders"].params["start"] == "earliest"  # a snapshot is read whole
     assert flow.steps["out"].params["sink"].path == str(tmp_path / "out")
     assert flow.dead_letter_sink.path == str(tmp_path / "dead-letters")  # type: ignore[union-attr]
     assert Rewrite.from_env(rewrite.to_env()) == rewrite
