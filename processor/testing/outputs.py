@@ -36,7 +36,7 @@ from connectors import KafkaSettings, TopicAdmin, consumer_config, create_consum
 from processor.errors import ConfigError
 from processor.testing.compare import Output
 
-__all__ = ["ORDERED", "read_output", "scan_topic"]
+__all__ = ["ORDERED", "read_output", "reader_config", "scan_topic"]
 
 #: Sink kinds whose output keeps each key's records in order.
 ORDERED = ("FileSink", "KafkaSink")
@@ -97,6 +97,17 @@ def _read_files(path: str, keyed: bool) -> list[Output]:
     return out
 
 
+def reader_config(settings: KafkaSettings, *, committed: bool = True) -> dict[str, Any]:
+    """The settings of a consumer that reads output as a downstream reader would: a group of
+    its own, ``read_committed`` unless ``committed=False``."""
+    return consumer_config(
+        settings,
+        group_id=f"eosflow-reader-{os.getpid()}-{time.monotonic_ns()}",
+        overrides={"isolation.level": "read_committed" if committed else "read_uncommitted"},
+        allow_read_uncommitted=not committed,
+    )
+
+
 def scan_topic(
     settings: KafkaSettings, topic: str, *, committed: bool = True, timeout: float = 60.0
 ) -> Iterator[Any]:
@@ -112,13 +123,7 @@ def scan_topic(
     todo = {p: end for (_, p), end in ends.items() if end > 0}
     if not todo:
         return
-    conf = consumer_config(
-        settings,
-        group_id=f"eosflow-reader-{os.getpid()}-{time.monotonic_ns()}",
-        overrides={"isolation.level": "read_committed" if committed else "read_uncommitted"},
-        allow_read_uncommitted=not committed,
-    )
-    consumer: Any = create_consumer(conf)
+    consumer: Any = create_consumer(reader_config(settings, committed=committed))
     try:
         consumer.assign([TopicPartition(topic, p, 0) for p in todo])
         deadline = time.monotonic() + timeout

@@ -18,11 +18,12 @@ from confluent_kafka import TopicPartition
 
 from connectors import KafkaSettings
 from connectors.admin import TopicAdmin
-from connectors.config import consumer_config, create_consumer, create_producer, producer_config
+from connectors.config import create_consumer, create_producer, producer_config
 from connectors.probe import broker_config
 from dedup import DedupConsumer
 from processor.contracts import SinkContext
 from processor.errors import ConfigError, KafkaClientError
+from processor.testing.outputs import reader_config
 from sinks.kafka import (
     HEADER_ID,
     KafkaSink,
@@ -45,13 +46,7 @@ def read_topic(
     settings: KafkaSettings, topic: str, *, committed: bool = True, dedup: bool = False
 ) -> list[Any]:
     """Every record of ``topic`` as a reader with that isolation level sees it."""
-    conf = consumer_config(
-        settings,
-        group_id=f"reader-{time.monotonic_ns()}",
-        overrides={"isolation.level": "read_committed" if committed else "read_uncommitted"},
-        allow_read_uncommitted=not committed,
-    )
-    consumer: Any = create_consumer(conf)
+    consumer: Any = create_consumer(reader_config(settings, committed=committed))
     parts = TopicAdmin(settings).partitions(topic)
     if dedup:
         consumer = DedupConsumer(consumer)
