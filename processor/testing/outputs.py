@@ -12,8 +12,8 @@ sink                      what is read                                          
 ``KafkaSink``             the topic as a ``read_committed`` reader sees it (staged     per key
                           mode: re-published copies dropped by their ``eosflow-id``)
 ``PostgresSink``          the table's rows (``columns`` of the sink)                   none
-``RedisSink``             every key of the sink's database but its bookkeeping keys,   none
-                          with its content by type (a stream's entries without IDs)
+``RedisSink``             every element of every key of the sink's database but its    none
+                          bookkeeping keys (a stream's entries without their IDs)
 ========================  ==========================================================  =======
 
 "Order" says whether a key's records keep their order in that sink (:data:`ORDERED`), so that
@@ -209,6 +209,11 @@ def _jsonable(value: Any) -> Any:
 
 
 def _read_redis(sink: Any) -> list[Output]:
+    """One record per element: ``[key, value]`` for a string, ``[key, field, value]`` per hash
+    field, ``[key, element]`` per list, set or sorted-set element (with its score) and per
+    stream entry (its fields; entry IDs are the server's clock). Elements of one key written by
+    several subtasks interleave differently from run to run, so they are compared as a
+    multiset, not in order."""
     from dedup.store import redis_client
 
     url = sink.url or os.environ.get("EOSFLOW_REDIS_URL")
@@ -221,23 +226,26 @@ def _read_redis(sink: Any) -> list[Output]:
         if key.startswith(reserved):
             continue
         kind = client.type(key).decode()
-        content: Any
-        if kind == "string":
-            content = client.get(key)
-        elif kind == "hash":
-            content = sorted(client.hgetall(key).items())
-        elif kind == "list":
-            content = client.lrange(key, 0, -1)
-        elif kind == "set":
-            content = sorted(client.smembers(key))
-        elif kind == "zset":
-            content = client.zrange(key, 0, -1, withscores=True)
-        elif kind == "stream":  # entry IDs are the server's clock: compare the fields only
-            content = [sorted(fields.items()) for _id, fields in client.xrange(key)]
-        else:
-            content = kind
         name = key.decode(errors="backslashreplace")
-        out.append(Output([name, _decoded(content)], name, name))
+        items: list[Any]
+        if kind == "string":
+            items = [client.get(key)]
+        elif kind == "hash":
+            items = [list(kv) for kv in sorted(client.hgetall(key).items())]
+        elif kind == "list":
+            items = client.lrange(key, 0, -1)
+        elif kind == "set":
+            items = sorted(client.smembers(key))
+        elif kind == "zset":
+            items = [list(m) for m in client.zrange(key, 0, -1, withscores=True)]
+        elif kind == "stream":
+            items = [sorted(fields.items()) for _id, fields in client.xrange(key)]
+        else:
+            items = [kind]
+        for i, item in enumerate(items):
+            value = _decoded(item)
+            flat = value if kind == "hash" else [value]
+            out.append(Output([name, *flat], name, f"{name}[{i}]"))
     return out
 
 

@@ -306,3 +306,24 @@ def test_certify_refuses_to_judge_when_the_reference_run_commits_nothing(tmp_pat
     assert "ERROR: a run without faults failed: the run without faults committed no output" in (
         out.stdout
     )
+
+
+def test_certify_reads_every_element_a_redis_sink_wrote(tmp_path: Path) -> None:
+    """Three Redis sinks (a list, a hash, HINCRBY counters) redirected to an empty database of
+    each run's own, read element by element, compared as multisets; Redis restarted mid-run."""
+    env = {"JOB_NAME": "certify-redis", "CLICKS_TOPIC": "clicks", "REDIS_PREFIX": "certify",
+           "WORK_US": "0"}  # fmt: skip
+    out, report = _certify(
+        tmp_path,
+        PIPELINES / "running_total_redis.py",
+        "--faults", "kill,redis-restart", "--outage", "2s",
+        env={**{k: v for k, v in os.environ.items() if k != "EOSFLOW_REDIS_URL"}, **env},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    runs = _runs(report)
+    assert runs["1"]["injected"] == 3 and runs["2"]["injected"] == 1
+    (check,) = runs["2"]["checks"]  # the three sinks share the run's database: one check
+    assert check["sink"] == "amounts+latest+out"
+    # the list: one element per click; the hash and the counters: one field per user each
+    assert check["counts"]["actual"] == check["counts"]["expected"] == 8000 + 2 * 1000, check
+    assert len({r["redis_db"] for r in report["runs"]}) == 4  # an empty database each
