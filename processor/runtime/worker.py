@@ -235,13 +235,14 @@ class _Pace:
     """``--max-rate``: how many records the worker's sources may read now, to read at most
     ``rate`` records per second in all (0: no limit)."""
 
-    def __init__(self, rate: float) -> None:
+    def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.rate = rate
-        self.start = time.monotonic()
+        self.clock = clock
+        self.start = clock()
         self.read = 0
 
     def allowed(self, most: int) -> int:
-        return max(0, min(most, int(self.rate * (time.monotonic() - self.start)) - self.read))
+        return max(0, min(most, int(self.rate * (self.clock() - self.start)) - self.read))
 
     def took(self, records: int) -> None:
         self.read += records

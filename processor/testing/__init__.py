@@ -20,51 +20,106 @@ registered by the package) gives the servers, topics and jobs as ``eosflow_*`` f
   whose advertised listener is a :class:`FaultProxy`.
 """
 
-from processor.testing.chaos import (
-    Killer,
-    Outage,
-    RecoveryClock,
-    hold_final,
-    on_driver_thread,
-)
-from processor.testing.compare import (
-    Diff,
-    Output,
-    assert_exactly_once,
-    canonical,
-    diff,
-    order_diff,
-)
-from processor.testing.kafka import (
-    BrokerBehindProxy,
-    kafka_behind_proxy,
-)
-from processor.testing.outputs import (
-    read_output,
-    scan_topic,
-)
-from processor.testing.proxy import (
-    FaultProxy,
-    ProxyStats,
-)
-from processor.testing.run import (
-    CliRun,
-    Job,
-    logs_tail,
-    new_job,
-    run_pipeline,
-    run_pipeline_subprocess,
-)
-from processor.testing.servers import (
-    SessionServers,
-    docker_engine_available,
-)
-from processor.testing.topics import (
-    create_topic,
-    produce,
-    produce_jsonl,
-    unique_name,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Names are imported on first use (PEP 562): the pytest plugin, a submodule, is imported by
+# every pytest run where eosflow is installed, and importing the whole kit (the runner, the
+# Kafka client) would cost each of them about a quarter of a second.
+_WHERE = {
+    "BrokerBehindProxy": "processor.testing.kafka",
+    "CliRun": "processor.testing.run",
+    "Diff": "processor.testing.compare",
+    "FaultProxy": "processor.testing.proxy",
+    "Job": "processor.testing.run",
+    "Killer": "processor.testing.chaos",
+    "Outage": "processor.testing.chaos",
+    "Output": "processor.testing.compare",
+    "ProxyStats": "processor.testing.proxy",
+    "RecoveryClock": "processor.testing.chaos",
+    "SessionServers": "processor.testing.servers",
+    "assert_exactly_once": "processor.testing.compare",
+    "canonical": "processor.testing.compare",
+    "create_topic": "processor.testing.topics",
+    "diff": "processor.testing.compare",
+    "docker_engine_available": "processor.testing.servers",
+    "hold_final": "processor.testing.chaos",
+    "kafka_behind_proxy": "processor.testing.kafka",
+    "logs_tail": "processor.testing.run",
+    "new_job": "processor.testing.run",
+    "on_driver_thread": "processor.testing.chaos",
+    "order_diff": "processor.testing.compare",
+    "produce": "processor.testing.topics",
+    "produce_jsonl": "processor.testing.topics",
+    "read_output": "processor.testing.outputs",
+    "run_pipeline": "processor.testing.run",
+    "run_pipeline_subprocess": "processor.testing.run",
+    "scan_topic": "processor.testing.outputs",
+    "unique_name": "processor.testing.topics",
+}
+
+if TYPE_CHECKING:
+    from processor.testing.chaos import (
+        Killer,
+        Outage,
+        RecoveryClock,
+        hold_final,
+        on_driver_thread,
+    )
+    from processor.testing.compare import (
+        Diff,
+        Output,
+        assert_exactly_once,
+        canonical,
+        diff,
+        order_diff,
+    )
+    from processor.testing.kafka import (
+        BrokerBehindProxy,
+        kafka_behind_proxy,
+    )
+    from processor.testing.outputs import (
+        read_output,
+        scan_topic,
+    )
+    from processor.testing.proxy import (
+        FaultProxy,
+        ProxyStats,
+    )
+    from processor.testing.run import (
+        CliRun,
+        Job,
+        logs_tail,
+        new_job,
+        run_pipeline,
+        run_pipeline_subprocess,
+    )
+    from processor.testing.servers import (
+        SessionServers,
+        docker_engine_available,
+    )
+    from processor.testing.topics import (
+        create_topic,
+        produce,
+        produce_jsonl,
+        unique_name,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'processor.testing' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __all__ = [
     "BrokerBehindProxy",

@@ -4,7 +4,6 @@ diff, the per-key order check, the fault plan, the redirection of sinks, the rep
 from __future__ import annotations
 
 import random
-import time
 import xml.etree.ElementTree as ET
 from collections import Counter
 from pathlib import Path
@@ -160,11 +159,13 @@ def test_a_nondeterministic_report_exits_3_and_says_why() -> None:
 
 
 def test_a_paced_worker_reads_at_most_its_rate() -> None:
-    pace = _Pace(1000.0)
-    assert pace.allowed(5000) <= 1  # nothing is owed at the start
-    time.sleep(0.05)
-    allowed = pace.allowed(5000)
-    assert 40 <= allowed <= 200
-    pace.took(allowed)
-    assert pace.allowed(5000) <= 5
+    now = [0.0]
+    pace = _Pace(1000.0, clock=lambda: now[0])
+    assert pace.allowed(5000) == 0  # nothing is owed at the start
+    now[0] += 0.5
+    assert pace.allowed(5000) == 500
+    pace.took(400)
+    assert pace.allowed(5000) == 100  # what it did not take stays owed
+    now[0] += 10
+    assert pace.allowed(5000) == 5000  # never more than a batch at once
     assert _Pace(0.0).rate == 0.0  # no limit: the worker does not consult it
