@@ -75,7 +75,8 @@ LABELS = {
     "eosflow2": "eosflow, 2 workers (same)",
     "loop": "hand-written loop, at-least-once, orjson, 1 process",
     "loop-txn": "hand-written loop, transactions every 1 s, orjson, 1 process",
-    "quix": f"Quix Streams {VENVS['quix'][0].split('==')[1]}, exactly-once, 1 process",
+    "quix": f"Quix Streams {VENVS['quix'][0].split('==')[1]}, exactly-once, 1 process "
+    "(session.timeout.ms=6000)",
     "bytewax": f"Bytewax {VENVS['bytewax'][0].split('==')[1]} (no recovery store), 1 process",
 }
 
@@ -357,11 +358,7 @@ def table(outcomes: list[Outcome], records: int) -> str:
         if o.cpu_s is not None:
             cpu = f"{1e6 * o.cpu_s / records:.1f} + {1e6 * (o.broker_cpu_s or 0) / records:.1f}"
         timed = rate and o.seconds is not None and o.first_output_s is not None
-        after = (
-            records / (o.seconds - o.first_output_s)
-            if timed and o.seconds > o.first_output_s
-            else None
-        )
+        after = o.steady_per_s if o.ok else None
         rows.append(
             f"| {LABELS[o.system]} | {f'{rate:,.0f}' if rate else '-'} "
             f"| {f'{o.seconds:.1f} ({o.first_output_s:.1f})' if timed else '-'} "
@@ -415,10 +412,17 @@ def main() -> None:
     )
     parser.add_argument("--timeout", type=float, default=600.0, help="per system, seconds")
     parser.add_argument("--venvs", type=Path, default=BENCH / ".venvs")
+    parser.add_argument(
+        "--table", type=Path, metavar="RESULTS.json", help="print the table of a saved run and exit"
+    )
     parser.add_argument("--child-eosflow", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child_eosflow:
         child_eosflow(args.child_eosflow)
+        return
+    if args.table:
+        saved = json.loads(args.table.read_text())
+        print(table([Outcome(**o) for o in saved["outcomes"]], saved["records"]))
         return
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = [s for s in systems if s not in SYSTEMS]
