@@ -1,0 +1,42 @@
+"""The reference job in Bytewax (run in its own virtual environment with ``-m bytewax.run``).
+
+No recovery store is configured, so Bytewax gives no delivery guarantee across a crash (with
+one it is at-least-once; it has no exactly-once Kafka sink). The source stops at the end of the
+input (``tail=False``); the running totals are a ``stateful_map`` keyed by the message key.
+"""
+
+from __future__ import annotations
+
+import os
+
+import bytewax.operators as op
+import orjson
+from bytewax.connectors.kafka import KafkaSink, KafkaSinkMessage, KafkaSource
+from bytewax.dataflow import Dataflow
+
+
+def _totals(state, click):
+    count, amount = state or (0, 0)
+    acc = (count + 1, amount + click["amount"])
+    return acc, acc
+
+
+brokers = [os.environ["BROKERS"]]
+flow = Dataflow("peers-bytewax")
+msgs = op.input(
+    "in",
+    flow,
+    KafkaSource(
+        brokers,
+        [os.environ["INPUT_TOPIC"]],
+        tail=False,
+        add_config={"fetch.queue.backoff.ms": "10"},
+    ),
+)
+clicks = op.map("parse", msgs, lambda m: (m.key.decode(), orjson.loads(m.value)))
+valid = op.filter("valid", clicks, lambda kv: kv[1]["amount"] > 0)
+running = op.stateful_map("totals", valid, _totals)
+encoded = op.map(
+    "encode", running, lambda kv: KafkaSinkMessage(kv[0].encode(), orjson.dumps(kv[1]))
+)
+op.output("out", encoded, KafkaSink(brokers, os.environ["OUTPUT_TOPIC"]))
