@@ -13,7 +13,7 @@ input (key user, value ``[count, amount]``) to an 8-partition topic. What one ru
    versions (their pins conflict with eosflow's);
 3. writes ``--records`` clicks to one input topic, and computes the expected output from the
    generated clicks (``examples/clicks.py``), never from a system;
-4. runs each system as a subprocess (``bench/peer_jobs/``, ``pipelines/keyed_count_kafka.py``)
+4. runs each system as a subprocess (``bench/peer_jobs/``, ``pipelines/keyed_count.py``)
    reading that topic from the start into an output topic of its own. The clock runs from the
    launch until an independent ``read_committed`` reader in this process has seen every output
    (start-up included, as a user would see it). CPU is the subprocess's and its reaped
@@ -371,7 +371,7 @@ def table(outcomes: list[Outcome], records: int) -> str:
 
 
 def child_eosflow(workers: int) -> None:
-    """Runs ``pipelines/keyed_count_kafka.py`` until idle (in the subprocess of a run)."""
+    """Runs ``pipelines/keyed_count.py`` until idle (in the subprocess of a run)."""
     from processor.runtime.local import LocalRunner, RunOptions
 
     options = RunOptions(
@@ -391,7 +391,7 @@ def child_eosflow(workers: int) -> None:
         },
         state_dir=os.environ["STATE_DIR"],
     )
-    result = LocalRunner(BENCH / "pipelines" / "keyed_count_kafka.py", options).run()
+    result = LocalRunner(BENCH / "pipelines" / "keyed_count.py", options).run()
     print(
         f"eosflow: {result.records_in:,} in, {result.seconds:.1f}s (ready after "
         f"{result.ready_s:.1f}s), {result.checkpoints} checkpoints, {result.restarts} restarts"

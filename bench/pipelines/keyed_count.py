@@ -20,7 +20,10 @@ Configured by environment variables (read in the runner and in every worker proc
 
 * ``JOB_NAME``: the job (names its channel topics and checkpoints; a new name starts at offset 0);
 * ``CLICKS_TOPIC``: the input topic (``examples/clicks.py`` writes it);
-* ``OUTPUT_DIR``: where the file sink commits its part files.
+* ``OUTPUT_DIR``: where the file sink commits its part files;
+* ``OUTPUT_TOPIC``: write to this Kafka topic instead (it must exist), through a transactional
+  ``KafkaSink`` with ids ``TXN_PREFIX`` (the reference job as ``bench/peers.py`` runs it: key
+  user, value JSON ``[count, amount]``).
 """
 
 from __future__ import annotations
@@ -29,7 +32,9 @@ import os
 
 from connectors.serde import JsonSerde
 from processor.dataflow import Dataflow
-from sinks import FileSink
+from sinks import FileSink, KafkaSink
+
+OUTPUT_TOPIC = os.environ.get("OUTPUT_TOPIC")
 
 flow = Dataflow(os.environ.get("JOB_NAME", "bench-keyed-count"))
 (
@@ -46,5 +51,10 @@ flow = Dataflow(os.environ.get("JOB_NAME", "bench-keyed-count"))
         init=lambda: (0, 0),
         add=lambda acc, click: (acc[0] + 1, acc[1] + click["amount"]),
     )
-    .sink("out", FileSink(os.environ.get("OUTPUT_DIR", "out/bench-keyed-count")))
+    .sink(
+        "out",
+        KafkaSink(OUTPUT_TOPIC, transactional_id_prefix=os.environ.get("TXN_PREFIX", "bench"))
+        if OUTPUT_TOPIC
+        else FileSink(os.environ.get("OUTPUT_DIR", "out/bench-keyed-count")),
+    )
 )
