@@ -22,9 +22,8 @@ import secrets
 import shutil
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -325,16 +324,18 @@ def _run(
         killer.hold_final()
         threads.append(killer)
     elif plan.kind in ("broker-partition", "redis-restart"):
+        begin: Callable[[], None]
+        end: Callable[[], None]
         if plan.kind == "broker-partition":
             assert svc.proxy is not None
             begin, end = svc.proxy.black_hole, svc.proxy.heal
-        else:
-            begin, end = _redis_restart(runner, svc, options.outage_s)
+        else:  # the new Redis is started by the job's thread: the fault thread ends soon
+            begin, end = svc.stop_redis, lambda: on_driver_thread(runner, svc.start_redis)
         outage = Outage(
             runner,
             records=records,
             at=plan.outage_at,
-            seconds=options.outage_s if plan.kind == "broker-partition" else 0.0,
+            seconds=options.outage_s,
             begin=begin,
             end=end,
             name=plan.kind,
@@ -406,31 +407,6 @@ def _chain_pending(runner: Any, faults: int, interval: float) -> Any:
         return bool(runner.restarts < faults and time.monotonic() - seen["since"] < patience)
 
     return pending
-
-
-def _redis_restart(runner: Any, svc: Services, seconds: float) -> tuple[Any, Any]:
-    """``begin``: stop certify's Redis; ``end`` (``seconds`` later): start it with its data.
-
-    The new Redis is started by the runner's own thread (between two coordinator steps): an
-    owned server dies with the thread that started it (``PR_SET_PDEATHSIG``), and the fault
-    thread ends right after.
-    """
-    from processor.embedded._process import stop
-    from processor.testing.redis import restart_redis
-
-    def begin() -> None:
-        assert svc.redis_server is not None
-        stop(svc.redis_server.process)
-        threading.Event().wait(seconds)
-
-    def restart() -> None:
-        assert svc.redis_server is not None
-        svc.redis_server = restart_redis(svc.redis_server, empty=False)
-
-    def end() -> None:
-        on_driver_thread(runner, restart)
-
-    return begin, end
 
 
 def _compare(

@@ -15,45 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from confluent_kafka import Producer
 
-from connectors import KafkaSettings, TopicAdmin, create_producer, producer_config
+from connectors import KafkaSettings, TopicAdmin
 from processor.errors import ConfigError
 from processor.testing.outputs import scan_topic
+from processor.testing.topics import produce_records
 
 __all__ = ["copy_topic", "load_lines"]
-
-_FLUSH_S = 60.0
-
-
-def _produce_all(settings: KafkaSettings, topic: str, records: Iterable[dict[str, Any]]) -> int:
-    producer: Producer = create_producer(
-        producer_config(settings, overrides={"linger.ms": 20, "compression.type": "lz4"})
-    )
-    failed: list[str] = []
-
-    def report(err: Any, _msg: Any) -> None:
-        if err is not None:
-            failed.append(str(err))
-
-    count = 0
-    for record in records:
-        while True:
-            try:
-                producer.produce(topic, on_delivery=report, **record)
-                break
-            except BufferError:
-                producer.poll(0.1)
-        count += 1
-        if count % 10_000 == 0:
-            producer.poll(0)
-    left = producer.flush(_FLUSH_S)
-    if left or failed:
-        raise ConfigError(
-            f"writing certify's input topic {topic!r} failed: {left} records not delivered "
-            f"within {_FLUSH_S:g}s, {len(failed)} errors (first: {failed[:1]})"
-        )
-    return count
 
 
 def copy_topic(settings: KafkaSettings, source: str, target: str) -> tuple[int, int]:
@@ -83,7 +51,7 @@ def copy_topic(settings: KafkaSettings, source: str, target: str) -> tuple[int, 
                 "headers": msg.headers() or None,
             }
 
-    count = _produce_all(settings, target, records())
+    count = produce_records(settings.brokers, target, records())
     if count == 0:
         raise ConfigError(
             f"source topic {source!r} holds no committed record: certify replays a snapshot of "
@@ -126,7 +94,7 @@ def load_lines(
         for i, record in enumerate(records):
             k = _field(record["value"], key, file, i + 1)
             record["key"], record["partition"] = k, murmur2_partition(k, partitions)
-    return _produce_all(settings, target, records)
+    return produce_records(settings.brokers, target, records)
 
 
 def _field(line: bytes, key: str, file: Path, number: int) -> bytes:

@@ -53,13 +53,18 @@ class Services:
             env["EOSFLOW_POSTGRES_DSN"] = self.postgres
         return env
 
-    def restart_redis(self) -> None:
-        """Stops certify's Redis cleanly (its append-only file flushed) and starts it again on
-        the same port with its data: a Redis restart as an upgrade or a failover does it."""
-        assert self.redis_server is not None
+    def stop_redis(self) -> None:
+        """Stops certify's Redis cleanly (its append-only file flushed), if it runs."""
         from processor.embedded._process import stop
 
-        stop(self.redis_server.process)
+        if self.redis_server is not None:
+            stop(self.redis_server.process)
+
+    def start_redis(self) -> None:
+        """Starts certify's Redis again on the same port, with its data (a Redis restart as an
+        upgrade or a failover does it). Call it from a thread that outlives the server: an
+        owned server dies with the thread that started it (``PR_SET_PDEATHSIG``)."""
+        assert self.redis_server is not None
         self.redis_server = restart_redis(self.redis_server, empty=False)
 
     def why_not(self, fault: str) -> str | None:
@@ -101,14 +106,7 @@ def services(workdir: Path, *, redis: bool, postgres: bool) -> Iterator[Services
             else:
                 found.redis_server = private_redis(workdir / "redis")
                 found.redis, origin["redis"] = found.redis_server.url, "embedded"
-
-                def stop_redis() -> None:
-                    from processor.embedded._process import stop
-
-                    if found.redis_server is not None:
-                        stop(found.redis_server.process)
-
-                stack.callback(stop_redis)
+                stack.callback(found.stop_redis)
         if postgres:
             endpoints = stack.enter_context(servers(["postgres"]))
             found.postgres, origin["postgres"] = (

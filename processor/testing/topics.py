@@ -25,7 +25,7 @@ from confluent_kafka import KafkaException
 
 from processor.contracts import Serde
 
-__all__ = ["create_topic", "produce", "produce_jsonl", "unique_name"]
+__all__ = ["create_topic", "produce", "produce_jsonl", "produce_records", "unique_name"]
 
 #: Seconds :func:`produce` waits for the last deliveries.
 FLUSH_TIMEOUT = 60.0
@@ -100,10 +100,35 @@ def produce(
         SerializationError: a value the serde cannot encode (nothing after it is written).
         KafkaClientError: a record was not delivered (the first failure, with how many).
     """
-    from connectors import JsonSerde, KafkaSettings, create_producer, producer_config
-    from connectors.errors import classify
+    from connectors import JsonSerde
 
     encode = (serde or JsonSerde()).serialize
+
+    def records() -> Iterable[dict[str, Any]]:
+        for value in values:
+            record: dict[str, Any] = {"value": encode(value)}
+            if key is not None:
+                record["key"] = _key_bytes(key(value))
+            if partition is not None:
+                record["partition"] = partition(value) if callable(partition) else partition
+            if timestamp_ms is not None:
+                record["timestamp"] = int(timestamp_ms(value))
+            yield record
+
+    return produce_records(brokers, topic, records())
+
+
+def produce_records(brokers: str, topic: str, records: Iterable[Mapping[str, Any]]) -> int:
+    """Write ``records`` (each the keyword arguments of ``Producer.produce``: ``value``, and
+    optionally ``key``, ``partition``, ``timestamp``, ``headers``) to ``topic``, which must
+    exist, and wait until all are delivered; returns how many were written.
+
+    Raises:
+        KafkaClientError: a record was not delivered (the first failure, with how many).
+    """
+    from connectors import KafkaSettings, create_producer, producer_config
+    from connectors.errors import classify
+
     producer = create_producer(producer_config(KafkaSettings.from_env(brokers=brokers)))
     failures: list[Any] = []
 
@@ -112,17 +137,10 @@ def produce(
             failures.append(err)
 
     count = 0
-    for value in values:
-        extra: dict[str, Any] = {}
-        if partition is not None:
-            extra["partition"] = partition(value) if callable(partition) else partition
-        if timestamp_ms is not None:
-            extra["timestamp"] = int(timestamp_ms(value))
-        k = _key_bytes(key(value)) if key is not None else None
-        data = encode(value)
+    for record in records:
         while True:
             try:
-                producer.produce(topic, data, key=k, on_delivery=delivered, **extra)
+                producer.produce(topic, on_delivery=delivered, **record)
                 break
             except BufferError:  # the local queue is full: let deliveries drain
                 producer.poll(0.05)

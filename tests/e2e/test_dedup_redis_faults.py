@@ -28,6 +28,7 @@ import pytest
 from processor.runtime.job import JobFailed
 from processor.runtime.runner import Runner
 from processor.testing import FaultProxy
+from processor.testing.chaos import input_read
 from processor.testing.redis import kill_redis, private_redis, restart_redis
 from sinks import read_jsonl
 from tests.e2e.harness import (
@@ -48,12 +49,8 @@ ENV = {"DEDUP_FP_RATE": "0.4", "DEDUP_EXPECTED_IDS": "2000", "DEDUP_BUCKET_S": "
 
 
 def _progressed(runner: Runner, share: float, checkpoints: int) -> bool:
-    workers = list(getattr(runner, "workers", []))
-    if not workers or not all(w.stats for w in workers) or not hasattr(runner, "coordinator"):
-        return False
-    _read, _out, lag = runner._counters()
-    done = runner.coordinator.stats.completed >= checkpoints
-    return done and RECORDS - lag >= share * RECORDS
+    read = input_read(runner, RECORDS)
+    return read is not None and read >= share and runner.coordinator.stats.completed >= checkpoints
 
 
 def _wait(runner: Runner, share: float, checkpoints: int, stop: threading.Event) -> bool:
