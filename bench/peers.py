@@ -55,6 +55,7 @@ ROOT = BENCH.parent
 sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(BENCH))
 
+import profiles  # noqa: E402
 from clicks import click_events, produce_clicks  # noqa: E402
 from jobs import broker_cpu_s  # noqa: E402
 
@@ -62,7 +63,16 @@ from connectors import KafkaSettings, TopicAdmin  # noqa: E402
 from processor.embedded import servers  # noqa: E402
 
 PARTITIONS = 8
-SYSTEMS = ("eosflow1", "eosflow2", "loop", "loop-txn", "quix", "bytewax")
+SYSTEMS = (
+    "eosflow1",
+    "eosflow2",
+    "eosflow1-keyed",
+    "eosflow2-keyed",
+    "loop",
+    "loop-txn",
+    "quix",
+    "bytewax",
+)
 PEERS = ("quix", "bytewax")
 JOBS = BENCH / "peer_jobs"
 #: Pinned peers (the versions of issue 22), each in its own virtual environment.
@@ -73,6 +83,9 @@ VENVS = {
 LABELS = {
     "eosflow1": "eosflow, 1 worker (shuffle via Kafka, txn KafkaSink, 1 s checkpoints)",
     "eosflow2": "eosflow, 2 workers (same)",
+    "eosflow1-keyed": "eosflow, 1 worker, keyed source (no shuffle; txn KafkaSink, 1 s "
+    "checkpoints)",
+    "eosflow2-keyed": "eosflow, 2 workers, keyed source (same)",
     "loop": "hand-written loop, at-least-once, orjson, 1 process",
     "loop-txn": "hand-written loop, transactions every 1 s, orjson, 1 process",
     "quix": f"Quix Streams {VENVS['quix'][0].split('==')[1]}, exactly-once, 1 process "
@@ -251,7 +264,8 @@ class Bench:
     def command(self, system: str) -> list[str]:
         me = sys.executable
         if system.startswith("eosflow"):
-            return [me, str(Path(__file__)), "--child-eosflow", system[-1]]
+            keyed = ["--keyed-source"] if system.endswith("-keyed") else []
+            return [me, str(Path(__file__)), "--child-eosflow", system[7], *keyed]
         if system == "loop":
             return [me, str(JOBS / "loop.py"), "at-least-once"]
         if system == "loop-txn":
@@ -288,8 +302,11 @@ class Bench:
         _say(f"{system}: launching ({LABELS[system]}); log {log_path}")
         start = time.monotonic()
         with open(log_path, "wb") as log:
+            command = self.command(system)
+            if self.args.profile is not None:
+                command = profiles.wrap(command, self.args.profile / f"{system}.raw")
             proc = subprocess.Popen(
-                self.command(system), env=env, cwd=JOBS, stdout=log, stderr=subprocess.STDOUT
+                command, env=env, cwd=JOBS, stdout=log, stderr=subprocess.STDOUT
             )
             reader.start()
             deadline = start + self.args.timeout
@@ -370,8 +387,9 @@ def table(outcomes: list[Outcome], records: int) -> str:
     return "\n".join(rows)
 
 
-def child_eosflow(workers: int) -> None:
-    """Runs ``pipelines/keyed_count.py`` until idle (in the subprocess of a run)."""
+def child_eosflow(workers: int, keyed_source: bool) -> None:
+    """Runs ``pipelines/keyed_count.py`` until idle (in the subprocess of a run);
+    ``keyed_source``: keyed by the message key, without a shuffle."""
     from processor.runtime.local import LocalRunner, RunOptions
 
     options = RunOptions(
@@ -388,7 +406,8 @@ def child_eosflow(workers: int) -> None:
                 "OUTPUT_TOPIC",
                 "TXN_PREFIX",
             )
-        },
+        }
+        | {"KEYED_SOURCE": "1" if keyed_source else "0"},
         state_dir=os.environ["STATE_DIR"],
     )
     result = LocalRunner(BENCH / "pipelines" / "keyed_count.py", options).run()
@@ -415,10 +434,19 @@ def main() -> None:
     parser.add_argument(
         "--table", type=Path, metavar="RESULTS.json", help="print the table of a saved run and exit"
     )
+    parser.add_argument(
+        "--profile", type=Path, metavar="DIR",
+        help="run every system under py-spy (its subprocesses too) and write DIR/<system>.raw "
+        "and DIR/<system>-top.txt (the top 15 functions); the timings of such a run are not "
+        "comparable with an unprofiled one",
+    )  # fmt: skip
     parser.add_argument("--child-eosflow", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--keyed-source", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.profile is not None:
+        args.profile.mkdir(parents=True, exist_ok=True)
     if args.child_eosflow:
-        child_eosflow(args.child_eosflow)
+        child_eosflow(args.child_eosflow, args.keyed_source)
         return
     if args.table:
         saved = json.loads(args.table.read_text())
@@ -488,6 +516,13 @@ def run(args: argparse.Namespace, systems: list[str], brokers: str, origin: str)
     for o in outcomes:
         for note in o.notes:
             print(f"- {o.system}: {note}")
+    if args.profile is not None:
+        for system in systems:
+            raw = args.profile / f"{system}.raw"
+            if raw.exists():
+                summary = profiles.top(raw)
+                (args.profile / f"{system}-top.txt").write_text(summary + "\n")
+                print(f"\n{summary}")
     if all(o.ok for o in outcomes) and not args.keep_logs:
         shutil.rmtree(work, ignore_errors=True)
     else:

@@ -29,13 +29,18 @@ forward edge never needs a repartition.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from processor.dataflow import Dataflow, Step
 from processor.errors import DefinitionError
 from processor.wire import channel_topic_name
 
-__all__ = ["Edge", "Plan", "Stage", "compile_flow"]
+__all__ = ["HASHED", "Edge", "Plan", "Stage", "compile_flow"]
+
+#: The partitioning of a shuffle's output (:func:`processor.wire.key_to_downstream`).
+HASHED = "hashed"
+#: ``None``, :data:`HASHED`, or the keyed source topics a stream is partitioned like.
+Partitioning = frozenset[str] | str | None
 
 
 @dataclass(frozen=True)
@@ -92,6 +97,10 @@ class Plan:
     flow: Dataflow
     parallelism: int
     stages: tuple[Stage, ...]
+    #: Groups of keyed source topics that a keyed step reads without a shuffle: each topic's
+    #: partition count must stay as it was at the job's first start, and the topics of one
+    #: group must have equal counts (:func:`processor.runtime.topics.check_keyed_sources`).
+    copartitioned: tuple[tuple[str, ...], ...] = ()
 
     @property
     def job(self) -> str:
@@ -217,51 +226,84 @@ def compile_flow(flow: Dataflow, parallelism: int, *, combine: bool = True) -> P
     steps = flow.steps
     stages = _Stages()
     stage_of: dict[str, int] = {}
-    partitioned: dict[str, bool] = {}
+    # How each step's output is partitioned among the subtasks: None (not by key), HASHED (a
+    # shuffle's key routing) or the keyed source topics whose Kafka partitioning it keeps.
+    partitioned: dict[str, Partitioning] = {}
+    copartitioned: set[tuple[str, ...]] = set()
     # (src_step, dst_step, shuffle): channel edges, with the destination's stage known later
     channel_edges: list[tuple[str, str, bool]] = []
+
+    def fuse_keyed(step: Step, parent: Step) -> bool:
+        """A keyed stateful step stays in its parent's stage when the parent's output is
+        partitioned by its key already; records what that relies on."""
+        scheme = partitioned[parent.name]
+        if scheme is None:
+            stage_of[step.name] = stages.new(is_source=False)
+            channel_edges.append((parent.name, step.name, True))
+            return False
+        stage_of[step.name] = stage_of[parent.name]
+        if scheme != HASHED:
+            copartitioned.add(tuple(sorted(scheme)))
+        return True
 
     for step in steps.values():  # insertion order is topological: parents exist before children
         parents = [steps[p] for p in step.parents]
         if step.kind == "source":
             stage_of[step.name] = stages.new(is_source=True)
-            partitioned[step.name] = False
+            keyed = step.params.get("keyed", False)
+            partitioned[step.name] = frozenset([step.params["topic"]]) if keyed else None
         elif step.kind == "aggregate":
             (parent,) = parents
-            if partitioned[parent.name]:
-                stage_of[step.name] = stage_of[parent.name]
-            else:
-                stage_of[step.name] = stages.new(is_source=False)
-                channel_edges.append((parent.name, step.name, True))
-            partitioned[step.name] = True
+            fused = fuse_keyed(step, parent)
+            partitioned[step.name] = partitioned[parent.name] if fused else HASHED
         elif step.kind == "dedup":
             # Like an aggregation: copies of an ID (global) or of a key's ID must meet in one
             # subtask. A global dedup's input is keyed by ID before the shuffle (by the task).
             (parent,) = parents
-            if step.keyed and partitioned[parent.name]:
-                stage_of[step.name] = stage_of[parent.name]
+            if step.keyed and fuse_keyed(step, parent):
+                partitioned[step.name] = partitioned[parent.name]
+            elif step.keyed:
+                partitioned[step.name] = HASHED
             else:
                 stage_of[step.name] = stages.new(is_source=False)
                 channel_edges.append((parent.name, step.name, True))
-            partitioned[step.name] = step.keyed
+                partitioned[step.name] = None
         elif step.kind == "iterate":
             # A loop head runs in its own stage: its back-edge input is a channel, and a source
             # stage reads no channels.
             (parent,) = parents
             stage_of[step.name] = stages.new(is_source=False)
             channel_edges.append((parent.name, step.name, False))
-            partitioned[step.name] = False
+            partitioned[step.name] = None
         elif step.kind == "union":
             _place_union(step, parents, stages, stage_of, channel_edges)
-            partitioned[step.name] = all(partitioned[p.name] for p in parents)
+            partitioned[step.name] = _union_partitioning([partitioned[p.name] for p in parents])
         else:  # map, filter, flat_map, key_by, sink
             (parent,) = parents
             stage_of[step.name] = stage_of[parent.name]
-            partitioned[step.name] = step.kind != "key_by" and partitioned[parent.name]
+            partitioned[step.name] = None if step.kind == "key_by" else partitioned[parent.name]
     for step in steps.values():  # loop feedback: a forward channel back to the head
         if step.kind == "iterate":
             channel_edges.append((step.params["feedback"], step.name, False))
-    return _build(flow, parallelism, stages, stage_of, channel_edges, combine=combine)
+    plan = _build(flow, parallelism, stages, stage_of, channel_edges, combine=combine)
+    return replace(plan, copartitioned=tuple(sorted(copartitioned)))
+
+
+def _union_partitioning(schemes: list[Partitioning]) -> Partitioning:
+    """Streams partitioned alike stay so when merged: all by the shuffle's routing, or all by
+    keyed source topics (which must then be co-partitioned, checked at start-up). A mix of
+    the two is not partitioned: Kafka's partitioner and the shuffle's routing differ."""
+    if any(s is None for s in schemes):
+        return None
+    if all(s == HASHED for s in schemes):
+        return HASHED
+    if any(s == HASHED for s in schemes):
+        return None
+    topics: set[str] = set()
+    for scheme in schemes:
+        assert isinstance(scheme, frozenset)
+        topics |= scheme
+    return frozenset(topics)
 
 
 def _place_union(

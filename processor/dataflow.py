@@ -150,8 +150,27 @@ class Dataflow:
         timestamp: Callable[[Any], int] | None = None,
         max_out_of_orderness: timedelta = timedelta(0),
         start: str = "earliest",
+        keyed: bool = False,
+        key_serde: Serde | None = None,
     ) -> Stream:
         """Read ``topic`` (every partition; subtask ``i`` of ``P`` reads partitions ``p % P == i``).
+
+        With ``keyed=True`` the stream is keyed by each record's Kafka message key, and keyed
+        steps after it (``aggregate``, ``count``, ``reduce``, a keyed ``dedup``) run in the
+        source's own task, without a shuffle: Kafka already put every record of a key in one
+        partition, and one subtask reads that partition. This is Kafka Streams' and Quix's
+        default. It rests on two conditions, both checked when the job starts (docs/engine.md,
+        "Keyed sources"):
+
+        * the producer chose partitions by key (any partitioner that sends one key to one
+          partition, e.g. Kafka's default), and topics that meet in one keyed step (a
+          ``union``) have the same partition count and partitioner;
+        * the partition count does not change during the job's life (adding partitions moves
+          keys, which would split their state): it is recorded at the first start, and a
+          later start with another count is refused.
+
+        A record without a key cannot be keyed: it is a bad record (dead letter, or counted and
+        skipped). ``key_by`` after a keyed source re-keys, and its stream is shuffled as usual.
 
         Args:
             serde: decodes record values (default: the raw bytes).
@@ -160,6 +179,9 @@ class Dataflow:
             max_out_of_orderness: how far behind the newest event time of a partition an event
                 may arrive; the watermark trails the newest event time by this much.
             start: ``earliest`` or ``latest``, where a job without a checkpoint starts reading.
+            keyed: key the stream by the message key, partitioned as the topic is.
+            key_serde: decodes message keys of a keyed source (default: UTF-8 text); keys must
+                decode to JSON-like values (they are kept in snapshots).
         """
         if not isinstance(topic, str) or not topic:
             raise DefinitionError(f"source {name!r}: topic must be a non-empty string")
@@ -169,6 +191,18 @@ class Dataflow:
             )
         if start not in ("earliest", "latest"):
             raise DefinitionError(f"source {name!r}: start must be 'earliest' or 'latest'")
+        if not isinstance(keyed, bool):
+            raise DefinitionError(f"source {name!r}: keyed must be True or False, got {keyed!r}")
+        if key_serde is not None and not keyed:
+            raise DefinitionError(
+                f"source {name!r}: key_serde decodes the message keys of a keyed source; add "
+                "keyed=True (the stream is then keyed by them) or drop key_serde"
+            )
+        if key_serde is not None and not isinstance(key_serde, Serde):
+            raise DefinitionError(
+                f"source {name!r}: key_serde {key_serde!r} does not implement "
+                "processor.contracts.Serde"
+            )
         for other in self.steps.values():
             if other.kind == "source" and other.params["topic"] == topic:
                 raise DefinitionError(
@@ -181,9 +215,11 @@ class Dataflow:
             "timestamp": _callable(name, "timestamp", timestamp, optional=True),
             "max_out_of_orderness_ms": duration_ms("max_out_of_orderness", max_out_of_orderness),
             "start": start,
+            "keyed": keyed,
+            "key_serde": key_serde,
         }
-        step = self._add(Step(name, "source", (), False, params))
-        return Stream(self, step)
+        step = self._add(Step(name, "source", (), keyed, params))
+        return KeyedStream(self, step) if keyed else Stream(self, step)
 
     def validate(self) -> None:
         """Checks the whole graph: at least one source, every stream ends in a sink.

@@ -23,7 +23,9 @@ Configured by environment variables (read in the runner and in every worker proc
 * ``OUTPUT_DIR``: where the file sink commits its part files;
 * ``OUTPUT_TOPIC``: write to this Kafka topic instead (it must exist), through a transactional
   ``KafkaSink`` with ids ``TXN_PREFIX`` (the reference job as ``bench/peers.py`` runs it: key
-  user, value JSON ``[count, amount]``).
+  user, value JSON ``[count, amount]``);
+* ``KEYED_SOURCE=1``: key the stream by the message key (the input is keyed by user) instead
+  of ``key_by``: the aggregate runs in the source's task, with no shuffle (no channel topic).
 """
 
 from __future__ import annotations
@@ -35,17 +37,19 @@ from processor.dataflow import Dataflow
 from sinks import FileSink, KafkaSink
 
 OUTPUT_TOPIC = os.environ.get("OUTPUT_TOPIC")
+KEYED_SOURCE = os.environ.get("KEYED_SOURCE") == "1"
 
 flow = Dataflow(os.environ.get("JOB_NAME", "bench-keyed-count"))
+clicks = flow.source(
+    "clicks",
+    os.environ.get("CLICKS_TOPIC", "clicks"),
+    serde=JsonSerde(),
+    timestamp=lambda click: click["ts_ms"],
+    keyed=KEYED_SOURCE,
+)
+valid = clicks.filter("valid", lambda click: click["amount"] > 0)
 (
-    flow.source(
-        "clicks",
-        os.environ.get("CLICKS_TOPIC", "clicks"),
-        serde=JsonSerde(),
-        timestamp=lambda click: click["ts_ms"],
-    )
-    .filter("valid", lambda click: click["amount"] > 0)
-    .key_by("by-user", lambda click: click["user"])
+    (valid if KEYED_SOURCE else valid.key_by("by-user", lambda click: click["user"]))
     .aggregate(
         "per-user",
         init=lambda: (0, 0),

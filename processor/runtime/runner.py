@@ -44,7 +44,12 @@ from processor.runtime.job import (
 from processor.runtime.lifecycle import RunnerLifecycle, same_cause
 from processor.runtime.pipeline import load_flow, load_object
 from processor.runtime.preflight import extra_environ, preflight
-from processor.runtime.topics import prepare_topics, start_positions
+from processor.runtime.topics import (
+    check_graph,
+    check_keyed_sources,
+    prepare_topics,
+    start_positions,
+)
 from processor.snapshot.lease import JobLease
 from processor.snapshot.store import SnapshotHandle, SnapshotStore
 
@@ -358,9 +363,12 @@ class Runner(RunnerLifecycle):
             check = getattr(transport, "check_reachable", None)
             if check is not None:  # before anything waits on the broker
                 check()
+            latest = self.store.latest_completed(self.job)
+            check_graph(self.plan, list(latest.tasks) if latest is not None else [])
             counts, ends = prepare_topics(
                 self.plan, transport, until_idle=self.options.until_idle, run_dir=self.dir
             )
+            check_keyed_sources(self.plan, self.store, counts)
             if self.store.latest_completed(self.job) is None:
                 self.starts = start_positions(self.plan, self.store, transport, counts)
             # Whether the broker deletes channel records on request: probed once, here, not

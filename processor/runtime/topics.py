@@ -21,14 +21,25 @@ from pathlib import Path
 from typing import Any
 
 from processor.compiler import Plan
+from processor.errors import ConfigError
 from processor.snapshot.store import SnapshotStore
 
-__all__ = ["START_FILE", "prepare_topics", "start_positions"]
+__all__ = [
+    "KEYED_FILE",
+    "START_FILE",
+    "check_graph",
+    "check_keyed_sources",
+    "prepare_topics",
+    "start_positions",
+]
 
 log = logging.getLogger(__name__)
 
 #: The job file holding a fresh job's start positions.
 START_FILE = "_START"
+
+#: The job file holding the partition counts of the keyed sources at the job's first start.
+KEYED_FILE = "_KEYED_SOURCES"
 
 Offsets = list[list[Any]]  # [[topic, partition, offset], ...]: JSON-able
 
@@ -71,3 +82,85 @@ def start_positions(
     starts = [[t, p, found[(t, p)]] for t, p in tps]
     store.write_job_file(plan.job, START_FILE, json.dumps(starts).encode())
     return starts
+
+
+def check_keyed_sources(plan: Plan, store: SnapshotStore, counts: dict[str, int]) -> None:
+    """A keyed step that reads a keyed source without a shuffle keeps each key's state in the
+    subtask that reads the key's partition. That holds only while every key stays in its
+    partition: topics that meet in one keyed step must have equal partition counts, and no
+    topic may gain partitions during the job's life (Kafka's partitioner would send some keys
+    elsewhere, splitting their state). The counts are recorded at the first start and compared
+    at every later one.
+
+    Raises:
+        ConfigError: the topics' counts differ, or a count changed since the first start.
+    """
+    if not plan.copartitioned:
+        return
+    topics = sorted({t for group in plan.copartitioned for t in group})
+    for group in plan.copartitioned:
+        found = {t: counts[t] for t in group}
+        if len(set(found.values())) > 1:
+            raise ConfigError(
+                f"job {plan.job!r}: keyed sources of topics {found} (partition counts) meet in "
+                "one keyed step without a shuffle, so each key must be in the same partition "
+                "of every topic: give the topics the same number of partitions (and the same "
+                "partitioner), or re-key the union with key_by(...) to shuffle it"
+            )
+    now = {t: counts[t] for t in topics}
+    saved = store.read_job_file(plan.job, KEYED_FILE)
+    if saved is None:
+        store.write_job_file(plan.job, KEYED_FILE, json.dumps(now).encode())
+        return
+    first: dict[str, int] = json.loads(saved)
+    changed = {t: (first[t], n) for t, n in now.items() if t in first and first[t] != n}
+    if changed:
+        what = ", ".join(f"{t!r} from {a} to {b}" for t, (a, b) in sorted(changed.items()))
+        raise ConfigError(
+            f"job {plan.job!r}: the partition count of keyed source topic(s) changed since the "
+            f"job first started ({what}). Its keyed state was built with each key in the "
+            "partition Kafka's partitioner chose for the old count; with the new count some "
+            "keys are in other partitions, read by other subtasks, and their state would be "
+            "split. Restore the old partition count, run the pipeline under a new job name "
+            "(starting over), or key_by(...) after the source (a shuffle; not "
+            "state-compatible with this job either)"
+        )
+    if set(now) - set(first):  # a keyed source added to the job: record it too
+        store.write_job_file(plan.job, KEYED_FILE, json.dumps({**now, **first}).encode())
+
+
+def check_graph(plan: Plan, restored_tasks: list[str]) -> None:
+    """The tasks whose state the checkpoint to restore holds must all exist in ``plan``:
+    otherwise their steps' state would be dropped without a word (a shuffle added or removed
+    moves a stateful step to another task, e.g. ``keyed=`` toggled on a source). New tasks
+    (a branch added to the pipeline) start empty, as new operators do in Flink.
+
+    The checkpoint's parallelism must be the plan's too: a subtask's snapshot holds the
+    positions of the partitions it read, and the keyed state of the keys in them. A job
+    without channel topics (whose partition counts refuse another parallelism when they are
+    created) was not stopped before.
+
+    Raises:
+        ConfigError: naming the tasks that would lose their state, or the parallelisms.
+    """
+    if not restored_tasks:
+        return
+    before = 1 + max(int(t.rpartition(".")[2]) for t in restored_tasks)
+    if before != plan.parallelism:
+        raise ConfigError(
+            f"job {plan.job!r} ran with {before} worker(s) (its last checkpoint holds "
+            f"{before} subtasks per stage) and is started with {plan.parallelism}: each "
+            "subtask's checkpoint holds the positions and keyed state of the partitions it "
+            "read, so they cannot be redistributed (yet). Start it with "
+            f"--workers {before}, or under a new job name (starting over)"
+        )
+    gone = sorted(set(restored_tasks) - set(plan.task_names()))
+    if gone:
+        raise ConfigError(
+            f"job {plan.job!r}: its last checkpoint holds the state of task(s) {gone}, which "
+            f"this pipeline does not have (its tasks: {plan.task_names()}). The job's stages "
+            "changed since it ran: a shuffle added or removed (e.g. keyed= changed on a source, "
+            "a key_by added), a stage's first step renamed, or another --workers. Restoring "
+            "would drop that state. Run the pipeline as it was, or under a new job name "
+            "(starting over)"
+        )

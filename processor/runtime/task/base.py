@@ -17,6 +17,7 @@ output per input (``keeps_index``) keep the index of a record equal to its index
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -27,7 +28,7 @@ from processor.checkpoint.aligner import (
 from processor.compiler import Stage
 from processor.contracts import Message, SinkContext, SinkWriter
 from processor.dataflow import DEAD_LETTERS
-from processor.errors import UserFunctionError
+from processor.errors import DeserializationError, UserFunctionError
 from processor.runtime.channels import ChannelOut, Lineage, Loop, TaskEnv
 from processor.runtime.dead_letters import DeadLetters, Origins
 from processor.runtime.dedup_step import ReplayCheck
@@ -203,13 +204,15 @@ class TaskBase:
             self.entry[steps[name].params["topic"]] = self.ops[name]
         for edge in stage.inputs:
             self.entry[edge.topic] = self.ops[edge.dst_step]
-        self.source_params: dict[str, tuple[Any, Any, int]] = {}
+        # topic -> (value serde, timestamp function, lag, message key decoder or None)
+        self.source_params: dict[str, tuple[Any, Any, int, Any]] = {}
         for name in stage.sources:
             p = steps[name].params
             self.source_params[p["topic"]] = (
                 p["serde"],
                 p["timestamp"],
                 p["max_out_of_orderness_ms"],
+                message_key_decoder(name, p["key_serde"]) if p.get("keyed") else None,
             )
 
     def _sink_context(self, step: str, subtask: int, parallelism: int) -> SinkContext:
@@ -349,3 +352,33 @@ def _user_error(
         step=step,
         origin=where,
     )
+
+
+def message_key_decoder(step: str, serde: Any) -> Callable[[Message], Any]:
+    """The key of a keyed source's record: its message key, decoded by ``serde`` (default
+    UTF-8 text). A record without a key is a bad record: it cannot be given to a key's state.
+    """
+    decode = serde.deserialize if serde is not None else _utf8
+
+    def key_of(m: Message) -> Any:
+        raw = m.key()
+        if raw is None:
+            raise DeserializationError(
+                f"source {step!r} is keyed by the message key (keyed=True) and this record has "
+                "no key; produce it with a key, or read the topic unkeyed and key_by(...) "
+                "a field of the value",
+                topic=m.topic(), partition=m.partition(), offset=m.offset(), serde="key",
+            )  # fmt: skip
+        return decode(raw, topic=m.topic(), partition=m.partition(), offset=m.offset())
+
+    return key_of
+
+
+def _utf8(data: bytes, *, topic: str, partition: int, offset: int) -> str:
+    try:
+        return str(data, "utf-8")
+    except UnicodeDecodeError as exc:
+        raise DeserializationError(
+            f"message key is not UTF-8 text ({exc}); give the keyed source a key_serde",
+            topic=topic, partition=partition, offset=offset, serde="key", data=data,
+        ) from exc  # fmt: skip

@@ -39,8 +39,9 @@ class SourceInputs(ChannelInputs):
         failed: set[int] = set()  # id() of the messages that did not enter the operators
         for m in msgs:
             topic: Any = m.topic()
-            serde, ts_fn, lag_ms = params[topic]
+            serde, ts_fn, lag_ms, key_of = params[topic]
             try:
+                key = None if key_of is None else key_of(m)
                 value = m.value()
                 if serde is not None:
                     value = serde.deserialize(
@@ -57,12 +58,12 @@ class SourceInputs(ChannelInputs):
             if ts - lag_ms > max_ts[tp]:
                 max_ts[tp] = ts - lag_ms
             if lineage is not None:
-                single.append((m, (None, value, ts)))
+                single.append((m, (key, value, ts)))
                 continue
             batch = by_topic.get(topic)
             if batch is None:
                 batch = by_topic[topic] = []
-            batch.append((None, value, ts))
+            batch.append((key, value, ts))
         self.records_in += len(msgs)
         for topic, batch in by_topic.items():
             self._origins = source_origins(msgs, topic, failed)

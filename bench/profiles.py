@@ -1,0 +1,105 @@
+"""Sampling profiles of a benchmark's processes, with py-spy, summarised as top-N tables.
+
+``bench/peers.py --profile DIR`` runs every system under ``py-spy record --subprocesses`` (so an
+eosflow run's workers are sampled too) and writes ``DIR/<system>.raw`` (collapsed stacks) and
+``DIR/<system>-top.txt``. A profiled run is slower than a plain one (py-spy stops each process
+to sample it): its records/s are not comparable with an unprofiled run's; its *shares* of time
+per function are what it is for.
+
+Print the table of a saved profile::
+
+    python bench/profiles.py DIR/eosflow1.raw --top 15
+
+Self time is the share of samples whose innermost frame is the function; inclusive time the share
+of samples with the function anywhere on the stack (counted once per sample). Idle samples
+(py-spy is run without ``--idle``) are not recorded, so shares are of the time on CPU (and in
+native calls that hold the GIL or are not known to be idle).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+from collections import Counter
+from pathlib import Path
+
+__all__ = ["py_spy", "top", "wrap"]
+
+#: ``func (path/to/file.py:123)`` frames of py-spy's raw format; the line number is dropped so
+#: one function's samples add up.
+_FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^()]*?)(?::\d+)?\)$")
+
+
+def py_spy() -> str | None:
+    """The py-spy executable, or ``None`` (``pip install py-spy``)."""
+    return shutil.which("py-spy")
+
+
+def wrap(command: list[str], raw: Path, *, rate: int = 200) -> list[str]:
+    """``command`` under ``py-spy record`` (its children too), collapsed stacks into ``raw``."""
+    exe = py_spy()
+    if exe is None:
+        raise RuntimeError("--profile needs py-spy: pip install py-spy")
+    return [
+        exe, "record", "--subprocesses", "--format", "raw", "--rate", str(rate),
+        "--output", str(raw), "--", *command,
+    ]  # fmt: skip
+
+
+def _frame(text: str) -> str:
+    match = _FRAME.match(text.strip())
+    if match is None:
+        return text.strip()
+    file = match["file"]
+    for marker in ("site-packages/", "/work/", "lib/python3"):
+        if marker in file:
+            file = file.split(marker, 1)[1]
+            break
+    return f"{match['func']} ({file})"
+
+
+def top(raw: Path, n: int = 15) -> str:
+    """The ``n`` functions with the most self time, and their inclusive time, as a table."""
+    own: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    total = 0
+    for line in raw.read_text(errors="replace").splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        samples = int(count)
+        frames = [_frame(f) for f in stack.split(";")]
+        frames = [f for f in frames if not f.startswith("process ")]  # --subprocesses roots
+        if not frames:
+            continue
+        total += samples
+        own[frames[-1]] += samples
+        for f in set(frames):
+            inclusive[f] += samples
+    if not total:
+        return f"{raw}: no samples"
+    rows = [
+        f"{raw.name}: {total:,} samples on CPU",
+        "| self % | incl. % | function (file) |",
+        "|---:|---:|---|",
+    ]
+    for func, samples in own.most_common(n):
+        rows.append(
+            f"| {100 * samples / total:.1f} | {100 * inclusive[func] / total:.1f} | `{func}` |"
+        )
+    return "\n".join(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Top functions of a py-spy raw profile.")
+    parser.add_argument("raw", type=Path, nargs="+")
+    parser.add_argument("--top", type=int, default=15)
+    args = parser.parse_args()
+    for raw in args.raw:
+        print(top(raw, args.top))
+        print()
+
+
+if __name__ == "__main__":
+    main()
