@@ -125,6 +125,18 @@ class DeserializationError(EosflowError):
         by = f"{serde} " if serde else ""
         super().__init__(f"{by}could not decode record{where}: {cause}{preview}")
 
+    def located(self, topic: str, partition: int, offset: int) -> DeserializationError:
+        """This error with the record's place filled in (decoders called on the hot path are
+        given the bytes only; the place is added when one fails)."""
+        if self.topic is not None:
+            return self
+        found = DeserializationError(
+            self.cause, topic=topic, partition=partition, offset=offset, serde=self.serde,
+            data=self.data,
+        )  # fmt: skip
+        found.__cause__ = self.__cause__
+        return found
+
 
 class IterationLimitError(EosflowError):
     """A record went around a loop more than its ``iterate(max_iterations=)`` allows (the cause

@@ -9,6 +9,7 @@ checkpoint id that will end the epoch.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -97,6 +98,25 @@ class _Encoder:
     def __init__(self, sink: KafkaSink) -> None:
         self.serialize = sink.serde.serialize
         self.key_fn = sink.key
+
+    def all(self, values: Sequence[Any]) -> list[tuple[bytes | None, bytes]]:
+        """``[self(v) for v in values]``, faster for the common batch: every value a
+        ``(key, value)`` pair of a keyed stream with a ``str`` key, no key function. The
+        result is the same (the fast path falls back to the general one on anything else)."""
+        serialize = self.serialize
+        if self.key_fn is None:
+            try:
+                out = [
+                    (k.encode() if type(k) is str else _key_bytes(k), serialize(v))
+                    for item in values
+                    if type(item) is tuple
+                    for k, v in (item,)  # a tuple of another length raises ValueError
+                ]
+                if len(out) == len(values):  # no value was left out for not being a tuple
+                    return out
+            except Exception:
+                pass  # a serde error, or not all pairs: per value, for the exact behaviour
+        return [self(v) for v in values]
 
     def __call__(self, item: Any) -> tuple[bytes | None, bytes]:
         # Keyed streams hand (key, value) tuples; a key function overrides the stream's key.

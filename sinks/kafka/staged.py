@@ -65,9 +65,8 @@ class StagedKafkaSinkWriter:
         self.published = 0
 
     def write(self, values: Sequence[Any]) -> None:
-        encode, n, buf = self.encode, self.partitions, self.buffer
-        for item in values:
-            key, value = encode(item)
+        n, buf = self.partitions, self.buffer
+        for key, value in self.encode.all(values):
             if key is None:
                 self.rr += 1
                 partition = self.rr % n

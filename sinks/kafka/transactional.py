@@ -170,15 +170,22 @@ class KafkaSinkWriter:
         if not values:
             return
         producer = self._producer(self.slot) if self.slot is not None else self._begin()
-        topic, encode, delivered = self.sink.topic, self.encode, self._delivered
+        produce, topic, delivered = producer.produce, self.sink.topic, self._delivered
         sink_header = (HEADER_SINK, self.sink_id)
         id_prefix = f"{self.ctx.subtask}.{self.tag}."
-        seq = self.seq
-        for item in values:
-            key, value = encode(item)
-            headers: Headers = [sink_header, (HEADER_ID, f"{id_prefix}{seq}".encode())]
-            seq += 1
-            produce_waiting(producer, topic, value, key, headers=headers, on_delivery=delivered)
+        encoded = self.encode.all(values)
+        seq, i, n = self.seq, 0, len(encoded)
+        while i < n:  # the hot loop: one produce per record, nothing else
+            try:
+                for key, value in encoded[i:] if i else encoded:
+                    produce(
+                        topic, value, key, on_delivery=delivered,
+                        headers=[sink_header, (HEADER_ID, f"{id_prefix}{seq}".encode())],
+                    )  # fmt: skip
+                    seq += 1
+                    i += 1
+            except BufferError:  # librdkafka's local queue is full: serve delivery reports
+                producer.poll(0.05)
         self.seq = seq
         producer.poll(0)
         if self.errors:

@@ -214,6 +214,11 @@ class TaskBase:
                 p["max_out_of_orderness_ms"],
                 message_key_decoder(name, p["key_serde"]) if p.get("keyed") else None,
             )
+        # the same, with the value serde's bound ``deserialize`` (the hot path's view)
+        self.decoders: dict[str, tuple[Any, Any, int, Any]] = {
+            topic: (serde.deserialize if serde is not None else None, *rest)
+            for topic, (serde, *rest) in self.source_params.items()
+        }
 
     def _sink_context(self, step: str, subtask: int, parallelism: int) -> SinkContext:
         env = self.env
@@ -362,23 +367,28 @@ def message_key_decoder(step: str, serde: Any) -> Callable[[Message], Any]:
 
     def key_of(m: Message) -> Any:
         raw = m.key()
-        if raw is None:
-            raise DeserializationError(
-                f"source {step!r} is keyed by the message key (keyed=True) and this record has "
-                "no key; produce it with a key, or read the topic unkeyed and key_by(...) "
-                "a field of the value",
-                topic=m.topic(), partition=m.partition(), offset=m.offset(), serde="key",
-            )  # fmt: skip
-        return decode(raw, topic=m.topic(), partition=m.partition(), offset=m.offset())
+        if raw is not None:
+            try:
+                return decode(raw)  # the bytes only: the place is added on failure
+            except DeserializationError as exc:
+                where: Any = (m.topic(), m.partition(), m.offset())
+                raise exc.located(*where) from exc.__cause__
+        raise DeserializationError(
+            f"source {step!r} is keyed by the message key (keyed=True) and this record has no "
+            "key; produce it with a key, or read the topic unkeyed and key_by(...) a field of "
+            "the value",
+            topic=m.topic(), partition=m.partition(), offset=m.offset(), serde="key",
+        )  # fmt: skip
 
     return key_of
 
 
-def _utf8(data: bytes, *, topic: str, partition: int, offset: int) -> str:
+def _utf8(data: bytes) -> str:
     try:
         return str(data, "utf-8")
     except UnicodeDecodeError as exc:
         raise DeserializationError(
             f"message key is not UTF-8 text ({exc}); give the keyed source a key_serde",
-            topic=topic, partition=partition, offset=offset, serde="key", data=data,
-        ) from exc  # fmt: skip
+            serde="key",
+            data=data,
+        ) from exc

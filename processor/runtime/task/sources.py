@@ -31,7 +31,7 @@ class SourceInputs(ChannelInputs):
     """How a source task reads, decodes and timestamps its input partitions."""
 
     def _source_batch(self, msgs: list[Message]) -> None:
-        params = self.source_params
+        params = self.decoders
         by_topic: dict[str, list[Record]] = {}
         single: list[tuple[Message, Record]] = []  # local recovery: pushed one at a time
         lineage = self.lineage
@@ -39,16 +39,16 @@ class SourceInputs(ChannelInputs):
         failed: set[int] = set()  # id() of the messages that did not enter the operators
         for m in msgs:
             topic: Any = m.topic()
-            serde, ts_fn, lag_ms, key_of = params[topic]
+            decode, ts_fn, lag_ms, key_of = params[topic]
             try:
                 key = None if key_of is None else key_of(m)
                 value = m.value()
-                if serde is not None:
-                    value = serde.deserialize(
-                        value, topic=topic, partition=m.partition(), offset=m.offset()
-                    )
+                if decode is not None:  # given the bytes only: the place is added on failure
+                    value = decode(value)
                 ts = int(ts_fn(value)) if ts_fn is not None else m.timestamp()[1]
             except Exception as exc:
+                if isinstance(exc, DeserializationError):
+                    exc = exc.located(topic, m.partition(), m.offset())
                 if self.dead is None and not isinstance(exc, _SKIPPABLE):
                     raise
                 failed.add(id(m))
