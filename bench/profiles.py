@@ -11,9 +11,10 @@ Print the table of a saved profile::
     python bench/profiles.py DIR/eosflow1.raw --top 15
 
 Self time is the share of samples whose innermost frame is the function; inclusive time the share
-of samples with the function anywhere on the stack (counted once per sample). Idle samples
-(py-spy is run without ``--idle``) are not recorded, so shares are of the time on CPU (and in
-native calls that hold the GIL or are not known to be idle).
+of samples with the function anywhere on the stack (counted once per sample). py-spy is run
+without ``--idle``, yet here (a container) it still records threads blocked in a wait: the
+samples whose innermost frame is one of :data:`WAITS` are dropped and counted apart, so shares
+are of the time spent working.
 """
 
 from __future__ import annotations
@@ -29,6 +30,17 @@ __all__ = ["py_spy", "top", "wrap"]
 #: ``func (path/to/file.py:123)`` frames of py-spy's raw format; the line number is dropped so
 #: one function's samples add up.
 _FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^()]*?)(?::\d+)?\)$")
+
+
+#: Innermost frames of threads that wait (a lock, a socket, an idle thread pool).
+WAITS = (
+    "Condition.wait (",
+    "Event.wait (",
+    "Connection._recv_exact (",
+    "_worker (concurrent/futures/thread.py)",
+    "select (",
+    "sleep (",
+)
 
 
 def py_spy() -> str | None:
@@ -63,7 +75,7 @@ def top(raw: Path, n: int = 15) -> str:
     """The ``n`` functions with the most self time, and their inclusive time, as a table."""
     own: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
-    total = 0
+    total = waiting = 0
     for line in raw.read_text(errors="replace").splitlines():
         stack, _, count = line.rpartition(" ")
         if not stack or not count.isdigit():
@@ -73,6 +85,9 @@ def top(raw: Path, n: int = 15) -> str:
         frames = [f for f in frames if not f.startswith("process ")]  # --subprocesses roots
         if not frames:
             continue
+        if frames[-1].startswith(WAITS):
+            waiting += samples
+            continue
         total += samples
         own[frames[-1]] += samples
         for f in set(frames):
@@ -80,7 +95,7 @@ def top(raw: Path, n: int = 15) -> str:
     if not total:
         return f"{raw}: no samples"
     rows = [
-        f"{raw.name}: {total:,} samples on CPU",
+        f"{raw.name}: {total:,} samples working ({waiting:,} more in waits, dropped)",
         "| self % | incl. % | function (file) |",
         "|---:|---:|---|",
     ]

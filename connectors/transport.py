@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -102,6 +102,7 @@ class KafkaWriter:
     def __init__(self, settings: KafkaSettings, *, client_id: str) -> None:
         config = channel_producer_config(settings, client_id=client_id)
         config["error_cb"] = self._error
+        config["on_delivery"] = self._delivered  # every record's (failures only, see above)
         self._producer: Producer = create_producer(config)
         self._failure: KafkaClientError | None = None
 
@@ -135,11 +136,26 @@ class KafkaWriter:
             raise self._failure
         while True:
             try:
-                producer.produce(
-                    topic, value, key, partition=partition, headers=headers,
-                    on_delivery=self._delivered,
-                )  # fmt: skip
+                producer.produce(topic, value, key, partition=partition, headers=headers)
                 return
+            except BufferError:  # local queue full: serve delivery reports, then retry
+                producer.poll(0.01)
+                if self._failure is not None:
+                    raise self._failure from None
+
+    def write_many(self, topic: str, records: Sequence[tuple[int, bytes]]) -> None:
+        """``write(topic, partition, value)`` for each ``(partition, value)``, in order (the
+        channels' hot path: data records, no key, no headers)."""
+        if self._failure is not None:
+            raise self._failure
+        producer = self._producer
+        produce = producer.produce
+        i, n = 0, len(records)
+        while i < n:
+            try:
+                for partition, value in records[i:] if i else records:
+                    produce(topic, value, None, partition)
+                    i += 1
             except BufferError:  # local queue full: serve delivery reports, then retry
                 producer.poll(0.01)
                 if self._failure is not None:

@@ -143,22 +143,33 @@ class ChannelOut(Operator):
         self._n = 0
         # A channel inside a loop (edge.loop): records carry their iteration as a 4th element.
         self.loop = loop if edge.loop else None
+        many = getattr(writer, "write_many", None)  # optional in the Writer protocol
+        self.write_many: Callable[[str, list[tuple[int, bytes]]], None] = (
+            many if many is not None else self._write_each
+        )
+
+    def _write_each(self, topic: str, records: list[tuple[int, bytes]]) -> None:
+        write = self.writer.write
+        for partition, value in records:
+            write(topic, partition, value)
 
     def process(self, batch: list[Record]) -> list[Record]:
         if self.lineage is not None:
             return self._write_tagged(batch, self._ids(len(batch)))
         if self.loop is not None:
             return self._write_tagged(batch, repeat(self.loop.iteration))
-        write, topic, dumps = self.writer.write, self.topic, orjson.dumps
+        topic, dumps = self.topic, orjson.dumps
         if self.shuffle:
             base, n = self.partitions[0], self.parallelism
-            for k, v, t in batch:
-                kb = k.encode() if type(k) is str else dumps(k)
-                write(topic, base + key_to_downstream(kb, n), dumps((k, v, t)))
+            records = [
+                (base + key_to_downstream(k.encode() if type(k) is str else dumps(k), n), dumps(r))
+                for r in batch
+                for k in (r[0],)
+            ]
         else:
             (partition,) = self.partitions
-            for r in batch:
-                write(topic, partition, dumps(r))
+            records = [(partition, dumps(r)) for r in batch]
+        self.write_many(topic, records)
         self.written += len(batch)
         return []
 

@@ -72,6 +72,22 @@ def test_data_records_do_not_poll_on_the_hot_path(writer: KafkaWriter) -> None:
         writer.poll()
 
 
+def test_a_batch_written_at_once_reports_its_failures_like_single_records(
+    writer: KafkaWriter,
+) -> None:
+    """``write_many`` (the channels' hot path) passes no callback per record: the producer's
+    own reports its failures, so a failed batch record still stops polls, barriers and writes."""
+    writer.write_many("chan", [(3, b"r1"), (3, b"r2"), (4, b"r3")])
+    assert len(writer._producer) >= 3  # queued (with the client's own requests)
+    _fail_queued(writer)
+    with pytest.raises(KafkaClientError, match=r"delivering to chan\[[34]\].*Purged"):
+        writer.write("chan", 3, b"barrier", headers=BARRIER_HEADERS)
+    with pytest.raises(KafkaClientError):
+        writer.write_many("chan", [(3, b"r4")])
+    with pytest.raises(KafkaClientError):
+        writer.poll()
+
+
 def test_channel_producers_are_gapless_without_a_local_timeout_whatever_the_user_sets() -> None:
     settings = KafkaSettings("127.0.0.1:1", {"message.timeout.ms": 3000})
     config = channel_producer_config(settings, client_id="c")
