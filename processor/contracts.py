@@ -213,6 +213,9 @@ class Writer(Protocol):
         (idempotence), or ``flush`` raises.
         No gap: once a record failed, no later record of its partition reaches the log (a
         control record written after it is refused, and ``poll`` raises the failure).
+
+    A writer may also define ``write_many(topic, [(partition, value), ...])``: the data
+    records of a batch in one call, same guarantees (channels use it when it is there).
     """
 
     def write(

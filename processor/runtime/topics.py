@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -129,11 +130,18 @@ def check_keyed_sources(plan: Plan, store: SnapshotStore, counts: dict[str, int]
         store.write_job_file(plan.job, KEYED_FILE, json.dumps({**now, **first}).encode())
 
 
-def check_graph(plan: Plan, restored_tasks: list[str]) -> None:
+def check_graph(
+    plan: Plan,
+    restored_tasks: list[str],
+    held_state: Callable[[str], Iterable[str]] | None = None,
+) -> None:
     """The tasks whose state the checkpoint to restore holds must all exist in ``plan``:
     otherwise their steps' state would be dropped without a word (a shuffle added or removed
     moves a stateful step to another task, e.g. ``keyed=`` toggled on a source). New tasks
-    (a branch added to the pipeline) start empty, as new operators do in Flink.
+    (a branch added to the pipeline) start empty, as new operators do in Flink, unless one
+    of their steps has state in a restored task (``held_state(task)``: the steps whose
+    operator state the checkpoint's ``task`` holds): a shuffle added before a stateful step
+    moved it out of that task, which would ignore its state on restore.
 
     The checkpoint's parallelism must be the plan's too: a subtask's snapshot holds the
     positions of the partitions it read, and the keyed state of the keys in them. A job
@@ -141,7 +149,8 @@ def check_graph(plan: Plan, restored_tasks: list[str]) -> None:
     created) was not stopped before.
 
     Raises:
-        ConfigError: naming the tasks that would lose their state, or the parallelisms.
+        ConfigError: naming the tasks or steps that would lose their state, or the
+            parallelisms.
     """
     if not restored_tasks:
         return
@@ -164,3 +173,19 @@ def check_graph(plan: Plan, restored_tasks: list[str]) -> None:
             "would drop that state. Run the pipeline as it was, or under a new job name "
             "(starting over)"
         )
+    added = {s.name for s in plan.stages if s.task(0) not in restored_tasks}
+    if not added or held_state is None:
+        return
+    # Only then are snapshots read, one per restored stage (its subtasks hold the same steps).
+    moved_to = {step: s.name for s in plan.stages if s.name in added for step in s.steps}
+    for task in sorted(t for t in restored_tasks if t.rpartition(".")[2] == "0"):
+        moved = sorted(set(held_state(task)) & set(moved_to))
+        if moved:
+            raise ConfigError(
+                f"job {plan.job!r}: its last checkpoint holds the state of step(s) {moved} in "
+                f"task {task!r}, and this pipeline runs them in new stage(s) "
+                f"{sorted({moved_to[m] for m in moved})}, whose tasks would start empty: a "
+                "shuffle was added before them (e.g. keyed=True dropped from a source). "
+                "Restoring would drop that state. Run the pipeline as it was, or under a new "
+                "job name (starting over)"
+            )
