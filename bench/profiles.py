@@ -8,7 +8,7 @@ per function are what it is for.
 
 Print the table of a saved profile::
 
-    python bench/profiles.py DIR/eosflow1.raw --top 15
+    python bench/profiles.py DIR/eosflow1.raw --top 15 [--match b-local-]
 
 Self time is the share of samples whose innermost frame is the function; inclusive time the share
 of samples with the function anywhere on the stack (counted once per sample). py-spy is run
@@ -71,14 +71,15 @@ def _frame(text: str) -> str:
     return f"{match['func']} ({file})"
 
 
-def top(raw: Path, n: int = 15) -> str:
-    """The ``n`` functions with the most self time, and their inclusive time, as a table."""
+def top(raw: Path, n: int = 15, match: str | None = None) -> str:
+    """The ``n`` functions with the most self time, and their inclusive time, as a table;
+    ``match``: only the samples whose stack (process command lines included) contains it."""
     own: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
     total = waiting = 0
     for line in raw.read_text(errors="replace").splitlines():
         stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
+        if not stack or not count.isdigit() or (match is not None and match not in stack):
             continue
         samples = int(count)
         frames = [_frame(f) for f in stack.split(";")]
@@ -95,7 +96,8 @@ def top(raw: Path, n: int = 15) -> str:
     if not total:
         return f"{raw}: no samples"
     rows = [
-        f"{raw.name}: {total:,} samples working ({waiting:,} more in waits, dropped)",
+        f"{raw.name}{f' [{match}]' if match else ''}: {total:,} samples working "
+        f"({waiting:,} more in waits, dropped)",
         "| self % | incl. % | function (file) |",
         "|---:|---:|---|",
     ]
@@ -110,9 +112,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="Top functions of a py-spy raw profile.")
     parser.add_argument("raw", type=Path, nargs="+")
     parser.add_argument("--top", type=int, default=15)
+    parser.add_argument(
+        "--match", help="only stacks containing this text (e.g. a job name in a worker's command)"
+    )
     args = parser.parse_args()
     for raw in args.raw:
-        print(top(raw, args.top))
+        print(top(raw, args.top, args.match))
         print()
 
 

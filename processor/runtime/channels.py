@@ -186,15 +186,21 @@ class ChannelOut(Operator):
     def _write_tagged(self, batch: list[Record], tags: Iterable[Any]) -> list[Record]:
         """Writes ``[key, value, ts, tag]`` records: a record ID (local recovery) or an
         iteration count (a channel inside a loop)."""
-        write, topic, dumps = self.writer.write, self.topic, orjson.dumps
-        base, count, shuffle = self.partitions[0], self.parallelism, self.shuffle
-        for (k, v, t), tag in zip(batch, tags, strict=False):
-            value = dumps((k, v, t, tag))
-            if shuffle:
-                kb = k.encode() if type(k) is str else dumps(k)
-                write(topic, base + key_to_downstream(kb, count), value)
-            else:
-                write(topic, base, value)
+        dumps = orjson.dumps
+        base, count = self.partitions[0], self.parallelism
+        if self.shuffle:
+            records = [
+                (
+                    base + key_to_downstream(k.encode() if type(k) is str else dumps(k), count),
+                    dumps((k, v, t, tag)),
+                )
+                for (k, v, t), tag in zip(batch, tags, strict=False)
+            ]
+        else:
+            records = [
+                (base, dumps((k, v, t, tag))) for (k, v, t), tag in zip(batch, tags, strict=False)
+            ]
+        self.write_many(self.topic, records)
         self.written += len(batch)
         return []
 
