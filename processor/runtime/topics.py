@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -130,27 +129,21 @@ def check_keyed_sources(plan: Plan, store: SnapshotStore, counts: dict[str, int]
         store.write_job_file(plan.job, KEYED_FILE, json.dumps({**now, **first}).encode())
 
 
-def check_graph(
-    plan: Plan,
-    restored_tasks: list[str],
-    held_state: Callable[[str], Iterable[str]] | None = None,
-) -> None:
-    """The tasks whose state the checkpoint to restore holds must all exist in ``plan``:
-    otherwise their steps' state would be dropped without a word (a shuffle added or removed
-    moves a stateful step to another task, e.g. ``keyed=`` toggled on a source). New tasks
-    (a branch added to the pipeline) start empty, as new operators do in Flink, unless one
-    of their steps has state in a restored task (``held_state(task)``: the steps whose
-    operator state the checkpoint's ``task`` holds): a shuffle added before a stateful step
-    moved it out of that task, which would ignore its state on restore.
+def check_graph(plan: Plan, restored_tasks: list[str]) -> None:
+    """The plan's tasks must be the tasks whose state the checkpoint to restore holds.
 
-    The checkpoint's parallelism must be the plan's too: a subtask's snapshot holds the
-    positions of the partitions it read, and the keyed state of the keys in them. A job
-    without channel topics (whose partition counts refuse another parallelism when they are
-    created) was not stopped before.
+    * The same parallelism: a subtask's snapshot holds the positions of the partitions it
+      read and the keyed state of the keys in them, which cannot be redistributed yet. A job
+      without channel topics (whose partition counts refuse another parallelism when they
+      are created) was not stopped before, and re-read moved partitions from the start.
+    * The same stages: a shuffle added or removed (``keyed=`` toggled on a source, a
+      ``key_by`` added) moves a stateful step to another task, where its state would not be
+      found; a stage added (even a new branch) has no snapshot to start from and no start
+      positions (the workers failed on it with a ``KeyError``); a stage removed would drop
+      its state. Changing a running job's graph is a migration (savepoints, issue 24).
 
     Raises:
-        ConfigError: naming the tasks or steps that would lose their state, or the
-            parallelisms.
+        ConfigError: naming the parallelisms, or the tasks added and removed.
     """
     if not restored_tasks:
         return
@@ -163,29 +156,18 @@ def check_graph(
             "read, so they cannot be redistributed (yet). Start it with "
             f"--workers {before}, or under a new job name (starting over)"
         )
-    gone = sorted(set(restored_tasks) - set(plan.task_names()))
-    if gone:
+    now = set(plan.task_names())
+    gone, added = sorted(set(restored_tasks) - now), sorted(now - set(restored_tasks))
+    if gone or added:
         raise ConfigError(
-            f"job {plan.job!r}: its last checkpoint holds the state of task(s) {gone}, which "
-            f"this pipeline does not have (its tasks: {plan.task_names()}). The job's stages "
-            "changed since it ran: a shuffle added or removed (e.g. keyed= changed on a source, "
-            "a key_by added), a stage's first step renamed, or another --workers. Restoring "
-            "would drop that state. Run the pipeline as it was, or under a new job name "
-            "(starting over)"
+            f"job {plan.job!r}: its stages changed since its last checkpoint (stages no longer "
+            f"there: {_stages(gone) or 'none'}; new stages: {_stages(added) or 'none'}). A "
+            "shuffle added or removed (e.g. keyed= changed on a source, a key_by added) moves "
+            "stateful steps between tasks, and a new stage has no snapshot to start from, so "
+            "restoring would lose or misplace state. Run the pipeline as it was, or under a "
+            f"new job name (starting over); `eosflow run PIPELINE --explain` shows the stages"
         )
-    added = {s.name for s in plan.stages if s.task(0) not in restored_tasks}
-    if not added or held_state is None:
-        return
-    # Only then are snapshots read, one per restored stage (its subtasks hold the same steps).
-    moved_to = {step: s.name for s in plan.stages if s.name in added for step in s.steps}
-    for task in sorted(t for t in restored_tasks if t.rpartition(".")[2] == "0"):
-        moved = sorted(set(held_state(task)) & set(moved_to))
-        if moved:
-            raise ConfigError(
-                f"job {plan.job!r}: its last checkpoint holds the state of step(s) {moved} in "
-                f"task {task!r}, and this pipeline runs them in new stage(s) "
-                f"{sorted({moved_to[m] for m in moved})}, whose tasks would start empty: a "
-                "shuffle was added before them (e.g. keyed=True dropped from a source). "
-                "Restoring would drop that state. Run the pipeline as it was, or under a new "
-                "job name (starting over)"
-            )
+
+
+def _stages(tasks: list[str]) -> list[str]:
+    return sorted({t.rpartition(".")[0] for t in tasks})

@@ -31,7 +31,7 @@ from connectors import KafkaSettings, TopicAdmin, create_producer, producer_conf
 from processor.compiler import Plan
 from processor.errors import ConfigError
 from processor.runtime.local import LocalRunner, RunOptions
-from processor.runtime.runner import JobFailed, Runner
+from processor.runtime.runner import Runner
 from sinks import read_jsonl
 from tests.e2e.harness import (
     ENGINE_FAULTS,
@@ -305,8 +305,8 @@ def test_restart_is_refused_when_workers_differ_from_the_checkpoint_without_chan
 @pytest.mark.parametrize(
     ("first", "then", "refusal"),
     [
-        ("0", "1", r"state of step\(s\) \['totals'\] in task 'clicks\.0'"),
-        ("1", "0", r"task\(s\) \['totals\.0', 'totals\.1'\], which this pipeline does not have"),
+        ("0", "1", r"stages no longer there: none; new stages: \['totals'\]"),
+        ("1", "0", r"stages no longer there: \['totals'\]; new stages: none"),
     ],
     ids=["keyed-then-key-by", "key-by-then-keyed"],
 )
@@ -328,22 +328,21 @@ def test_restart_is_refused_when_keyed_is_toggled_after_a_checkpoint(
     assert after == before
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=JobFailed,
-    reason="check_graph lets a plan with added tasks start (they are to start empty), but a "
-    "worker restores every task from the checkpoint's manifest (processor/runtime/worker.py, "
-    "manifest.tasks[task.name]) and fails with KeyError on the new ones",
-)
-def test_restart_with_a_stage_added_starts_the_new_stage_empty(
+def test_restart_with_a_stage_added_is_refused_before_any_worker_starts(
     kafka_endpoint: tuple[str, str], tmp_path: Path
 ) -> None:
+    """A branch added to a job that has a checkpoint has no snapshot and no start positions:
+    the workers failed on ``KeyError: 'per-page.0'`` until the restart budget ran out. Now the
+    runner refuses, naming the new stage, and nothing is written."""
     seed = chaos_seed()
     env = _job(tmp_path, kafka_endpoint[0])
-    _run_to_completion(tmp_path, env, 4_000, seed)
+    before = _run_to_completion(tmp_path, env, 4_000, seed)
     runner = _runner(tmp_path, {**env, "PAGES_DIR": str(tmp_path / "pages")}, workers=2)
     assert sorted(runner.plan.task_names()) == [
         "clicks.0", "clicks.1", "per-page.0", "per-page.1"
     ]  # fmt: skip
-    result = runner.run()
-    assert result.restarts == 0, result.restart_causes
+    with pytest.raises(ConfigError, match=r"new stages: \['per-page'\]"):
+        runner.run()
+    assert runner.generation == 0
+    after = Counter(canonical(item) for item in read_jsonl(env["OUTPUT_DIR"]))
+    assert after == before

@@ -18,7 +18,13 @@ json_values = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner),
     max_leaves=5,
 )
-keys = st.none() | st.text(max_size=5) | st.binary(max_size=5) | st.integers() | st.lists(st.integers())
+keys = (
+    st.none()
+    | st.text(max_size=5)
+    | st.binary(max_size=5)
+    | st.integers()
+    | st.lists(st.integers())
+)
 items = (
     st.tuples(keys, json_values)  # keyed pairs, the common case
     | json_values  # unkeyed values, 2-element lists among them
