@@ -19,6 +19,7 @@ import orjson
 import pytest
 
 from connectors import KafkaSettings, TopicAdmin, create_producer, producer_config
+from connectors.transport import produce_waiting
 from processor.runtime.local import Fault
 from sinks import read_jsonl
 from tests.e2e.harness import (
@@ -89,12 +90,7 @@ def produce_with_malformed(
         return delivered
 
     def send(value: bytes, **kw: Any) -> None:
-        while True:
-            try:
-                producer.produce(topic, value, **kw)
-                return
-            except BufferError:
-                producer.poll(0.05)
+        produce_waiting(producer, topic, value, **kw)
 
     made = 0
     for i, click in enumerate(click_events(records, seed=seed)):

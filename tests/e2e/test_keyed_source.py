@@ -28,6 +28,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewPartitions
 
 from connectors import KafkaSettings, TopicAdmin, create_producer, producer_config
+from connectors.transport import produce_waiting
 from processor.compiler import Plan
 from processor.errors import ConfigError
 from processor.runtime.local import LocalRunner, RunOptions
@@ -121,12 +122,7 @@ def _produce_with_keyless(
         return delivered
 
     def send(value: bytes, **kw: Any) -> None:
-        while True:
-            try:
-                producer.produce(topic, value, **kw)
-                return
-            except BufferError:
-                producer.poll(0.05)
+        produce_waiting(producer, topic, value, **kw)
 
     made = 0
     for i, click in enumerate(click_events(records, seed=seed)):
