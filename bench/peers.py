@@ -72,10 +72,15 @@ SYSTEMS = (
     "loop-txn",
     "quix",
     "bytewax",
+    "bytewax-recovery",
 )
-PEERS = ("quix", "bytewax")
+#: The peers "x best peer" divides by: those with a delivery guarantee (Bytewax without a
+#: recovery store has none; its row is shown, not counted).
+PEERS = ("quix", "bytewax-recovery")
 JOBS = BENCH / "peer_jobs"
 #: Pinned peers (the versions of issue 22), each in its own virtual environment.
+#: Systems run in another system's virtual environment.
+VENV_OF = {"bytewax-recovery": "bytewax"}
 VENVS = {
     "quix": ["quixstreams==3.28.0", "orjson==3.13.0"],
     "bytewax": ["bytewax[kafka]==0.21.1", "orjson==3.13.0"],
@@ -90,7 +95,10 @@ LABELS = {
     "loop-txn": "hand-written loop, transactions every 1 s, orjson, 1 process",
     "quix": f"Quix Streams {VENVS['quix'][0].split('==')[1]}, exactly-once, 1 process "
     "(session.timeout.ms=6000)",
-    "bytewax": f"Bytewax {VENVS['bytewax'][0].split('==')[1]} (no recovery store), 1 process",
+    "bytewax": f"Bytewax {VENVS['bytewax'][0].split('==')[1]} (no recovery store: no guarantee), "
+    "1 process",
+    "bytewax-recovery": f"Bytewax {VENVS['bytewax'][0].split('==')[1]}, at-least-once (recovery "
+    "store, 1 s snapshots), 1 process",
 }
 
 
@@ -274,6 +282,16 @@ class Bench:
             return [str(self.pythons["quix"]), str(JOBS / "quix_job.py")]
         if system == "bytewax":
             return [str(self.pythons["bytewax"]), "-m", "bytewax.run", "bytewax_job:flow"]
+        if system == "bytewax-recovery":
+            store = self.work / system / "recovery"
+            if not store.exists():  # one partition (one worker); Bytewax's own initializer
+                store.mkdir(parents=True)
+                python = str(self.pythons["bytewax"])
+                subprocess.run([python, "-m", "bytewax.recovery", str(store), "1"], check=True)
+            return [
+                str(self.pythons["bytewax"]), "-m", "bytewax.run", "bytewax_job:flow",
+                "-r", str(store), "-s", "1", "-b", "0",
+            ]  # fmt: skip
         raise ValueError(f"unknown system {system!r}; expected one of {', '.join(SYSTEMS)}")
 
     def run(self, system: str) -> Outcome:
@@ -471,7 +489,7 @@ def run(args: argparse.Namespace, systems: list[str], brokers: str, origin: str)
     _say(f"broker probe: read_committed hides aborted transactions: {hides}")
     work = Path(tempfile.mkdtemp(prefix="eosflow-peers-"))
     bench = Bench(args, brokers, work)
-    for name in [s for s in systems if s in VENVS]:
+    for name in sorted({VENV_OF.get(s, s) for s in systems} & set(VENVS)):
         try:
             bench.pythons[name] = ensure_venv(name, args.venvs)
         except subprocess.CalledProcessError as exc:
@@ -481,7 +499,8 @@ def run(args: argparse.Namespace, systems: list[str], brokers: str, origin: str)
     _say(f"wrote {args.records:,} clicks to {bench.input} in {took:.1f}s")
     outcomes = []
     for system in systems:
-        if system in VENVS and system not in bench.pythons:
+        venv = VENV_OF.get(system, system)
+        if venv in VENVS and venv not in bench.pythons:
             outcomes.append(Outcome(system, status="venv could not be created"))
             continue
         outcomes.append(bench.run(system))
