@@ -24,6 +24,7 @@ __all__ = [
     "HEADER_ID",
     "HEADER_SINK",
     "HEADER_SUBTASK",
+    "HEADER_TXN",
     "marker_topic",
     "murmur2",
     "murmur2_partition",
@@ -35,6 +36,9 @@ __all__ = [
 # one definition, shared with the readers' dedup.
 HEADER_SUBTASK = "eosflow-subtask"  # on commit markers
 HEADER_EPOCH = "eosflow-epoch"  # on commit markers: "<generation>.<n>"
+# On every record of a transactional sink with record_ids=False, instead of the two above:
+# "<job>/<step>|<subtask>.<generation>.<n>", the same bytes for a whole epoch.
+HEADER_TXN = "eosflow-txn"
 _MAX_SLOTS = 8
 Headers = list[tuple[str, str | bytes | None]]
 

@@ -21,7 +21,7 @@ from connectors.config import KafkaSettings
 from connectors.probe import hides_aborted_records
 from processor.errors import KafkaClientError
 from sinks.kafka.broker import _read_range, _StalledRead
-from sinks.kafka.records import HEADER_EPOCH, HEADER_ID, HEADER_SINK, HEADER_SUBTASK
+from sinks.kafka.records import HEADER_EPOCH, HEADER_ID, HEADER_SINK, HEADER_SUBTASK, HEADER_TXN
 
 __all__ = ["epoch_committed", "read_epoch"]
 
@@ -132,6 +132,9 @@ def read_epoch(
     """The records of the committable's epoch, read back from its offset ranges with
     ``read_uncommitted`` (its transaction aborted, so ``read_committed`` would hide them)."""
     prefix = f"{subtask}.{committable['epoch']}.".encode()
+    # record_ids=False (committables of older versions have no "ids": they had IDs)
+    ids = committable.get("ids", True)
+    epoch = None if ids else txn_header(sink_id, subtask, str(committable["epoch"]))
     out: list[EpochRecord] = []
     for topic, partition, lo, hi in committable["ranges"]:
         for msg in _read_range(
@@ -139,6 +142,11 @@ def read_epoch(
         ):
             headers = msg.headers() or []
             h = dict(headers)
+            if epoch is not None:
+                if h.get(HEADER_TXN) == epoch:
+                    _ts_type, ts = msg.timestamp()
+                    out.append((topic, int(partition), msg.key(), msg.value(), headers, ts))
+                continue
             record_id = h.get(HEADER_ID)
             if (
                 record_id is not None
@@ -148,3 +156,8 @@ def read_epoch(
                 _ts_type, ts = msg.timestamp()
                 out.append((topic, int(partition), msg.key(), msg.value(), headers, ts))
     return out
+
+
+def txn_header(sink_id: bytes, subtask: int, epoch: str) -> bytes:
+    """The :data:`~sinks.kafka.records.HEADER_TXN` value of a sink subtask's epoch."""
+    return b"%s|%d.%s" % (sink_id, subtask, epoch.encode())

@@ -43,12 +43,13 @@ from sinks.kafka.records import (
     HEADER_ID,
     HEADER_SINK,
     HEADER_SUBTASK,
+    HEADER_TXN,
     Headers,
     _Encoder,
     marker_topic,
     transactional_id,
 )
-from sinks.kafka.rescue import epoch_committed, read_epoch
+from sinks.kafka.rescue import epoch_committed, read_epoch, txn_header
 
 if TYPE_CHECKING:
     from sinks.kafka.sink import KafkaSink
@@ -173,10 +174,18 @@ class KafkaSinkWriter:
         produce, topic, delivered = producer.produce, self.sink.topic, self._delivered
         sink_header = (HEADER_SINK, self.sink_id)
         id_prefix = f"{self.ctx.subtask}.{self.tag}."
+        epoch_headers: Headers | None = (
+            None if self.sink.record_ids else [(HEADER_TXN, self.txn_header())]
+        )
         encoded = self.encode.all(values)
         seq, i, n = self.seq, 0, len(encoded)
         while i < n:  # the hot loop: one produce per record, nothing else
             try:
+                if epoch_headers is not None:  # record_ids=False: the same header throughout
+                    for key, value in encoded[i:] if i else encoded:
+                        produce(topic, value, key, on_delivery=delivered, headers=epoch_headers)
+                        i += 1
+                    continue
                 for key, value in encoded[i:] if i else encoded:
                     produce(
                         topic, value, key, on_delivery=delivered,
@@ -186,10 +195,14 @@ class KafkaSinkWriter:
                     i += 1
             except BufferError:  # librdkafka's local queue is full: serve delivery reports
                 producer.poll(0.05)
-        self.seq = seq
+        self.seq = seq + (n if epoch_headers is not None else 0)
         producer.poll(0)
         if self.errors:
             self._raise_delivery(f"writing epoch {self.tag}")
+
+    def txn_header(self) -> bytes:
+        """The :data:`HEADER_TXN` value of the open epoch (``record_ids=False``)."""
+        return txn_header(self.sink_id, self.ctx.subtask, self.tag)
 
     def _raise_delivery(self, context: str) -> None:
         err = self.errors[0]
@@ -218,6 +231,7 @@ class KafkaSinkWriter:
             "slot": slot,
             "epoch": self.tag,
             "count": self.seq,
+            "ids": self.sink.record_ids,  # how its records are told apart on a rescue
             "ranges": [[t, p, lo, hi] for (t, p), (lo, hi) in sorted(self.ranges.items())],
             "marker": [self.markers, self.marker_partition, self.marker_offset[0]],
         }

@@ -26,12 +26,14 @@ from processor.errors import ConfigError, KafkaClientError
 from processor.testing.outputs import reader_config
 from sinks.kafka import (
     HEADER_ID,
+    HEADER_TXN,
     KafkaSink,
     check_transaction_timeout,
     murmur2,
     murmur2_partition,
     read_transaction_markers,
 )
+from sinks.kafka.rescue import read_epoch
 
 
 def _ctx(job: str, subtask: int = 0, generation: int = 1, **kw: Any) -> SinkContext:
@@ -110,10 +112,64 @@ def test_prefix_is_required_in_transactional_mode() -> None:
         KafkaSink("t")
 
 
-def test_committed_epochs_are_visible_once_and_commit_is_idempotent(
+def test_staged_mode_refuses_to_write_without_record_ids() -> None:
+    with pytest.raises(ConfigError, match=r"mode='staged'\) needs record_ids=True"):
+        KafkaSink("t", mode="staged", record_ids=False)
+
+
+def test_an_epoch_without_record_ids_is_read_back_alone_from_shared_partitions(
     kafka_settings: KafkaSettings, output: str
 ) -> None:
-    sink = KafkaSink(output, transactional_id_prefix=f"p-{output}", settings=kafka_settings)
+    """What a rescue re-publishes when records carry no IDs: the records of one sink subtask's
+    epoch, told apart by their epoch header from the other subtask's and from the next epoch's
+    records written into the same partitions (the ranges overlap), in their order."""
+    sink = KafkaSink(
+        output, transactional_id_prefix=f"p-{output}", settings=kafka_settings,
+        key=lambda v: str(v["n"] % 3), record_ids=False,
+    )  # fmt: skip
+    writers = [sink.open(_ctx(output, subtask)) for subtask in (0, 1)]
+    for w in writers:
+        w.recover([])
+    for round_ in range(3):  # interleaved: subtask 0, subtask 1, subtask 0, ...
+        for subtask, w in enumerate(writers):
+            w.write([{"n": 1000 * subtask + 10 * round_ + i} for i in range(10)])
+            assert w.slot is not None
+            w.producers[w.slot].flush(10)  # in the log now: the two subtasks' ranges interleave
+    first = [w.prepare(1) for w in writers]
+    writers[0].write([{"n": 5000 + i} for i in range(10)])  # the next epoch of subtask 0
+    second = writers[0].prepare(2)
+    ranges = {(t, p): (lo, hi) for t, p, lo, hi in first[1]["ranges"]}
+    assert any(  # the test means something only if subtask 0's ranges hold subtask 1's records
+        (t, p) in ranges and lo < ranges[(t, p)][1] and ranges[(t, p)][0] < hi
+        for t, p, lo, hi in first[0]["ranges"]
+    )
+    for w, c in zip(writers, first, strict=True):
+        w.commit(1, c)
+    writers[0].commit(2, second)
+    for w in writers:
+        w.close()
+    sink_id = f"{output}/out".encode()
+    for subtask, committable in enumerate(first):
+        assert committable["ids"] is False
+        records = read_epoch(kafka_settings, committable, subtask, sink_id)
+        got = [orjson.loads(r[3])["n"] for r in records]
+        want = [1000 * subtask + 10 * r + i for r in range(3) for i in range(10)]
+        assert sorted(got) == want  # exactly this epoch's 30 records
+        for partition in {r[1] for r in records}:  # each partition in the order written
+            ns = [orjson.loads(r[3])["n"] for r in records if r[1] == partition]
+            assert ns == sorted(ns)
+    got = [orjson.loads(r[3])["n"] for r in read_epoch(kafka_settings, second, 0, sink_id)]
+    assert sorted(got) == [5000 + i for i in range(10)]
+
+
+@pytest.mark.parametrize("record_ids", [True, False])
+def test_committed_epochs_are_visible_once_and_commit_is_idempotent(
+    kafka_settings: KafkaSettings, output: str, record_ids: bool
+) -> None:
+    sink = KafkaSink(
+        output, transactional_id_prefix=f"p-{output}", settings=kafka_settings,
+        record_ids=record_ids,
+    )  # fmt: skip
     writer = sink.open(_ctx(output))
     writer.recover([])
     writer.write([{"n": i} for i in range(100)])
@@ -128,16 +184,26 @@ def test_committed_epochs_are_visible_once_and_commit_is_idempotent(
     writer.close()
     got = read_topic(kafka_settings, output)
     assert values(got) == Counter(range(150))
-    assert all(dict(m.headers())[HEADER_ID] for m in got)
+    if record_ids:
+        assert len({dict(m.headers())[HEADER_ID] for m in got}) == 150  # one ID each
+    else:  # one header, naming the sink subtask's epoch; no ID for ID-based readers
+        assert Counter(dict(m.headers())[HEADER_TXN] for m in got) == {
+            f"{output}/out|0.1.0".encode(): 100, f"{output}/out|0.1.1".encode(): 50,
+        }  # fmt: skip
+        assert not any(HEADER_ID in dict(m.headers()) for m in got)
     markers = read_transaction_markers(kafka_settings, output, "out")
     assert sorted(m["epoch"] for m in markers) == ["1.0", "1.1"]
 
 
+@pytest.mark.parametrize("record_ids", [True, False])
 def test_an_aborted_epoch_is_republished_once_by_recover(
-    kafka_settings: KafkaSettings, broker_caps: Any, output: str
+    kafka_settings: KafkaSettings, broker_caps: Any, output: str, record_ids: bool
 ) -> None:
     """The crash after completion before commit: a new writer (next generation) recovers."""
-    sink = KafkaSink(output, transactional_id_prefix=f"p-{output}", settings=kafka_settings)
+    sink = KafkaSink(
+        output, transactional_id_prefix=f"p-{output}", settings=kafka_settings,
+        record_ids=record_ids,
+    )  # fmt: skip
     old = sink.open(_ctx(output, generation=1))
     old.recover([])
     old.write([{"n": i} for i in range(200)])
@@ -160,8 +226,9 @@ def test_an_aborted_epoch_is_republished_once_by_recover(
         assert values(got) == Counter(range(200))
 
 
+@pytest.mark.parametrize("record_ids", [True, False])
 def test_a_transaction_aborted_by_the_broker_is_rescued_at_commit(
-    kafka_settings: KafkaSettings, broker_caps: Any, output: str
+    kafka_settings: KafkaSettings, broker_caps: Any, output: str, record_ids: bool
 ) -> None:
     """The broker aborts the pending transaction: here by fencing its transactional id (what a
     transaction timeout does too; the timeout itself is exercised by the next test)."""
@@ -170,6 +237,7 @@ def test_a_transaction_aborted_by_the_broker_is_rescued_at_commit(
         transactional_id_prefix=f"p-{output}",
         settings=kafka_settings,
         commit_timeout_s=5,  # a fenced commit on Tansu times out instead of failing at once
+        record_ids=record_ids,
     )
     writer = sink.open(_ctx(output))
     writer.recover([])
