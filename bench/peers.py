@@ -68,6 +68,8 @@ SYSTEMS = (
     "eosflow2",
     "eosflow1-keyed",
     "eosflow2-keyed",
+    "eosflow1-keyed-noids",
+    "eosflow2-keyed-noids",
     "loop",
     "loop-txn",
     "quix",
@@ -91,6 +93,8 @@ LABELS = {
     "eosflow1-keyed": "eosflow, 1 worker, keyed source (no shuffle; txn KafkaSink, 1 s "
     "checkpoints)",
     "eosflow2-keyed": "eosflow, 2 workers, keyed source (same)",
+    "eosflow1-keyed-noids": "eosflow, 1 worker, keyed source, KafkaSink(record_ids=False)",
+    "eosflow2-keyed-noids": "eosflow, 2 workers, keyed source, KafkaSink(record_ids=False)",
     "loop": "hand-written loop, at-least-once, orjson, 1 process",
     "loop-txn": "hand-written loop, transactions every 1 s, orjson, 1 process",
     "quix": f"Quix Streams {VENVS['quix'][0].split('==')[1]}, exactly-once, 1 process "
@@ -272,8 +276,9 @@ class Bench:
     def command(self, system: str) -> list[str]:
         me = sys.executable
         if system.startswith("eosflow"):
-            keyed = ["--keyed-source"] if system.endswith("-keyed") else []
-            return [me, str(Path(__file__)), "--child-eosflow", system[7], *keyed]
+            keyed = ["--keyed-source"] if "-keyed" in system else []
+            noids = ["--no-record-ids"] if system.endswith("-noids") else []
+            return [me, str(Path(__file__)), "--child-eosflow", system[7], *keyed, *noids]
         if system == "loop":
             return [me, str(JOBS / "loop.py"), "at-least-once"]
         if system == "loop-txn":
@@ -405,7 +410,7 @@ def table(outcomes: list[Outcome], records: int) -> str:
     return "\n".join(rows)
 
 
-def child_eosflow(workers: int, keyed_source: bool) -> None:
+def child_eosflow(workers: int, keyed_source: bool, record_ids: bool = True) -> None:
     """Runs ``pipelines/keyed_count.py`` until idle (in the subprocess of a run);
     ``keyed_source``: keyed by the message key, without a shuffle."""
     from processor.runtime.local import LocalRunner, RunOptions
@@ -425,7 +430,7 @@ def child_eosflow(workers: int, keyed_source: bool) -> None:
                 "TXN_PREFIX",
             )
         }
-        | {"KEYED_SOURCE": "1" if keyed_source else "0"},
+        | {"KEYED_SOURCE": "1" if keyed_source else "0", "RECORD_IDS": "1" if record_ids else "0"},
         state_dir=os.environ["STATE_DIR"],
     )
     result = LocalRunner(BENCH / "pipelines" / "keyed_count.py", options).run()
@@ -460,11 +465,12 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--child-eosflow", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--keyed-source", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--no-record-ids", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)
     if args.child_eosflow:
-        child_eosflow(args.child_eosflow, args.keyed_source)
+        child_eosflow(args.child_eosflow, args.keyed_source, not args.no_record_ids)
         return
     if args.table:
         saved = json.loads(args.table.read_text())

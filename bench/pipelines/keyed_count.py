@@ -25,7 +25,8 @@ Configured by environment variables (read in the runner and in every worker proc
   ``KafkaSink`` with ids ``TXN_PREFIX`` (the reference job as ``bench/peers.py`` runs it: key
   user, value JSON ``[count, amount]``);
 * ``KEYED_SOURCE=1``: key the stream by the message key (the input is keyed by user) instead
-  of ``key_by``: the aggregate runs in the source's task, with no shuffle (no channel topic).
+  of ``key_by``: the aggregate runs in the source's task, with no shuffle (no channel topic);
+* ``RECORD_IDS=0``: the Kafka sink writes no per-record ID header (``record_ids=False``).
 """
 
 from __future__ import annotations
@@ -57,7 +58,11 @@ valid = clicks.filter("valid", lambda click: click["amount"] > 0)
     )
     .sink(
         "out",
-        KafkaSink(OUTPUT_TOPIC, transactional_id_prefix=os.environ.get("TXN_PREFIX", "bench"))
+        KafkaSink(
+            OUTPUT_TOPIC,
+            transactional_id_prefix=os.environ.get("TXN_PREFIX", "bench"),
+            record_ids=os.environ.get("RECORD_IDS", "1") != "0",
+        )
         if OUTPUT_TOPIC
         else FileSink(os.environ.get("OUTPUT_DIR", "out/bench-keyed-count")),
     )
