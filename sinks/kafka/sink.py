@@ -53,8 +53,8 @@ class KafkaSink:
             what :class:`dedup.IdDedupConsumer` and other ID-based readers use). ``False``
             (transactional mode only): one header naming the sink subtask's epoch, the same
             bytes on every record of the epoch, which is all the sink's own recovery needs;
-            ``read_committed`` readers still see every record once. It saves most of the
-            cost of the headers, about 0.5 µs per record (docs/sinks.md, "Record IDs").
+            ``read_committed`` readers still see every record once. It saves about 0.3 µs
+            of CPU per record (bench/RESULTS.md, "Peers"; docs/sinks.md, "Record IDs").
 
     Raises:
         ConfigError: unknown mode, missing prefix, non-callable ``key``, bad pool size,
