@@ -162,9 +162,12 @@ class ChannelOut(Operator):
         if self.shuffle:
             base, n = self.partitions[0], self.parallelism
             records = [
-                (base + key_to_downstream(k.encode() if type(k) is str else dumps(k), n), dumps(r))
+                (
+                    base
+                    + key_to_downstream(r[0].encode() if type(r[0]) is str else dumps(r[0]), n),
+                    dumps(r),
+                )
                 for r in batch
-                for k in (r[0],)
             ]
         else:
             (partition,) = self.partitions

@@ -369,7 +369,7 @@ class Runner(RunnerLifecycle):
                 self.plan, transport, until_idle=self.options.until_idle, run_dir=self.dir
             )
             check_keyed_sources(self.plan, self.store, counts)
-            if self.store.latest_completed(self.job) is None:
+            if latest is None:
                 self.starts = start_positions(self.plan, self.store, transport, counts)
             # Whether the broker deletes channel records on request: probed once, here, not
             # in every worker process (runtime.purge).

@@ -111,12 +111,14 @@ class _Encoder:
         if self.key_fn is None:
             try:
                 out = [
-                    (k.encode() if type(k) is str else _key_bytes(k), serialize(v))
+                    (
+                        item[0].encode() if type(item[0]) is str else _key_bytes(item[0]),
+                        serialize(item[1]),
+                    )
                     for item in values
-                    if type(item) is tuple
-                    for k, v in (item,)  # a tuple of another length raises ValueError
+                    if type(item) is tuple and len(item) == 2
                 ]
-                if len(out) == len(values):  # no value was left out for not being a tuple
+                if len(out) == len(values):  # no value was left out for not being a pair
                     return out
             except Exception:
                 pass  # a serde error, or not all pairs: per value, for the exact behaviour

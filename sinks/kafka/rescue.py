@@ -142,17 +142,16 @@ def read_epoch(
         ):
             headers = msg.headers() or []
             h = dict(headers)
-            if epoch is not None:
-                if h.get(HEADER_TXN) == epoch:
-                    _ts_type, ts = msg.timestamp()
-                    out.append((topic, int(partition), msg.key(), msg.value(), headers, ts))
-                continue
-            record_id = h.get(HEADER_ID)
-            if (
-                record_id is not None
-                and record_id.startswith(prefix)
-                and h.get(HEADER_SINK) == sink_id
-            ):
+            if epoch is not None:  # record_ids=False: the epoch header names it
+                mine = h.get(HEADER_TXN) == epoch
+            else:
+                record_id = h.get(HEADER_ID)
+                mine = (
+                    record_id is not None
+                    and record_id.startswith(prefix)
+                    and h.get(HEADER_SINK) == sink_id
+                )
+            if mine:
                 _ts_type, ts = msg.timestamp()
                 out.append((topic, int(partition), msg.key(), msg.value(), headers, ts))
     return out

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -22,12 +21,12 @@ from processor.contracts import SinkContext
 from processor.dataflow import Dataflow, KeyedStream, Stream
 from processor.errors import ConfigError, DefinitionError, DeserializationError
 from processor.runtime.local import LocalRunner, RunOptions
-from processor.runtime.task import Task, TaskEnv
+from processor.runtime.task import Task
 from processor.runtime.task.base import message_key_decoder
 from processor.runtime.topics import KEYED_FILE, check_graph, check_keyed_sources
 from processor.snapshot.store import SnapshotStore
-from tests.unit.test_dead_letters import Recorder, produce
-from tests.unit.test_task import Log, Reader, Writer
+from tests.unit.test_dead_letters import Recorder, _env, produce
+from tests.unit.test_task import Log
 
 JOB = "job"
 
@@ -511,23 +510,11 @@ IN = ("in", 0)  # subtask 0 of 2 reads partition 0 of the source topic
 
 
 def _source_task(tmp_path: Path, log: Log, *, dead_letters: bool, **source: Any) -> Task:
-    Recorder.writers = []
     flow = Dataflow(JOB, dead_letters=Recorder() if dead_letters else None)
     clicks = flow.source("s", "in", serde=JsonSerde(), keyed=True, **source)
     clicks.map("n", lambda v: v["n"]).reduce("sum", lambda a, b: a + b).sink("out", Recorder())
-    plan = compile_flow(flow, 2)
-    env = TaskEnv(
-        plan=plan,
-        generation=1,
-        mode="aligned",
-        writer=Writer(log),
-        reader_factory=lambda _group: Reader(log),
-        store=SnapshotStore(tmp_path.as_uri()),
-        uploads=ThreadPoolExecutor(1),
-        fault=lambda _point: None,
-        end_offsets=None,
-    )
-    (stage,) = plan.stages
+    env = _env(tmp_path, flow, log)
+    (stage,) = env.plan.stages
     task = Task(env, stage, 0)
     task.open(None, {"in": 2})
     return task

@@ -204,21 +204,17 @@ class TaskBase:
             self.entry[steps[name].params["topic"]] = self.ops[name]
         for edge in stage.inputs:
             self.entry[edge.topic] = self.ops[edge.dst_step]
-        # topic -> (value serde, timestamp function, lag, message key decoder or None)
+        # topic -> (the value serde's ``deserialize`` or None, timestamp function, lag, message
+        # key decoder or None)
         self.source_params: dict[str, tuple[Any, Any, int, Any]] = {}
         for name in stage.sources:
             p = steps[name].params
             self.source_params[p["topic"]] = (
-                p["serde"],
+                p["serde"].deserialize if p["serde"] is not None else None,
                 p["timestamp"],
                 p["max_out_of_orderness_ms"],
                 message_key_decoder(name, p["key_serde"]) if p.get("keyed") else None,
             )
-        # the same, with the value serde's bound ``deserialize`` (the hot path's view)
-        self.decoders: dict[str, tuple[Any, Any, int, Any]] = {
-            topic: (serde.deserialize if serde is not None else None, *rest)
-            for topic, (serde, *rest) in self.source_params.items()
-        }
 
     def _sink_context(self, step: str, subtask: int, parallelism: int) -> SinkContext:
         env = self.env

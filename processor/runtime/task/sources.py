@@ -31,7 +31,7 @@ class SourceInputs(ChannelInputs):
     """How a source task reads, decodes and timestamps its input partitions."""
 
     def _source_batch(self, msgs: list[Message]) -> None:
-        params = self.decoders
+        params = self.source_params
         by_topic: dict[str, list[Record]] = {}
         single: list[tuple[Message, Record]] = []  # local recovery: pushed one at a time
         lineage = self.lineage
@@ -85,14 +85,12 @@ class SourceInputs(ChannelInputs):
         """A source record that did not decode, or whose ``timestamp`` function raised."""
         topic: Any = m.topic()
         if self.dead is not None:
-            serde = self.source_params[topic][0]
+            decode = self.source_params[topic][0]
             value: Any = m.value()
             decoded = not isinstance(exc, DeserializationError)
-            if decoded and serde is not None:  # the timestamp function raised: decode again
+            if decoded and decode is not None:  # the timestamp function raised: decode again
                 try:
-                    value = serde.deserialize(
-                        value, topic=topic, partition=m.partition(), offset=m.offset()
-                    )
+                    value = decode(value)
                 except Exception:
                     decoded = False
             self.dead.source_record(self.entry[topic].name, m, exc, value, decoded=decoded)

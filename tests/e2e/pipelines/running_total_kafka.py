@@ -29,6 +29,7 @@ flow = Dataflow(os.environ["JOB_NAME"])
             mode=os.environ.get("SINK_MODE", "transactional"),
             transactional_id_prefix=os.environ.get("TXN_PREFIX"),
             commit_timeout_s=5,
+            record_ids=os.environ.get("RECORD_IDS", "1") != "0",
         ),
     )
 )
