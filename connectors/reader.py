@@ -241,6 +241,20 @@ class PartitionReader:
         ends = watermarks(self._config, self._next, timeout=self._timeout)
         return {tp: max(0, ends[tp][1] - self._next[tp]) for tp in self._next}
 
+    def cached_lag(self) -> dict[TP, int]:
+        """Records left per partition against the end offsets the last fetches reported (no
+        request to the broker: cheap enough for every stats message). Partitions not fetched
+        from yet are left out."""
+        consumer = self._consumer
+        if consumer is None:
+            return {}
+        lag = {}
+        for (t, p), pos in self._next.items():
+            _low, high = consumer.get_watermark_offsets(TopicPartition(t, p), cached=True)
+            if high >= 0 and pos >= 0:
+                lag[(t, p)] = max(0, high - pos)
+        return lag
+
     def commit_for_monitoring(self) -> None:
         """Commit current positions to the consumer group, for lag dashboards only.
 

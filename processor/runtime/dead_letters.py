@@ -32,6 +32,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import logging
+from collections import deque
 from collections.abc import Callable, Container
 from typing import Any
 
@@ -43,6 +44,7 @@ __all__ = ["DeadLetters", "Origins", "channel_origins", "jsonable", "source_orig
 
 log = logging.getLogger(__name__)
 
+_RECENT = 5  # per task; the runner keeps the last 20 of the job
 _LOG_FIRST = 20
 _LOG_EVERY = 10_000
 
@@ -85,6 +87,8 @@ class DeadLetters:
         self.task = task
         self.count = 0
         self._buffer: list[dict[str, Any]] = []
+        #: the last few entries' place and cause, for the job page (no keys or values)
+        self.recent: deque[dict[str, Any]] = deque(maxlen=_RECENT)
 
     def source_record(
         self, step: str, message: Message, exc: BaseException, value: Any, *, decoded: bool
@@ -145,6 +149,10 @@ class DeadLetters:
     def _add(self, entry: dict[str, Any]) -> None:
         self._buffer.append(entry)
         self.count += 1
+        self.recent.append(
+            {k: entry[k] for k in ("step", "error_type", "topic", "partition", "offset")}
+            | {"cause": str(entry["cause"])[:300]}
+        )
         n = self.count
         if n <= _LOG_FIRST or n % _LOG_EVERY == 0:
             log.warning(

@@ -69,6 +69,7 @@ class Operator:
     keeps_index = True
     on_error: ErrorHandler | None = None
     duplicates = 0  # records dropped as duplicates (``dedup``)
+    n_in = n_out = 0  # records in and out (the task counts them per batch; metrics)
 
     def __init__(self, step: Step) -> None:
         self.name = step.name

@@ -23,6 +23,7 @@ timeout (commit fails) goes the same way.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -87,6 +88,7 @@ class KafkaSinkWriter:
         TopicAdmin(self.settings).ensure_topic(self.markers, ctx.parallelism, INTERNAL_TOPIC_CONFIG)
         self.producers: dict[int, Producer] = {}
         self.busy: dict[int, str] = {}  # slot -> epoch tag of its open or prepared transaction
+        self.began: dict[int, float] = {}  # slot -> when its transaction began (monotonic)
         self.slot: int | None = None  # slot of the open (not yet prepared) transaction
         self.tag = ""
         self.n = 0
@@ -161,6 +163,7 @@ class KafkaSinkWriter:
         self.tag = f"{self.ctx.generation}.{self.n}"
         self.n += 1
         self.busy[slot] = self.tag
+        self.began[slot] = time.monotonic()
         self.seq = 0
         self.ranges = {}
         self.errors = []
@@ -203,6 +206,14 @@ class KafkaSinkWriter:
     def txn_header(self) -> bytes:
         """The :data:`HEADER_TXN` value of the open epoch (``record_ids=False``)."""
         return txn_header(self.sink_id, self.ctx.subtask, self.tag)
+
+    def txn_headroom_s(self) -> float | None:
+        """Seconds until the broker would abort the oldest open transaction of this subtask
+        (its ``transaction.timeout.ms`` minus the transaction's age); ``None``: none open."""
+        began = [t for slot, t in self.began.items() if slot in self.busy]
+        if not began:
+            return None
+        return self.sink.transaction_timeout_ms / 1000 - (time.monotonic() - min(began))
 
     def _raise_delivery(self, context: str) -> None:
         err = self.errors[0]
@@ -274,6 +285,7 @@ class KafkaSinkWriter:
                 )  # fmt: skip
                 self._rescue(committable, fresh=True)
             del self.busy[slot]
+            self.began.pop(slot, None)
             self.ctx.fault("mid-sink-commit")  # committed; the engine has not recorded it yet
             return
         self._rescue(committable, fresh=False)

@@ -96,6 +96,9 @@ class Reader:
     def positions(self) -> dict[tuple[str, int], int]:
         return dict(self.next)
 
+    def cached_lag(self) -> dict[tuple[str, int], int]:
+        return {}
+
     def close(self) -> None:
         pass
 

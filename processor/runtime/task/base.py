@@ -31,7 +31,7 @@ from processor.dataflow import DEAD_LETTERS
 from processor.errors import DeserializationError, UserFunctionError
 from processor.runtime.channels import ChannelOut, Lineage, Loop, TaskEnv
 from processor.runtime.dead_letters import DeadLetters, Origins
-from processor.runtime.dedup_step import ReplayCheck
+from processor.runtime.dedup_step import DedupOperator, ReplayCheck
 from processor.runtime.operators import (
     MIN_WATERMARK,
     Combiner,
@@ -118,6 +118,11 @@ class TaskBase:
         self.uploading: dict[int, Future[SnapshotHandle]] = {}
         self.uploaded: dict[int, SnapshotHandle] = {}
         self.aligned: set[int] = set()
+        # metrics: when a checkpoint's first barrier came, how long its alignment took (s), and
+        # the sinks' commit durations since the last stats message
+        self.align_start: dict[int, float] = {}
+        self.align_s: dict[int, float] = {}
+        self.commit_times: list[list[Any]] = []
         self.declined: list[tuple[int, str]] = []  # (checkpoint, reason) for the coordinator
         self._upload_failures = 0  # in a row
         self.sink_pending: dict[str, list[tuple[int, Any]]] = {n: [] for n, _w in self.committers}
@@ -253,8 +258,10 @@ class TaskBase:
         ``self._origins`` knows (see :data:`_Index`). Costs nothing per record: the mapping is
         only built when an operator that keeps indexes dropped a failing record."""
         self._index, self._dropped = index, None
+        op.n_in += len(batch)
         out = op.process(batch)
         if out:
+            op.n_out += len(out)
             if not op.keeps_index:
                 index = False
             elif self._dropped is not None and index is not False:
@@ -268,6 +275,7 @@ class TaskBase:
         for combiner in self.combiners:
             out = combiner.flush()
             if out:
+                combiner.n_out += len(out)
                 self._push(combiner.children[0], out)
 
     def _on_error(self, op: Operator, batch: list[Record], index: int, exc: Exception) -> None:
@@ -297,6 +305,7 @@ class TaskBase:
             self.loop.iteration = 0  # what a watermark fires starts its own loop count
         for name, op in self.ops.items():  # the stage's steps in order (and the replay check)
             fired = op.on_watermark(wm)
+            op.n_out += len(fired)
             if fired and lineage is None:
                 for child in op.children:
                     self._push(child, fired)
@@ -334,6 +343,30 @@ class TaskBase:
             "loop_limit": self.loop_exhausted,
             "lag": lag,
             "watermark": self.watermark,
+            **self._metrics(),
+        }
+
+    def _metrics(self) -> dict[str, Any]:
+        """What only the metrics and the job page read (docs/observability.md): per step,
+        per partition, per sink, and the dedup steps' store traffic."""
+        ops = self.ops.values()
+        dedups = [op for op in ops if isinstance(op, DedupOperator) and op is not self.replay]
+        commits, self.commit_times = self.commit_times, []
+        headroom = {}
+        for name, writer in self.committers:
+            probe = getattr(writer, "txn_headroom_s", None)
+            left = probe() if probe is not None else None
+            if left is not None:
+                headroom[name] = round(left, 3)
+        return {
+            "steps": {name: [op.n_in, op.n_out] for name, op in self.ops.items()},
+            "sinks": {s.name: s.written for s in self.sinks},
+            "parts": [[t, p, n] for (t, p), n in self.reader.cached_lag().items()],
+            "lookups": sum(op.dedup.stats.lookups for op in dedups if op.dedup is not None),
+            "round_trips": sum(op.dedup.store.round_trips for op in dedups if op.dedup is not None),
+            "commits": commits,
+            "headroom": headroom,
+            "dead_recent": list(self.dead.recent) if self.dead is not None else [],
         }
 
 

@@ -10,6 +10,7 @@ commit"). Restoring is the mirror image (:meth:`TaskCheckpoints._restore`).
 from __future__ import annotations
 
 import logging
+import time
 from concurrent.futures import Future
 from typing import Any
 
@@ -191,7 +192,9 @@ class TaskCheckpoints(TaskBase):
             if due:
                 self.env.fault("after-completion-before-commit")
             for chk, committable in due:
+                began = time.monotonic()
                 writer.commit(chk, committable)
+                self.commit_times.append([name, round(time.monotonic() - began, 6)])
             self.sink_pending[name] = [(c, x) for c, x in pending if c > checkpoint_id]
         for op in self.ops.values():
             op.commit(checkpoint_id)

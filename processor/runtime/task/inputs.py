@@ -29,6 +29,7 @@ Invariants:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -281,6 +282,8 @@ class ChannelInputs(TaskCheckpoints):
                 return
             if ctl.checkpoint_id == self.logging_id:  # not a late barrier of an aborted one
                 self.back_logging.discard(tp)
+            if ctl.checkpoint_id not in self.barrier_seen:
+                self.align_start[ctl.checkpoint_id] = time.monotonic()
             self.barrier_seen.setdefault(ctl.checkpoint_id, set()).add(tp)
             self.barrier_unaligned.setdefault(ctl.checkpoint_id, ctl.unaligned)
             assert self.aligner is not None
@@ -339,6 +342,9 @@ class ChannelInputs(TaskCheckpoints):
                 self._forward_barrier(action.checkpoint_id)
             elif isinstance(action, AlignmentDone):
                 self.aligned.add(action.checkpoint_id)
+                began = self.align_start.pop(action.checkpoint_id, None)
+                if began is not None:
+                    self.align_s[action.checkpoint_id] = time.monotonic() - began
             elif isinstance(action, AbortCheckpoint):
                 self._forget(action.checkpoint_id)
 
