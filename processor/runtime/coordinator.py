@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from processor.snapshot.store import SnapshotHandle, SnapshotStore
 
-__all__ = ["CheckpointCoordinator", "CheckpointStats"]
+__all__ = ["CheckpointCoordinator", "CheckpointEvent", "CheckpointStats"]
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +32,7 @@ class _Pending:
     started: float
     acks: dict[str, SnapshotHandle] = field(default_factory=dict)
     loop_log: int = 0  # records on loop back-edges between the heads' snapshots and barrier
+    alignment_s: float = 0.0  # the longest alignment of its tasks
 
 
 @dataclass
@@ -47,6 +48,24 @@ class CheckpointStats:
     #: of the recent ones
     last_loop_log: int = 0
     loop_logs: list[tuple[int, int, float]] = field(default_factory=list)
+    #: aborted checkpoints by kind: ``timeout``, ``declined``, ``restart``
+    failed: dict[str, int] = field(
+        default_factory=lambda: {"timeout": 0, "declined": 0, "restart": 0}
+    )
+
+
+@dataclass(frozen=True)
+class CheckpointEvent:
+    """A checkpoint ended (for metrics and the job page): completed, or failed with a reason."""
+
+    checkpoint_id: int
+    completed: bool
+    duration_s: float
+    at_ms: int  # wall clock
+    size_bytes: int = 0
+    alignment_s: float = 0.0
+    kind: str | None = None  # failed: timeout, declined or restart
+    reason: str | None = None
 
 
 class CheckpointCoordinator:
@@ -61,6 +80,7 @@ class CheckpointCoordinator:
         timeout_s: a pending checkpoint older than this is aborted.
         keep: completed checkpoints to retain.
         clock: monotonic seconds.
+        observer: called with a :class:`CheckpointEvent` when a checkpoint completes or fails.
     """
 
     def __init__(
@@ -73,7 +93,9 @@ class CheckpointCoordinator:
         timeout_s: float = 60.0,
         keep: int = 3,
         clock: Callable[[], float] = time.monotonic,
+        observer: Callable[[CheckpointEvent], None] | None = None,
     ) -> None:
+        self.observer = observer
         self.store = store
         self.job = job
         self.tasks = frozenset(tasks)
@@ -94,7 +116,7 @@ class CheckpointCoordinator:
     def start_generation(self, generation: int) -> None:
         """A new generation starts (after a recovery): the pending checkpoint is void."""
         if self.pending is not None:
-            self._abort(f"generation {generation} started")
+            self._abort(f"generation {generation} started", "restart")
         self.generation = generation
         self.timed_out = []
         self._next_due = self.clock() + (self.interval_s or 0.0)
@@ -116,10 +138,16 @@ class CheckpointCoordinator:
         return chk
 
     def on_ack(
-        self, checkpoint_id: int, task: str, handle: SnapshotHandle, loop_log: int = 0
+        self,
+        checkpoint_id: int,
+        task: str,
+        handle: SnapshotHandle,
+        loop_log: int = 0,
+        alignment_s: float = 0.0,
     ) -> bool:
         """Records an acknowledgement; True when it completed the checkpoint. ``loop_log``: the
-        back-edge records a loop head logged for it (docs/iterations.md)."""
+        back-edge records a loop head logged for it (docs/iterations.md); ``alignment_s``: how
+        long the task aligned its inputs for it."""
         pending = self.pending
         if pending is None or pending.checkpoint_id != checkpoint_id:
             log.debug("late ack checkpoint_id=%d task=%s ignored", checkpoint_id, task)
@@ -129,6 +157,7 @@ class CheckpointCoordinator:
             return False
         if task not in pending.acks:
             pending.loop_log += loop_log
+            pending.alignment_s = max(pending.alignment_s, alignment_s)
         pending.acks[task] = handle
         if len(pending.acks) < len(self.tasks):
             return False
@@ -159,6 +188,18 @@ class CheckpointCoordinator:
             checkpoint_id, self.generation, int(duration * 1000), pending.loop_log,
         )  # fmt: skip
         self.store.retain(self.job, self.keep)
+        if self.observer is not None:
+            size = sum(h.size for h in pending.acks.values())
+            self.observer(
+                CheckpointEvent(
+                    checkpoint_id,
+                    True,
+                    duration,
+                    int(time.time() * 1000),
+                    size,
+                    pending.alignment_s,
+                )
+            )
         return True
 
     def expired(self) -> int | None:
@@ -169,22 +210,34 @@ class CheckpointCoordinator:
         missing = sorted(self.tasks - set(pending.acks))
         reason = f"timed out after {self.timeout_s:g}s; no ack from {missing}"
         self.timed_out.append(reason)
-        return self._abort(reason)
+        return self._abort(reason, "timeout")
 
     def decline(self, checkpoint_id: int, task: str, reason: str) -> int | None:
         if self.pending is None or self.pending.checkpoint_id != checkpoint_id:
             return None
-        return self._abort(f"declined by task {task}: {reason}")
+        return self._abort(f"declined by task {task}: {reason}", "declined")
 
     def abort_pending(self, reason: str) -> int | None:
         """Aborts the pending checkpoint, if any (a worker restarts alone: it cannot ack it)."""
-        return self._abort(reason) if self.pending is not None else None
+        return self._abort(reason, "restart") if self.pending is not None else None
 
-    def _abort(self, reason: str) -> int:
+    def _abort(self, reason: str, kind: str) -> int:
         assert self.pending is not None
-        chk = self.pending.checkpoint_id
+        chk, started = self.pending.checkpoint_id, self.pending.started
         self.pending = None
         self.stats.aborted += 1
+        self.stats.failed[kind] += 1
+        if self.observer is not None:
+            self.observer(
+                CheckpointEvent(
+                    chk,
+                    False,
+                    self.clock() - started,
+                    int(time.time() * 1000),
+                    kind=kind,
+                    reason=reason,
+                )
+            )
         self._next_due = self.clock() + (self.interval_s or 0.0)
         log.warning("aborted checkpoint_id=%d reason=%r", chk, reason)
         self.store.discard(self.job, chk)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -119,6 +120,17 @@ class RunOptions:
     #: Local recovery: how far behind the watermark (event time) a re-emitted copy is still
     #: recognised; older copies are passed, counted and logged.
     recovery_horizon: float = 600.0
+    #: Where the runner serves the job page, ``/api/job`` and Prometheus ``/metrics``:
+    #: ``HOST:PORT``, ``HOST:FIRST-LAST`` (the first free port) or ``off``; ``None``: the
+    #: ``EOSFLOW_METRICS`` variable, else ``127.0.0.1:9249-9258`` (docs/observability.md).
+    metrics: str | None = None
+
+    def metrics_address(self) -> str | None:
+        """The address to serve on, ``None`` for off (checked: a bad one is a ConfigError)."""
+        from processor.runtime.webui import DEFAULT_ADDRESS, parse_address
+
+        text = self.metrics or os.environ.get("EOSFLOW_METRICS") or DEFAULT_ADDRESS
+        return text if parse_address(text) is not None else None
 
     def validate(self) -> None:
         if self.mode not in MODES:
@@ -166,6 +178,7 @@ class RunOptions:
                 f"--recovery local needs checkpoints in aligned or unaligned mode, not "
                 f"--mode {self.mode}: a restarted worker restores the latest completed one"
             )
+        self.metrics_address()
         if self.recovery_horizon < 1:
             raise ConfigError(f"recovery horizon must be at least 1s, got {self.recovery_horizon}s")
 

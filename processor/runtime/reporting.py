@@ -13,10 +13,13 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from processor.compiler import Plan
 from processor.runtime.coordinator import CheckpointCoordinator
 from processor.runtime.job import RunOptions, RunResult, WorkerHandle
+from processor.runtime.metrics import JobMetrics
+from processor.runtime.webui import WebServer
 from processor.snapshot.store import SnapshotStore
 
 __all__ = ["RunnerReporting"]
@@ -41,6 +44,9 @@ class RunnerReporting:
     _started: float
     _progress_next: float
     _last_in: tuple[float, int]
+    _publish_next: float
+    metrics: JobMetrics | None
+    web: WebServer | None
 
     def _counters(self) -> tuple[int, int, int]:
         """Records read by source tasks, handed to sinks, source lag."""
@@ -92,11 +98,30 @@ class RunnerReporting:
         )
         self._status("running")
 
+    def _publish(self, state: str = "running", force: bool = False) -> None:
+        """The metrics' snapshot (at most every half second): what scrapes and the job page
+        read (:mod:`processor.runtime.metrics`)."""
+        now = time.monotonic()
+        if self.metrics is None or (not force and now < self._publish_next):
+            return
+        self._publish_next = now + 0.5
+        self.metrics.update(self._status_dict(state), self.workers, state)
+
     def _status(self, state: str) -> None:
+        status = self._status_dict(state)
+        if self.metrics is not None:
+            self.metrics.update(status, self.workers, state)
+        path = self.dir / "status.json"
+        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".status-")
+        with os.fdopen(fd, "w") as f:
+            json.dump(status, f, indent=1)
+        os.replace(tmp, path)
+
+    def _status_dict(self, state: str) -> dict[str, Any]:
         rin, out, lag = self._counters()
         dead, bad, dups, over = self._bad_counts()
         st = self.coordinator.stats
-        status = {
+        status: dict[str, Any] = {
             "job": self.job,
             "state": state,
             "pid": os.getpid(),
@@ -130,12 +155,9 @@ class RunnerReporting:
             "last_loop_log": st.last_loop_log,
             "tasks": {k: v for w in self.workers for k, v in w.stats.items()},
             "snapshot_url": self.store.url,
+            "web": self.web.url if self.web is not None else None,
         }
-        path = self.dir / "status.json"
-        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".status-")
-        with os.fdopen(fd, "w") as f:
-            json.dump(status, f, indent=1)
-        os.replace(tmp, path)
+        return status
 
     def _result(self) -> RunResult:
         rin, out, _ = self._counters()

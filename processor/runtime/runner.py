@@ -42,6 +42,7 @@ from processor.runtime.job import (
     jobs_dir,
 )
 from processor.runtime.lifecycle import RunnerLifecycle, same_cause
+from processor.runtime.metrics import JobMetrics
 from processor.runtime.pipeline import load_flow, load_object
 from processor.runtime.preflight import extra_environ, preflight
 from processor.runtime.topics import (
@@ -50,6 +51,7 @@ from processor.runtime.topics import (
     prepare_topics,
     start_positions,
 )
+from processor.runtime.webui import WebServer
 from processor.snapshot.lease import JobLease
 from processor.snapshot.store import SnapshotHandle, SnapshotStore
 
@@ -138,6 +140,9 @@ class Runner(RunnerLifecycle):
         self.purge = False  # the broker deletes channel records on request (runtime.purge)
         self.starts: list[list[Any]] = []  # a fresh job's start positions (runtime.topics)
         self.failed_worker: int | None = None  # set by _dead_worker when it knows which
+        self.metrics: JobMetrics | None = None  # metrics and the job page (runtime.metrics)
+        self.web: WebServer | None = None
+        self._publish_next = 0.0
 
     # -- setup -----------------------------------------------------------------------------------
 
@@ -267,6 +272,8 @@ class Runner(RunnerLifecycle):
     def _recover(self, cause: str, counts: dict[str, int], ends: list[list[Any]] | None) -> None:
         self.restarts += 1
         self.restart_causes.append(cause)
+        if self.metrics is not None:
+            self.metrics.on_restart(cause)
         failed, self.failed_worker = self.failed_worker, None
         if self.options.recovery == "local" and failed is not None:
             self._recover_local(failed, cause, counts, ends)
@@ -375,6 +382,12 @@ class Runner(RunnerLifecycle):
             # in every worker process (runtime.purge).
             probe = getattr(transport, "purge_supported", None)
             self.purge = bool(probe()) if probe is not None and self.plan.edges else False
+            self.metrics = JobMetrics(
+                self.plan,
+                runner=self.runner,
+                mode=self.options.mode,
+                recovery=self.options.recovery,
+            )
             self.coordinator = CheckpointCoordinator(
                 self.store,
                 self.job,
@@ -382,7 +395,13 @@ class Runner(RunnerLifecycle):
                 interval_s=self._interval(),
                 timeout_s=self.options.checkpoint_timeout,
                 keep=self.options.keep_checkpoints,
+                observer=self.metrics.on_checkpoint,
             )
+            address = self.options.metrics_address()
+            if address is not None:
+                self.web = WebServer(self.metrics, address)
+                self._say(f"job page and metrics: {self.web.url} (/metrics)")
+            self._publish("starting", force=True)
             self._start()
             # After _start: SparkContext installs its own SIGINT handler (cancel every job).
             handlers = self._install_signals()
@@ -402,9 +421,12 @@ class Runner(RunnerLifecycle):
                 self._check_stop()
                 self._drive()
                 self._report()
+                self._publish()
             self._status("finished")
             return self._result()
         finally:
+            if self.web is not None:
+                self.web.close()
             self._restore_signals(handlers)
             if hasattr(self, "server"):
                 self._kill_all()
@@ -460,7 +482,8 @@ class Runner(RunnerLifecycle):
             path, size, checksum = msg["handle"]
             handle = SnapshotHandle(path, int(size), str(checksum))
             log_n = int(msg.get("log", 0))
-            if self.coordinator.on_ack(int(msg["chk"]), str(msg["task"]), handle, log_n):
+            align = float(msg.get("align", 0.0))
+            if self.coordinator.on_ack(int(msg["chk"]), str(msg["task"]), handle, log_n, align):
                 self.server.broadcast({"t": "complete", "chk": int(msg["chk"])})
         elif kind == "decline":
             chk = self.coordinator.decline(int(msg["chk"]), str(msg["task"]), str(msg["reason"]))
@@ -471,6 +494,8 @@ class Runner(RunnerLifecycle):
         elif kind == "stats":
             sender.stats = msg["tasks"]
             sender.drained = bool(msg["drained"])
+            if self.metrics is not None:
+                self.metrics.on_stats(sender, self.generation, sender.stats)
 
     def _ready(self) -> bool:
         ready = all(w.conn is not None for w in self.workers)

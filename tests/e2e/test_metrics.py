@@ -1,0 +1,190 @@
+"""Prometheus metrics and ``/api/job`` scraped over HTTP while a real job runs (issue 25).
+
+The job is ``pipelines/dedup_window_count.py``: clicks with 10 % copies, deduplicated by ID in
+Redis (a shuffle by ID), counted per page and 10 s window (a second shuffle), into files. A
+thread scrapes ``/metrics`` and ``/api/job`` while it runs; the test then checks that counters
+never went down between scrapes, and that the final values agree with the
+:class:`~processor.runtime.job.RunResult` and with what the input holds (computed from
+``examples/clicks.py``, not by the engine): every click read once, every copy dropped by the
+dedup step, every checkpoint counted.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from processor.runtime.job import Fault
+from processor.runtime.metrics import METRICS
+from processor.runtime.runner import Runner
+from tests.e2e.harness import chaos_seed, click_events, run_chaos, with_duplicates
+
+pytestmark = [pytest.mark.integration]
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def samples(text: str) -> Samples:
+    """``(sample name, sorted labels) -> value`` of an exposition."""
+    out: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(got: Samples, name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples whose labels include ``labels``."""
+    want = set(labels.items())
+    return sum(v for (n, ls), v in got.items() if n == name and want <= set(ls))
+
+
+class Scraper:
+    """Scrapes the runner's ``/metrics`` and ``/api/job`` until the job ends."""
+
+    def __init__(self) -> None:
+        self.metrics: list[Samples] = []
+        self.api: list[dict[str, Any]] = []
+        self.content_type = ""
+        self.runner: Runner | None = None
+
+    def __call__(self, runner: Runner) -> None:
+        self.runner = runner
+        deadline = time.monotonic() + 120
+        while runner.web is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert runner.web is not None, "the runner never served its metrics"
+        url = runner.web.url
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(url + "metrics", timeout=5) as r:
+                    self.content_type = r.headers["Content-Type"]
+                    self.metrics.append(samples(r.read().decode()))
+                with urllib.request.urlopen(url + "api/job", timeout=5) as r:
+                    self.api.append(json.loads(r.read()))
+            except OSError:
+                return  # the job finished: its server is gone
+            time.sleep(0.3)
+
+
+def _run(tmp: Path, kafka: str, redis_url: str, records: int, **kw: Any) -> tuple[Any, Scraper]:
+    scraper = Scraper()
+    run = run_chaos(
+        "dedup_window_count.py",
+        brokers=kafka,
+        tmp=tmp,
+        records=records,
+        seed=kw.pop("seed"),
+        mode="aligned",
+        interval=0.3,
+        duplicates=0.10,
+        # Filters that fill (fp 0.4, 2,000 IDs): Bloom hits are looked up in Redis.
+        env={
+            "EOSFLOW_REDIS_URL": redis_url,
+            "DEDUP_FP_RATE": "0.4",
+            "DEDUP_EXPECTED_IDS": "2000",
+            "DEDUP_BUCKET_S": "60",
+        },
+        # Paced so that the scraper sees the job at work several times.
+        run_options={"metrics": "127.0.0.1:0", "max_rate": 3_000.0},
+        during=scraper,
+        **kw,
+    )
+    return run, scraper
+
+
+def _assert_monotonic(scrapes: list[Samples]) -> None:
+    counters = {
+        n.removesuffix("_total") for n, (kind, _h, _l) in METRICS.items() if kind == "counter"
+    }
+    for before, after in itertools.pairwise(scrapes):
+        for key, v in before.items():
+            name = key[0]
+            if name.removesuffix("_total") in counters or name.endswith(("_count", "_bucket")):
+                assert after.get(key, 0.0) >= v, f"counter {key} went down: {v} -> {after.get(key)}"
+
+
+def test_metrics_scraped_during_a_run_agree_with_its_result_and_its_input(
+    kafka_endpoint: tuple[str, str], redis_url: str, tmp_path: Path
+) -> None:
+    seed = chaos_seed()
+    records = 24_000
+    run, scraper = _run(tmp_path, kafka_endpoint[0], redis_url, records, seed=seed)
+    result = run.result
+    assert result.restarts == 0
+    copies = sum(1 for _ in with_duplicates(click_events(records, seed=seed), 0.10, seed=seed))
+    assert len(scraper.metrics) >= 3, f"only {len(scraper.metrics)} scrapes during the run"
+    assert scraper.content_type.startswith("text/plain; version=")  # the text format
+    _assert_monotonic(scraper.metrics)
+    assert value(scraper.metrics[-1], "eosflow_records_in_total") <= copies
+
+    assert scraper.runner is not None
+    final = samples(generate_latest(scraper.runner.metrics.registry).decode())  # type: ignore[union-attr]
+    _assert_monotonic([*scraper.metrics, final])
+    job = {"eosflow_job": result.job}
+    assert value(final, "eosflow_records_in_total", **job) == result.records_in == copies
+    assert value(final, "eosflow_records_out_total", **job) == result.records_out
+    assert value(final, "eosflow_sink_records_total", sink="out") == result.records_out
+    # The dedup step: every copy dropped, every click through once (no restart: exact).
+    assert value(final, "eosflow_step_records_in_total", step="unique") == copies
+    assert value(final, "eosflow_step_records_out_total", step="unique") == records
+    assert value(final, "eosflow_dedup_duplicates_total") == copies - records
+    assert value(final, "eosflow_dedup_lookups_total") > 0
+    assert value(final, "eosflow_dedup_redis_round_trips_total") > 0
+    # Checkpoints: the counter, the histograms' counts and the last id agree with the result.
+    assert value(final, "eosflow_checkpoints_completed_total") == result.checkpoints > 0
+    for h in ("duration_seconds", "alignment_seconds", "size_bytes"):
+        assert value(final, f"eosflow_checkpoint_{h}_count") == result.checkpoints
+    assert value(final, "eosflow_checkpoint_size_bytes_sum") > 0
+    assert value(final, "eosflow_last_checkpoint") == result.last_checkpoint
+    assert value(final, "eosflow_sink_commit_seconds_count", sink="out") > 0
+    assert value(final, "eosflow_restarts_total") == 0
+    assert value(final, "eosflow_workers", state="connected") == 2
+    # Lag per source partition (8) and queued records per channel partition were reported.
+    lag = {ls for (n, ls), _v in final.items() if n == "eosflow_source_lag_records"}
+    assert len(lag) == 8
+    assert any(n == "eosflow_channel_queued_records" for n, _ls in final)
+    assert any(value(s, "eosflow_source_lag_records") > 0 for s in scraper.metrics), (
+        "the paced job never showed a backlog"
+    )
+
+    api = scraper.api[-1]
+    assert api["job"] == result.job
+    graph = api["graph"]
+    assert [len(s["steps"]) > 0 for s in graph["stages"]] == [True] * 3
+    assert len(graph["edges"]) == 2 and all(e["shuffle"] for e in graph["edges"])
+    assert {"clicks", "work", "unique", "by-page", "per-window", "out"} <= set(api["steps"])
+    assert any(
+        h["status"] == "completed" and h["size_bytes"] > 0 for h in api["checkpoints"]["history"]
+    )
+    assert any(a["records"]["in_per_s"] > 0 for a in scraper.api)
+
+
+def test_restarts_are_counted_by_cause_and_counters_survive_them(
+    kafka_endpoint: tuple[str, str], redis_url: str, tmp_path: Path
+) -> None:
+    seed = chaos_seed()
+    records = 12_000
+    fault = Fault(0, 1, "after-snapshot-before-ack", 2)
+    run, scraper = _run(tmp_path, kafka_endpoint[0], redis_url, records, seed=seed, faults=[fault])
+    result = run.result
+    assert result.restarts == 1, result.restart_causes
+    assert scraper.runner is not None
+    final = samples(generate_latest(scraper.runner.metrics.registry).decode())  # type: ignore[union-attr]
+    _assert_monotonic([*scraper.metrics, final])
+    assert value(final, "eosflow_restarts_total", cause="killed") == 1
+    assert value(final, "eosflow_generation") == result.generation
+    # The killed generation's reads stay counted: the total is at least this generation's.
+    assert value(final, "eosflow_records_in_total") >= result.records_in
+    assert value(final, "eosflow_checkpoints_failed_total", reason="restart") >= 1
+    restarts = scraper.api[-1]["restarts_list"]
+    assert [r["kind"] for r in restarts] == ["killed"]
+    assert "SIGKILL" in restarts[0]["cause"]
