@@ -1,0 +1,403 @@
+"""The job page (processor/runtime/ui) in a real browser: Debian's chromium, driven by selenium
+through Debian's chromedriver (named explicitly, so that Selenium Manager never downloads one).
+
+The fixture test serves the page's files and a fixed ``/api/job`` document (the schema of
+docs/observability.md) from a stdlib HTTP server, and checks what the page draws from it: the
+stage boxes and the edge of the graph, one bar per checkpoint with the failed ones marked, the
+tables. ``EOSFLOW_UPDATE_SCREENSHOT=1`` writes its screenshot to ``docs/job-page.png``.
+
+Without chromium or chromedriver the tests skip, except under ``CI`` (which installs them),
+where they fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+ROOT = Path(__file__).resolve().parents[2]
+UI = ROOT / "processor" / "runtime" / "ui"
+ASSETS = {"app.js": "text/javascript", "style.css": "text/css"}
+WAIT_S = 10.0
+
+
+def _unavailable(reason: str) -> None:
+    # CI installs chromium and chromedriver: a missing browser there is a broken CI, not a skip.
+    if os.environ.get("CI"):
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Any]:
+    """A headless chromium, its profile in ``tmp_path``, no network of its own."""
+    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not os.access(p, os.X_OK)]
+    if missing:
+        _unavailable(
+            f"the job page's browser test needs {' and '.join(missing)} "
+            "(apt-get install chromium chromium-driver)"
+        )
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        _unavailable("the job page's browser test needs selenium (pip install -e '.[dev]')")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        "--window-size=1440,1000",
+        f"--user-data-dir={tmp_path / 'chromium-profile'}",
+    ):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+class _PageServer:
+    """The page's files at ``/`` and ``/ui/*``, ``job`` at ``/api/job`` (a 503 when ``None``):
+    what the runner's web server serves, without a runner."""
+
+    def __init__(self, job: dict[str, Any] | None) -> None:
+        self.job = job
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                path = self.path.split("?", 1)[0]
+                if path == "/":
+                    self._send(200, "text/html", (UI / "index.html").read_bytes())
+                elif path.startswith("/ui/") and path[4:] in ASSETS:
+                    self._send(200, ASSETS[path[4:]], (UI / path[4:]).read_bytes())
+                elif path == "/api/job" and owner.job is not None:
+                    self._send(200, "application/json", json.dumps(owner.job).encode())
+                elif path == "/api/job":
+                    self._send(503, "text/plain", b"gone")
+                else:
+                    self._send(404, "text/plain", b"not found")
+
+            def _send(self, status: int, kind: str, body: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Cache-Control", "no-store")
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> _PageServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def fixture_job(now_ms: int | None = None) -> dict[str, Any]:
+    """A two-stage job an hour in: clicks parsed and shuffled to a keyed count, 30 checkpoints
+    of which two failed, one restart, lag on both sides of the channel, two dead letters."""
+    now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
+    history = []
+    for i in range(30):
+        cid = 112 + i
+        at_ms = now_ms - (30 - i) * 2000
+        if cid == 121:
+            entry = {"status": "failed", "reason": "timeout", "duration_s": 1.5}
+            entry.update(alignment_s=None, size_bytes=None)
+        elif cid == 133:
+            entry = {"status": "failed", "reason": "declined", "duration_s": None}
+            entry.update(alignment_s=None, size_bytes=None)
+        else:
+            entry = {
+                "status": "completed",
+                "reason": None,
+                "duration_s": round(0.08 + 0.03 * ((i * 7) % 11) + (0.35 if i == 18 else 0), 3),
+                "alignment_s": round(0.01 + 0.008 * ((i * 5) % 7), 3),
+                "size_bytes": 180_000 + 9_000 * i + 20_000 * (i % 4),
+            }
+        history.append({"id": cid, "at_ms": at_ms, **entry})
+    return {
+        "job": "clicks-by-user",
+        "state": "running",
+        "runner": "local",
+        "mode": "aligned",
+        "recovery": "global",
+        "generation": 2,
+        "restarts": 1,
+        "uptime_s": 3725.4,
+        "updated_ms": now_ms,
+        "workers": [
+            {"worker": 0, "pid": 4101, "host": "node-a", "connected": True},
+            {"worker": 1, "pid": 4388, "host": "node-a", "connected": True},
+        ],
+        "graph": {
+            "stages": [
+                {
+                    "name": "clicks",
+                    "parallelism": 2,
+                    "steps": ["clicks", "parse", "key-by-user"],
+                    "sources": ["clicks"],
+                    "sinks": [],
+                },
+                {
+                    "name": "count",
+                    "parallelism": 2,
+                    "steps": ["count", "totals-out"],
+                    "sources": [],
+                    "sinks": ["totals-out"],
+                },
+            ],
+            "edges": [
+                {
+                    "src": "clicks",
+                    "dst": "count",
+                    "topic": "eosflow.clicks-by-user.ch0",
+                    "shuffle": True,
+                    "back": False,
+                }
+            ],
+        },
+        "steps": {
+            "clicks": {"in": 7_412_330, "out": 7_412_330, "in_per_s": 2010.0, "out_per_s": 2010.0},
+            "parse": {"in": 7_412_330, "out": 7_412_318, "in_per_s": 2010.0, "out_per_s": 2009.5},
+            "key-by-user": {"in": 7_412_318, "out": 7_412_318, "in_per_s": 2009.5},
+            "count": {"in": 7_412_100, "out": 7_412_100, "in_per_s": 1998.0, "out_per_s": 1998.0},
+            "totals-out": {"in": 7_412_100, "out": 7_412_100, "in_per_s": 1998.0},
+        },
+        "records": {"in": 7_412_330, "out": 7_412_100, "in_per_s": 2010.0, "out_per_s": 1998.0},
+        "checkpoints": {
+            "completed": 140,
+            "failed": {"timeout": 1, "declined": 1, "restart": 0},
+            "last_completed": 141,
+            "pending": 142,
+            "history": history,
+        },
+        "restarts_list": [
+            {
+                "at_ms": now_ms - 41 * 60_000,
+                "cause": "worker 1 killed by signal SIGKILL",
+                "kind": "killed",
+            }
+        ],
+        "lag": {
+            "sources": [
+                {"topic": "clicks", "partition": p, "records": r}
+                for p, r in enumerate([120, 85, 430, 12])
+            ],
+            "channels": [
+                {"topic": "eosflow.clicks-by-user.ch0", "partition": p, "records": r}
+                for p, r in enumerate([3, 0])
+            ],
+        },
+        "dead_letters": {
+            "total": 12,
+            "recent": [
+                {
+                    "step": "parse",
+                    "error_type": "JSONDecodeError",
+                    "cause": "Expecting ',' delimiter: line 1 column 18 (char 17)",
+                    "topic": "clicks",
+                    "partition": 2,
+                    "offset": 1_840_221,
+                },
+                {
+                    "step": "parse",
+                    "error_type": "KeyError",
+                    "cause": "'user_id'",
+                    "topic": "clicks",
+                    "partition": 0,
+                    "offset": 1_851_007,
+                },
+            ],
+        },
+    }
+
+
+def _wait(driver: Any, condition: Any, what: str) -> None:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(driver, WAIT_S, poll_frequency=0.1).until(condition, message=what)
+
+
+def _body(driver: Any, key: str) -> str | None:
+    return driver.execute_script(f"return document.body.dataset.{key} || null")  # type: ignore[no-any-return]
+
+
+def _rows(driver: Any, table: str) -> list[list[str]]:
+    """A table's cells, read in one script: the page may redraw it between two WebDriver
+    calls (a stale element)."""
+    return driver.execute_script(  # type: ignore[no-any-return]
+        "return [...document.querySelectorAll(arguments[0])]"
+        ".map(tr => [...tr.cells].map(td => td.textContent.trim()))",
+        f"#{table} tbody tr:not(.empty)",
+    )
+
+
+def _screenshot(driver: Any, tmp_path: Path) -> Path:
+    """The whole page, not the window: resize to its height first."""
+    height = driver.execute_script("return document.documentElement.scrollHeight")
+    metrics = {"width": 1440, "height": int(height), "deviceScaleFactor": 1, "mobile": False}
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)
+    update = os.environ.get("EOSFLOW_UPDATE_SCREENSHOT") == "1"
+    path = ROOT / "docs" / "job-page.png" if update else tmp_path / "job-page.png"
+    driver.save_screenshot(str(path))
+    return path
+
+
+def test_job_page_draws_graph_plot_and_tables_when_served_a_job(
+    browser: Any, tmp_path: Path
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    job = fixture_job()
+    with _PageServer(job) as server:
+        browser.get(server.url)
+        _wait(browser, lambda d: _body(d, "loaded") == "1", "the page never rendered api/job")
+
+        assert browser.find_element(By.ID, "job-name").text == "clicks-by-user"
+        assert browser.find_element(By.ID, "job-state").text.lower() == "running"
+        assert browser.find_element(By.ID, "job-workers").text == "2 / 2"
+
+        stages = browser.find_elements(By.CSS_SELECTOR, "#graph svg g.stage")
+        assert sorted(s.get_attribute("data-stage") for s in stages) == ["clicks", "count"]
+        [edge] = browser.find_elements(By.CSS_SELECTOR, "#graph svg g.edge")
+        assert (edge.get_attribute("data-src"), edge.get_attribute("data-dst")) == (
+            "clicks",
+            "count",
+        )
+        assert "edge-shuffle" in edge.get_attribute("class")
+        assert "eosflow.clicks-by-user.ch0" in edge.text
+        # Left to right by depth: the shuffle's target is drawn right of its source.
+        boxes = {s.get_attribute("data-stage"): s.rect["x"] for s in stages}
+        assert boxes["count"] > boxes["clicks"]
+        rate = browser.find_element(By.CSS_SELECTOR, '#graph text.step-rate[data-step="parse"]')
+        assert rate.text == "2.0k \u2192 2.0k /s"
+
+        bars = browser.find_elements(By.CSS_SELECTOR, "#checkpoints svg rect.ckpt-duration")
+        assert [int(b.get_attribute("data-id")) for b in bars] == list(range(112, 142))
+        failed = {
+            b.get_attribute("data-id"): b.find_element(By.TAG_NAME, "title").get_attribute(
+                "textContent"
+            )
+            for b in bars
+            if "failed" in b.get_attribute("class")
+        }
+        assert sorted(failed) == ["121", "133"]
+        assert "timeout" in failed["121"] and "declined" in failed["133"]
+        assert browser.find_elements(By.CSS_SELECTOR, "#checkpoints svg .legend")
+        ticks = browser.find_elements(By.CSS_SELECTOR, "#checkpoints svg text.tick")
+        assert len(ticks) > 8
+
+        [restart] = _rows(browser, "restarts")
+        assert restart[1:] == ["killed", "worker 1 killed by signal SIGKILL"]
+        lag = _rows(browser, "lag")
+        assert [row[:4] for row in lag[:2]] == [
+            ["source", "clicks", "0", "120"],
+            ["source", "clicks", "1", "85"],
+        ]
+        assert [row[0] for row in lag].count("channel") == 2
+        assert len(_rows(browser, "dead-letters")) == 2
+        assert "12" in browser.find_element(By.ID, "dead-letters-total").text
+
+        # It polls: a new document is drawn within a couple of seconds.
+        job["restarts_list"].append(
+            {"at_ms": job["updated_ms"], "cause": "worker 0 exited with code 1", "kind": "exited"}
+        )
+        _wait(browser, lambda d: len(_rows(d, "restarts")) == 2, "the page stopped polling")
+        assert int(_body(browser, "updates") or 0) >= 2
+
+        errors = [
+            e
+            for e in browser.get_log("browser")
+            if e["level"] == "SEVERE" and "favicon" not in e["message"]
+        ]
+        assert errors == []
+        print("screenshot:", _screenshot(browser, tmp_path))
+
+
+def test_job_page_keeps_its_data_and_says_so_when_the_job_is_gone(browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    with _PageServer(fixture_job()) as server:
+        browser.get(server.url)
+        _wait(browser, lambda d: _body(d, "loaded") == "1", "the page never rendered api/job")
+        banner = browser.find_element(By.ID, "error-banner")
+        assert not banner.is_displayed()
+
+        server.job = None  # the runner answers 503 (or is gone): the job finished
+        _wait(browser, lambda d: banner.is_displayed(), "no banner when api/job failed")
+        assert "Cannot reach the job" in banner.text
+        assert browser.find_element(By.ID, "job-name").text == "clicks-by-user"
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#graph svg g.stage")) == 2
+        assert len(browser.find_elements(By.CSS_SELECTOR, "rect.ckpt-duration")) == 30
+
+        server.job = fixture_job()  # back again (a restarted runner)
+        _wait(browser, lambda d: not banner.is_displayed(), "the banner stayed after recovery")
+
+
+def test_job_page_draws_placeholders_when_the_job_has_no_data_yet(browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    empty: dict[str, Any] = {
+        "job": "fresh",
+        "state": "starting",
+        "graph": {"stages": [], "edges": []},
+        "steps": {},
+        "checkpoints": {"completed": 0, "failed": {}, "history": [], "pending": None},
+        "restarts_list": [],
+        "lag": {"sources": [], "channels": []},
+        "dead_letters": {"total": 0, "recent": []},
+        "workers": None,
+        "uptime_s": None,
+    }
+    with _PageServer(empty) as server:
+        browser.get(server.url)
+        _wait(browser, lambda d: _body(d, "loaded") == "1", "the page never rendered api/job")
+        assert browser.find_element(By.ID, "job-name").text == "fresh"
+        assert "No stages" in browser.find_element(By.ID, "graph").text
+        assert "No checkpoints" in browser.find_element(By.ID, "checkpoints").text
+        for table in ("restarts", "lag", "dead-letters"):
+            assert _rows(browser, table) == []
+        assert not browser.find_element(By.ID, "error-banner").is_displayed()
+
+
+def test_job_page_assets_exist_and_use_no_network() -> None:
+    """The page is served offline: no CDN, no absolute URL in its files."""
+    html = (UI / "index.html").read_text()
+    assert 'href="ui/style.css"' in html and 'src="ui/app.js"' in html
+    for name in ("index.html", *ASSETS):
+        text = (UI / name).read_text()
+        assert "http://" not in text.replace("http://www.w3.org/2000/svg", "")
+        assert "https://" not in text
+        assert len(text.splitlines()) < 600
