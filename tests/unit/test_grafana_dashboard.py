@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from processor.runtime.metrics import LABEL, METRICS
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
 DASHBOARD = DOCKER / "grafana" / "dashboards" / "eosflow.json"
@@ -25,32 +27,18 @@ COMPOSE = DOCKER / "compose.yaml"
 PROMETHEUS = DOCKER / "prometheus" / "prometheus.yml"
 DATASOURCE = DOCKER / "grafana" / "provisioning" / "datasources" / "prometheus.yaml"
 PROVIDER = DOCKER / "grafana" / "provisioning" / "dashboards" / "eosflow.yaml"
-OBSERVABILITY = ROOT / "docs" / "observability.md"
 
-JOB_MATCHER = 'eosflow_job="$eosflow_job"'
-RATES = ("rate", "irate", "increase")
+JOB_MATCHER = f'{LABEL}="${LABEL}"'
 GRID_WIDTH = 24
 
 
 # --- what eosflow exports ---------------------------------------------------------------------
 
 
-def _exported() -> dict[str, tuple[str, frozenset[str]]]:
-    """Metric name -> (type, labels), from docs/observability.md's metric table."""
-    rows = re.findall(
-        r"^\| `(eosflow_\w+)` \| (counter|gauge|histogram)\b[^|]*\|([^|]*)\|",
-        OBSERVABILITY.read_text(),
-        re.M,
-    )
-    assert rows, f"no metric table found in {OBSERVABILITY}"
-    # The labels column names each label in backticks; parentheses hold its values.
-    return {
-        name: (kind, frozenset(re.findall(r"`(\w+)`", re.sub(r"\([^)]*\)", "", labels))))
-        for name, kind, labels in rows
-    }
-
-
-EXPORTED = _exported()
+#: Metric name -> (type, every label, the job's included), from the runner's catalogue.
+EXPORTED = {
+    name: (kind, frozenset((LABEL, *labels))) for name, (kind, _help, labels) in METRICS.items()
+}
 
 
 def _series() -> dict[str, str]:
@@ -234,7 +222,7 @@ def test_grouping_and_legend_labels_are_labels_of_the_queried_metrics() -> None:
         labels: set[str] = set()
         for name, _start in _metric_names(expr):
             if name in SERIES:
-                labels |= EXPORTED[SERIES[name]][1] | {"eosflow_job"}
+                labels |= EXPORTED[SERIES[name]][1]
                 if name.endswith("_bucket"):
                     labels.add("le")
         for clause in re.findall(r"\bby\s*\(([^)]*)\)", expr):
