@@ -190,6 +190,7 @@ def _run(args: argparse.Namespace) -> int:
             restart_window=args.restart_window,
             recovery=args.recovery,
             recovery_horizon=args.recovery_horizon,
+            metrics=args.metrics,
             faults=[Fault.parse(f) for f in args.fault],
             environ=endpoints.as_env(),
             progress=sys.stderr,
@@ -415,6 +416,11 @@ def _parser() -> argparse.ArgumentParser:
         "--fault", action="append", default=[], metavar="ATTEMPT:WORKER:POINT[:N][:hold]",
         help="crash testing: SIGKILL a worker at a protocol point, or with :hold pause it "
         "there until FAULT_DIR/POINT.wWORKER.release exists (repeatable)",
+    )  # fmt: skip
+    run.add_argument(
+        "--metrics", metavar="HOST:PORT[-LAST]|off",
+        help="where the job page, /api/job and Prometheus /metrics are served (default: "
+        "$EOSFLOW_METRICS, else 127.0.0.1:9249-9258, the first free port; HOST:0 for any)",
     )  # fmt: skip
     run.add_argument("--explain", action="store_true", help="print the compiled stages and exit")
     run.set_defaults(func=_run)

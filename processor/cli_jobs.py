@@ -106,6 +106,8 @@ def status(args: argparse.Namespace) -> int:
             f"bad input  {st.get('dead_letters', 0):,} dead letters, "
             f"{st.get('bad_records_skipped', 0):,} skipped (no dead-letter sink)"
         )
+    if st.get("web") and alive:
+        print(f"job page   {st['web']}  (Prometheus: {st['web']}metrics)")
     for w in st["workers"]:
         print(f"worker {w['worker']}   pid {w['pid']}  {w['state']}")
     for cause in st["restart_causes"]:
