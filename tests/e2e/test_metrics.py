@@ -11,68 +11,17 @@ dedup step, every checkpoint counted.
 
 from __future__ import annotations
 
-import itertools
-import json
-import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from processor.runtime.job import Fault
-from processor.runtime.metrics import METRICS
-from processor.runtime.runner import Runner
 from tests.e2e.harness import chaos_seed, click_events, run_chaos, with_duplicates
+from tests.e2e.scrape import Scraper, assert_monotonic, samples, value
 
 pytestmark = [pytest.mark.integration]
-
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def samples(text: str) -> Samples:
-    """``(sample name, sorted labels) -> value`` of an exposition."""
-    out: Samples = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
-def value(got: Samples, name: str, **labels: str) -> float:
-    """The sum of ``name``'s samples whose labels include ``labels``."""
-    want = set(labels.items())
-    return sum(v for (n, ls), v in got.items() if n == name and want <= set(ls))
-
-
-class Scraper:
-    """Scrapes the runner's ``/metrics`` and ``/api/job`` until the job ends."""
-
-    def __init__(self) -> None:
-        self.metrics: list[Samples] = []
-        self.api: list[dict[str, Any]] = []
-        self.content_type = ""
-        self.runner: Runner | None = None
-
-    def __call__(self, runner: Runner) -> None:
-        self.runner = runner
-        deadline = time.monotonic() + 120
-        while runner.web is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert runner.web is not None, "the runner never served its metrics"
-        url = runner.web.url
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(url + "metrics", timeout=5) as r:
-                    self.content_type = r.headers["Content-Type"]
-                    self.metrics.append(samples(r.read().decode()))
-                with urllib.request.urlopen(url + "api/job", timeout=5) as r:
-                    self.api.append(json.loads(r.read()))
-            except OSError:
-                return  # the job finished: its server is gone
-            time.sleep(0.3)
 
 
 def _run(tmp: Path, kafka: str, redis_url: str, records: int, **kw: Any) -> tuple[Any, Scraper]:
@@ -101,17 +50,6 @@ def _run(tmp: Path, kafka: str, redis_url: str, records: int, **kw: Any) -> tupl
     return run, scraper
 
 
-def _assert_monotonic(scrapes: list[Samples]) -> None:
-    counters = {
-        n.removesuffix("_total") for n, (kind, _h, _l) in METRICS.items() if kind == "counter"
-    }
-    for before, after in itertools.pairwise(scrapes):
-        for key, v in before.items():
-            name = key[0]
-            if name.removesuffix("_total") in counters or name.endswith(("_count", "_bucket")):
-                assert after.get(key, 0.0) >= v, f"counter {key} went down: {v} -> {after.get(key)}"
-
-
 def test_metrics_scraped_during_a_run_agree_with_its_result_and_its_input(
     kafka_endpoint: tuple[str, str], redis_url: str, tmp_path: Path
 ) -> None:
@@ -123,12 +61,12 @@ def test_metrics_scraped_during_a_run_agree_with_its_result_and_its_input(
     copies = sum(1 for _ in with_duplicates(click_events(records, seed=seed), 0.10, seed=seed))
     assert len(scraper.metrics) >= 3, f"only {len(scraper.metrics)} scrapes during the run"
     assert scraper.content_type.startswith("text/plain; version=")  # the text format
-    _assert_monotonic(scraper.metrics)
+    assert_monotonic(scraper.metrics)
     assert value(scraper.metrics[-1], "eosflow_records_in_total") <= copies
 
     assert scraper.runner is not None
     final = samples(generate_latest(scraper.runner.metrics.registry).decode())  # type: ignore[union-attr]
-    _assert_monotonic([*scraper.metrics, final])
+    assert_monotonic([*scraper.metrics, final])
     job = {"eosflow_job": result.job}
     assert value(final, "eosflow_records_in_total", **job) == result.records_in == copies
     assert value(final, "eosflow_records_out_total", **job) == result.records_out
@@ -179,7 +117,7 @@ def test_restarts_are_counted_by_cause_and_counters_survive_them(
     assert result.restarts == 1, result.restart_causes
     assert scraper.runner is not None
     final = samples(generate_latest(scraper.runner.metrics.registry).decode())  # type: ignore[union-attr]
-    _assert_monotonic([*scraper.metrics, final])
+    assert_monotonic([*scraper.metrics, final])
     assert value(final, "eosflow_restarts_total", cause="killed") == 1
     assert value(final, "eosflow_generation") == result.generation
     # The killed generation's reads stay counted: the total is at least this generation's.

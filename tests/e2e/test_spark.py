@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from prometheus_client import generate_latest
 
 from processor.runtime.local import Fault
 from tests.e2e.harness import (
@@ -18,6 +19,7 @@ from tests.e2e.harness import (
     expected_running_totals,
     run_chaos,
 )
+from tests.e2e.scrape import Scraper, assert_monotonic, samples, value
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.spark]
 
@@ -27,9 +29,11 @@ def test_spark_job_recovers_by_itself_from_two_sigkilled_workers_exactly_once(
 ) -> None:
     """100,000 clicks on ``local[2]``: one named fault (a worker dies between a completed
     checkpoint and its commit), then two SIGKILLs of a worker task's Python process at random
-    moments. Every restart is a new barrier job and a new generation."""
+    moments. Every restart is a new barrier job and a new generation. The driver serves the
+    metrics throughout (issue 25): they are scraped during the run and checked at the end."""
     seed = chaos_seed()
     records = 100_000
+    scraper = Scraper()
     run = run_chaos(
         "running_total_work.py",
         brokers=kafka_endpoint[0],
@@ -42,6 +46,8 @@ def test_spark_job_recovers_by_itself_from_two_sigkilled_workers_exactly_once(
         random_kills=2,
         env={"WORK_US": "200"},
         runner="spark",
+        run_options={"metrics": "127.0.0.1:0"},
+        during=scraper,
     )
     print(f"seed={seed} random kills (s after start, worker): {run.random_kills}")
     print(f"restarts={run.result.restarts} causes={run.result.restart_causes}")
@@ -53,3 +59,13 @@ def test_spark_job_recovers_by_itself_from_two_sigkilled_workers_exactly_once(
     )
     assert run.result.generation == run.result.restarts + 1  # a fresh job: generations 1..4
     assert_exactly_once(expected(expected_running_totals, records, seed), run.output, seed=seed)
+    assert len(scraper.metrics) >= 3, f"only {len(scraper.metrics)} scrapes of the driver"
+    assert scraper.runner is not None and scraper.runner.metrics is not None
+    final = samples(generate_latest(scraper.runner.metrics.registry).decode())
+    assert_monotonic([*scraper.metrics, final])
+    assert value(final, "eosflow_restarts_total", cause="killed") == 3
+    assert value(final, "eosflow_generation") == run.result.generation
+    assert value(final, "eosflow_job_info", runner="spark") == 1
+    # The killed generations' reads stay counted, on top of the last generation's.
+    assert value(final, "eosflow_records_in_total") > run.result.records_in
+    assert value(final, "eosflow_checkpoints_completed_total") == run.result.checkpoints
