@@ -1,10 +1,12 @@
 """The job page (processor/runtime/ui) in a real browser: Debian's chromium, driven by selenium
 through Debian's chromedriver (named explicitly, so that Selenium Manager never downloads one).
 
-The fixture test serves the page's files and a fixed ``/api/job`` document (the schema of
-docs/observability.md) from a stdlib HTTP server, and checks what the page draws from it: the
+The fixture tests serve the page's files and a fixed ``/api/job`` document (the schema of
+docs/observability.md) from a stdlib HTTP server, and check what the page draws from it: the
 stage boxes and the edge of the graph, one bar per checkpoint with the failed ones marked, the
-tables. ``EOSFLOW_UPDATE_SCREENSHOT=1`` writes its screenshot to ``docs/job-page.png``.
+tables, the banner when ``/api/job`` fails. ``EOSFLOW_UPDATE_SCREENSHOT=1`` writes the first
+one's screenshot to ``docs/job-page.png``. The live test loads the page from the runner's own
+server (processor/runtime/webui.py) while a paced job runs on the embedded broker.
 
 Without chromium or chromedriver the tests skip, except under ``CI`` (which installs them),
 where they fail.
@@ -167,7 +169,7 @@ def fixture_job(now_ms: int | None = None) -> dict[str, Any]:
                     "name": "clicks",
                     "parallelism": 2,
                     "steps": ["clicks", "parse", "key-by-user"],
-                    "sources": ["clicks"],
+                    "sources": ["clicks.v1"],
                     "sinks": [],
                 },
                 {
@@ -212,7 +214,7 @@ def fixture_job(now_ms: int | None = None) -> dict[str, Any]:
         ],
         "lag": {
             "sources": [
-                {"topic": "clicks", "partition": p, "records": r}
+                {"topic": "clicks.v1", "partition": p, "records": r}
                 for p, r in enumerate([120, 85, 430, 12])
             ],
             "channels": [
@@ -227,7 +229,7 @@ def fixture_job(now_ms: int | None = None) -> dict[str, Any]:
                     "step": "parse",
                     "error_type": "JSONDecodeError",
                     "cause": "Expecting ',' delimiter: line 1 column 18 (char 17)",
-                    "topic": "clicks",
+                    "topic": "clicks.v1",
                     "partition": 2,
                     "offset": 1_840_221,
                 },
@@ -235,7 +237,7 @@ def fixture_job(now_ms: int | None = None) -> dict[str, Any]:
                     "step": "parse",
                     "error_type": "KeyError",
                     "cause": "'user_id'",
-                    "topic": "clicks",
+                    "topic": "clicks.v1",
                     "partition": 0,
                     "offset": 1_851_007,
                 },
@@ -323,8 +325,8 @@ def test_job_page_draws_graph_plot_and_tables_when_served_a_job(
         assert restart[1:] == ["killed", "worker 1 killed by signal SIGKILL"]
         lag = _rows(browser, "lag")
         assert [row[:4] for row in lag[:2]] == [
-            ["source", "clicks", "0", "120"],
-            ["source", "clicks", "1", "85"],
+            ["source", "clicks.v1", "0", "120"],
+            ["source", "clicks.v1", "1", "85"],
         ]
         assert [row[0] for row in lag].count("channel") == 2
         assert len(_rows(browser, "dead-letters")) == 2
@@ -390,6 +392,109 @@ def test_job_page_draws_placeholders_when_the_job_has_no_data_yet(browser: Any) 
         for table in ("restarts", "lag", "dead-letters"):
             assert _rows(browser, table) == []
         assert not browser.find_element(By.ID, "error-banner").is_displayed()
+
+
+class _LiveChecks:
+    """Runs in a thread beside a real job (``run_chaos``'s ``during``): opens the runner's page
+    as soon as it serves one and waits until it draws the graph and a checkpoint."""
+
+    def __init__(self, browser: Any, tmp_path: Path) -> None:
+        self.browser = browser
+        self.tmp_path = tmp_path
+        self.url: str | None = None
+        self.seen: dict[str, Any] = {}
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+
+    def __call__(self, runner: Any) -> None:
+        try:
+            self._check(runner)
+        except BaseException as exc:  # re-raised by the test, in its own thread
+            self.error = exc
+        finally:
+            self.done.set()
+
+    def _check(self, runner: Any) -> None:
+        deadline = time.monotonic() + 20
+        while runner.web is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert runner.web is not None, "the runner never served its job page"
+        self.url = runner.web.url
+        self.browser.get(self.url)
+        _wait(self.browser, lambda d: _body(d, "loaded") == "1", "the page never rendered")
+        script = """
+            const q = (s) => [...document.querySelectorAll(s)];
+            return {
+              stages: q("#graph svg g.stage").map((g) => g.dataset.stage),
+              edges: q("#graph svg g.edge").map((g) => [g.dataset.src, g.dataset.dst,
+                g.classList.contains("edge-shuffle")]),
+              checkpoints: q("#checkpoints svg rect.ckpt-duration").map((r) => r.dataset.id),
+              rates: q("#graph text.step-rate").map((t) => t.textContent),
+              name: document.getElementById("job-name").textContent,
+              state: document.getElementById("job-state").textContent,
+              workers: document.getElementById("job-workers").textContent,
+              lag: q("#lag tbody tr:not(.empty)").length,
+            };"""
+
+        def drawn(driver: Any) -> bool:
+            self.seen = driver.execute_script(script)
+            return len(self.seen["checkpoints"]) >= 1 and len(self.seen["stages"]) >= 2
+
+        def rated(driver: Any) -> bool:
+            drawn(driver)
+            return any(t and not t.startswith(("0 ", "\u2013")) for t in self.seen["rates"])
+
+        _wait(self.browser, drawn, "no graph or no checkpoint drawn while the job ran")
+        # The paced job reads all along: some step shows a rate above zero.
+        _wait(self.browser, rated, "no step rate shown while the job ran")
+        self.seen["api"] = self.browser.execute_script(
+            "return fetch('api/job').then((r) => r.json())"
+        )
+        self.browser.save_screenshot(str(self.tmp_path / "job-page-live.png"))
+        print("live screenshot:", self.tmp_path / "job-page-live.png")
+
+
+def test_job_page_draws_a_running_job_from_its_runner(
+    browser: Any, kafka_endpoint: tuple[str, str], tmp_path: Path
+) -> None:
+    """The page as the runner serves it (processor/runtime/webui.py), while a paced two-stage
+    job runs: its stages, the shuffle between them, its checkpoints; then, the job over and its
+    server gone, the banner over the last data."""
+    from selenium.webdriver.common.by import By
+
+    from tests.e2e.harness import chaos_seed, run_chaos
+
+    checks = _LiveChecks(browser, tmp_path)
+    run = run_chaos(
+        "running_total_work.py",
+        brokers=kafka_endpoint[0],
+        tmp=tmp_path,
+        records=12_000,
+        seed=chaos_seed(),
+        mode="aligned",
+        interval=0.5,
+        # Two workers at 750 records/s each: about 8 s of input.
+        run_options={"metrics": "127.0.0.1:0", "max_rate": 750.0},
+        during=checks,
+    )
+    # run_chaos waits 5 s for this thread; the browser is not to be shared with it.
+    assert checks.done.wait(WAIT_S), "the page checks outlived the job"
+    if checks.error is not None:
+        raise checks.error
+    assert checks.url is not None
+    seen = checks.seen
+    assert seen["name"] == run.result.job
+    stages = {s["name"] for s in seen["api"]["graph"]["stages"]}
+    assert sorted(seen["stages"]) == sorted(stages) and len(stages) == 2
+    assert len(seen["edges"]) == 1 and seen["edges"][0][2] is True  # the shuffle by user
+    assert len(seen["checkpoints"]) >= 1
+    assert seen["workers"] == "2 / 2"
+
+    # The job is over and its server closed: the page says so and keeps what it drew.
+    banner = browser.find_element(By.ID, "error-banner")
+    _wait(browser, lambda d: banner.is_displayed(), "no banner once the runner was gone")
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#graph svg g.stage")) == 2
+    assert browser.find_elements(By.CSS_SELECTOR, "#checkpoints svg rect.ckpt-duration")
 
 
 def test_job_page_assets_exist_and_use_no_network() -> None:

@@ -249,7 +249,8 @@
         svgText(r, x + 22, y + 14, row.tag, "tag-text", { "text-anchor": "middle" });
         x += 50;
       }
-      svgText(r, x, y + 15, fit(row.name, row.tag ? 16 : 22), "step-name");
+      // A step leaves room for its rates; a source topic (no step of its own) has none.
+      svgText(r, x, y + 15, fit(row.name, !row.step ? 29 : row.tag ? 16 : 22), "step-name");
       if (row.step) {
         svgText(r, box.w - 12, y + 15, "", "step-rate", { "text-anchor": "end", "data-step": row.name });
       }
