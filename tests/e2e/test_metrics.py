@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from prometheus_client import generate_latest
 
+from connectors import KafkaSettings, TopicAdmin
 from processor.runtime.job import Fault
 from tests.e2e.harness import chaos_seed, click_events, run_chaos, with_duplicates
 from tests.e2e.scrape import Scraper, assert_monotonic, samples, value
@@ -126,3 +127,39 @@ def test_restarts_are_counted_by_cause_and_counters_survive_them(
     restarts = scraper.api[-1]["restarts_list"]
     assert [r["kind"] for r in restarts] == ["killed"]
     assert "SIGKILL" in restarts[0]["cause"]
+
+
+def test_transactional_sinks_show_their_transaction_timeout_headroom(
+    kafka_endpoint: tuple[str, str], redis_url: str, tmp_path: Path
+) -> None:
+    """``pipelines/dedup_kafka_total.py`` writes through a transactional KafkaSink (default
+    ``transaction.timeout.ms``: 15 min): while an epoch's transaction is open, the headroom is
+    the timeout less the transaction's age, never more than the timeout."""
+    scraper = Scraper()
+    topic = f"metrics-out-{tmp_path.name[-20:]}"
+    admin = TopicAdmin(KafkaSettings.from_env(brokers=kafka_endpoint[0]))
+    admin.ensure_topic(topic, 2)
+    run = run_chaos(
+        "dedup_kafka_total.py",
+        brokers=kafka_endpoint[0],
+        tmp=tmp_path,
+        records=12_000,
+        seed=chaos_seed(),
+        mode="aligned",
+        interval=0.5,
+        env={"EOSFLOW_REDIS_URL": redis_url, "OUTPUT_TOPIC": topic, "TXN_PREFIX": topic},
+        run_options={"metrics": "127.0.0.1:0", "max_rate": 3_000.0},
+        during=scraper,
+        read_output=lambda _env: [],  # the output is checked by the sink's own tests
+    )
+    assert run.result.records_out > 0
+    seen = [
+        value(s, "eosflow_transaction_timeout_headroom_seconds", sink="out")
+        for s in scraper.metrics
+    ]
+    seen = [h for h in seen if h]
+    assert seen, "no scrape saw an open transaction"
+    assert all(0 < h <= 900 for h in seen), seen
+    assert min(seen) > 900 - 30, f"a transaction stayed open for minutes: {seen}"
+    final = samples(generate_latest(scraper.runner.metrics.registry).decode())  # type: ignore[union-attr]
+    assert value(final, "eosflow_sink_commit_seconds_count", sink="out") > 0
