@@ -72,6 +72,9 @@ def test_metrics_scraped_during_a_run_agree_with_its_result_and_its_input(
     assert value(final, "eosflow_records_in_total", **job) == result.records_in == copies
     assert value(final, "eosflow_records_out_total", **job) == result.records_out
     assert value(final, "eosflow_sink_records_total", sink="out") == result.records_out
+    # The source step counts what it read and emitted (no bad records here).
+    assert value(final, "eosflow_step_records_in_total", step="clicks") == copies
+    assert value(final, "eosflow_step_records_out_total", step="clicks") == copies
     # The dedup step: every copy dropped, every click through once (no restart: exact).
     assert value(final, "eosflow_step_records_in_total", step="unique") == copies
     assert value(final, "eosflow_step_records_out_total", step="unique") == records

@@ -52,6 +52,7 @@ class SourceInputs(ChannelInputs):
                 if self.dead is None and not isinstance(exc, _SKIPPABLE):
                     raise
                 failed.add(id(m))
+                self.entry[topic].n_in += 1  # read, and not emitted (metrics)
                 self._bad_record(m, exc)
                 continue
             tp = (topic, m.partition())
@@ -67,7 +68,10 @@ class SourceInputs(ChannelInputs):
         self.records_in += len(msgs)
         for topic, batch in by_topic.items():
             self._origins = source_origins(msgs, topic, failed)
-            for child in self.entry[topic].children:
+            source = self.entry[topic]
+            source.n_in += len(batch)
+            source.n_out += len(batch)
+            for child in source.children:
                 self._push(child, batch, True)
         if single:
             assert lineage is not None
@@ -76,7 +80,10 @@ class SourceInputs(ChannelInputs):
             topic = m.topic()
             lineage.set(source_id(topic, m.partition(), m.offset()))  # type: ignore[union-attr]
             self._message = m
-            for child in self.entry[topic].children:
+            source = self.entry[topic]
+            source.n_in += 1
+            source.n_out += 1
+            for child in source.children:
                 self._push(child, [record], True)
         self._origins = None
         self.pos = self.reader.positions()
