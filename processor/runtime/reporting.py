@@ -141,6 +141,7 @@ class RunnerReporting:
                 "last_duration_ms": int(st.last_duration_s * 1000),
                 "completed": st.completed,
                 "aborted": st.aborted,
+                "failed": dict(st.failed),  # by kind: timeout, declined, restart
                 "pending": self.coordinator.pending.checkpoint_id
                 if self.coordinator.pending
                 else None,

@@ -127,6 +127,7 @@ def test_restarts_are_counted_by_cause_and_counters_survive_them(
     # The killed generation's reads stay counted: the total is at least this generation's.
     assert value(final, "eosflow_records_in_total") >= result.records_in
     assert value(final, "eosflow_checkpoints_failed_total", reason="restart") >= 1
+    assert scraper.api[-1]["checkpoints"]["failed"]["restart"] >= 1  # the job page's count
     restarts = scraper.api[-1]["restarts_list"]
     assert [r["kind"] for r in restarts] == ["killed"]
     assert "SIGKILL" in restarts[0]["cause"]
