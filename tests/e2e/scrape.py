@@ -6,14 +6,17 @@ import itertools
 import json
 import time
 import urllib.request
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from processor.runtime.metrics import METRICS
 from processor.runtime.runner import Runner
+from tests.e2e.harness import ChaosRun, chaos_seed, run_chaos
 
-__all__ = ["Samples", "Scraper", "assert_monotonic", "samples", "value"]
+__all__ = ["Samples", "Scraper", "assert_monotonic", "run_paced", "samples", "value"]
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -70,3 +73,32 @@ def assert_monotonic(scrapes: list[Samples]) -> None:
             name = key[0]
             if name.removesuffix("_total") in counters or name.endswith(("_count", "_bucket")):
                 assert after.get(key, 0.0) >= v, f"counter {key} went down: {v} -> {after.get(key)}"
+
+
+def run_paced(
+    pipeline: str,
+    *,
+    brokers: str,
+    tmp: Path,
+    records: int,
+    during: Callable[[Runner], None],
+    max_rate: float,
+    interval: float = 0.5,
+    seed: int | None = None,
+    **kw: Any,
+) -> ChaosRun:
+    """:func:`~tests.e2e.harness.run_chaos` (aligned) with the runner serving its job page and
+    metrics on any free loopback port, each worker reading at most ``max_rate`` records/s so
+    that ``during(runner)`` sees the job at work."""
+    return run_chaos(
+        pipeline,
+        brokers=brokers,
+        tmp=tmp,
+        records=records,
+        seed=chaos_seed() if seed is None else seed,
+        mode="aligned",
+        interval=interval,
+        run_options={"metrics": "127.0.0.1:0", "max_rate": max_rate},
+        during=during,
+        **kw,
+    )

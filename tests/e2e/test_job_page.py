@@ -462,20 +462,16 @@ def test_job_page_draws_a_running_job_from_its_runner(
     server gone, the banner over the last data."""
     from selenium.webdriver.common.by import By
 
-    from tests.e2e.harness import chaos_seed, run_chaos
+    from tests.e2e.scrape import run_paced
 
     checks = _LiveChecks(browser, tmp_path)
-    run = run_chaos(
+    run = run_paced(
         "running_total_work.py",
         brokers=kafka_endpoint[0],
         tmp=tmp_path,
         records=12_000,
-        seed=chaos_seed(),
-        mode="aligned",
-        interval=0.5,
-        # Two workers at 750 records/s each: about 8 s of input.
-        run_options={"metrics": "127.0.0.1:0", "max_rate": 750.0},
         during=checks,
+        max_rate=750.0,  # two workers at 750 records/s each: about 8 s of input
     )
     # run_chaos waits 5 s for this thread; the browser is not to be shared with it.
     assert checks.done.wait(WAIT_S), "the page checks outlived the job"

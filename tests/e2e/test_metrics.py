@@ -19,21 +19,21 @@ from prometheus_client import generate_latest
 
 from connectors import KafkaSettings, TopicAdmin
 from processor.runtime.job import Fault
-from tests.e2e.harness import chaos_seed, click_events, run_chaos, with_duplicates
-from tests.e2e.scrape import Scraper, assert_monotonic, samples, value
+from tests.e2e.harness import chaos_seed, click_events, with_duplicates
+from tests.e2e.scrape import Scraper, assert_monotonic, run_paced, samples, value
 
 pytestmark = [pytest.mark.integration]
 
 
 def _run(tmp: Path, kafka: str, redis_url: str, records: int, **kw: Any) -> tuple[Any, Scraper]:
     scraper = Scraper()
-    run = run_chaos(
+    run = run_paced(
         "dedup_window_count.py",
         brokers=kafka,
         tmp=tmp,
         records=records,
-        seed=kw.pop("seed"),
-        mode="aligned",
+        during=scraper,
+        max_rate=3_000.0,  # so that the scraper sees the job at work several times
         interval=0.3,
         duplicates=0.10,
         # Filters that fill (fp 0.4, 2,000 IDs): Bloom hits are looked up in Redis.
@@ -43,9 +43,6 @@ def _run(tmp: Path, kafka: str, redis_url: str, records: int, **kw: Any) -> tupl
             "DEDUP_EXPECTED_IDS": "2000",
             "DEDUP_BUCKET_S": "60",
         },
-        # Paced so that the scraper sees the job at work several times.
-        run_options={"metrics": "127.0.0.1:0", "max_rate": 3_000.0},
-        during=scraper,
         **kw,
     )
     return run, scraper
@@ -143,17 +140,14 @@ def test_transactional_sinks_show_their_transaction_timeout_headroom(
     topic = f"metrics-out-{tmp_path.name[-20:]}"
     admin = TopicAdmin(KafkaSettings.from_env(brokers=kafka_endpoint[0]))
     admin.ensure_topic(topic, 2)
-    run = run_chaos(
+    run = run_paced(
         "dedup_kafka_total.py",
         brokers=kafka_endpoint[0],
         tmp=tmp_path,
         records=12_000,
-        seed=chaos_seed(),
-        mode="aligned",
-        interval=0.5,
-        env={"EOSFLOW_REDIS_URL": redis_url, "OUTPUT_TOPIC": topic, "TXN_PREFIX": topic},
-        run_options={"metrics": "127.0.0.1:0", "max_rate": 3_000.0},
         during=scraper,
+        max_rate=3_000.0,
+        env={"EOSFLOW_REDIS_URL": redis_url, "OUTPUT_TOPIC": topic, "TXN_PREFIX": topic},
         read_output=lambda _env: [],  # the output is checked by the sink's own tests
     )
     assert run.result.records_out > 0
