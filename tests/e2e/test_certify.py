@@ -236,6 +236,9 @@ def test_certify_reads_postgres_tables_and_drops_its_own_afterwards(
     assert left == []
 
 
+# slow: CI is near its 30 minutes; Spark under kills runs in CI through test_spark.py, the
+# Spark variants of the sink crash tests and test_cli_run.py, and certify through the others.
+@pytest.mark.slow
 @pytest.mark.spark
 def test_certify_runs_every_run_on_spark_when_asked(tmp_path: Path) -> None:
     """``--runner spark``: the reference, the determinism run and a run with random SIGKILLs of

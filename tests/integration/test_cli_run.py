@@ -6,9 +6,11 @@ import os
 import signal
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.cli import committed_output, eosflow, job_env, wait_status
 from tests.e2e.harness import (
@@ -70,6 +72,22 @@ def test_sigint_stops_a_streaming_job_after_a_final_checkpoint(
             env, lambda s: s.get("records_out") == RECORDS and s.get("state") == "running"
         )
         assert found["alive"] is True
+        # The runner (the driver on Spark) serves its metrics on the default range, and
+        # `eosflow status` names the page.
+        assert found["web"].startswith("http://127.0.0.1:92"), found["web"]
+        with urllib.request.urlopen(found["web"] + "metrics", timeout=10) as r:
+            exposition = r.read().decode()
+        out = [
+            s.value
+            for f in text_string_to_metric_families(exposition)
+            for s in f.samples
+            if s.name == "eosflow_records_out_total"
+        ]
+        assert out == [RECORDS], exposition[:2000]
+        text = subprocess.run(
+            eosflow("status", env["JOB_NAME"]), env=env, capture_output=True, text=True
+        ).stdout
+        assert f"job page   {found['web']}" in text, text
         # Every record was processed, but with a 5 s interval most are not committed yet:
         # the stop must take a final checkpoint and commit it before the workers exit.
         os.killpg(proc.pid, signal.SIGINT)
