@@ -1,0 +1,137 @@
+"""Keyed streams: the aggregations that keep one state per key (and window).
+
+Split from :mod:`processor.dataflow` (which re-exports :class:`KeyedStream`); the rest of the
+public API is there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from processor.dataflow import Stream, _callable
+from processor.errors import DefinitionError
+from processor.windows import Sliding, duration_ms
+
+__all__ = ["KeyedStream"]
+
+
+class KeyedStream(Stream):
+    """A stream whose records have keys: aggregations keep one state per key (and window)."""
+
+    keyed = True
+
+    def _aggregate(
+        self,
+        name: str,
+        *,
+        init: Callable[[], Any],
+        add: Callable[[Any, Any], Any],
+        merge: Callable[[Any, Any], Any] | None,
+        window: Sliding | None,
+        allowed_lateness: timedelta,
+    ) -> KeyedStream:
+        if window is not None and not isinstance(window, Sliding):
+            raise DefinitionError(f"step {name!r}: window must be Tumbling(...) or Sliding(...)")
+        params = {
+            "init": _callable(name, "init", init),
+            "add": _callable(name, "add", add),
+            "merge": _callable(name, "merge", merge, optional=True),
+            "window": window,
+            "allowed_lateness_ms": duration_ms("allowed_lateness", allowed_lateness),
+        }
+        return KeyedStream(self.flow, self._then(name, "aggregate", True, **params))
+
+    def count(
+        self,
+        name: str,
+        *,
+        window: Sliding | None = None,
+        allowed_lateness: timedelta = timedelta(0),
+    ) -> KeyedStream:
+        """Number of records per key (and window)."""
+        return self._aggregate(
+            name,
+            init=_zero,
+            add=_plus_one,
+            merge=_sum,
+            window=window,
+            allowed_lateness=allowed_lateness,
+        )
+
+    def reduce(
+        self,
+        name: str,
+        fn: Callable[[Any, Any], Any],
+        *,
+        window: Sliding | None = None,
+        allowed_lateness: timedelta = timedelta(0),
+    ) -> KeyedStream:
+        """``fn(accumulated, value)`` per key; the first value starts the accumulation.
+
+        ``fn`` must be associative (it is also used to combine partial results before the
+        shuffle when the reduction is windowed).
+        """
+        fn = _callable(name, "fn", fn)
+        return self._aggregate(
+            name,
+            init=_unset,
+            add=_Reducer(fn),
+            merge=_Reducer(fn),
+            window=window,
+            allowed_lateness=allowed_lateness,
+        )
+
+    def aggregate(
+        self,
+        name: str,
+        *,
+        init: Callable[[], Any],
+        add: Callable[[Any, Any], Any],
+        merge: Callable[[Any, Any], Any] | None = None,
+        window: Sliding | None = None,
+        allowed_lateness: timedelta = timedelta(0),
+    ) -> KeyedStream:
+        """``acc = add(acc, value)`` per key, starting from ``init()``.
+
+        Give ``merge(acc1, acc2)`` (associative and commutative) to let eosflow combine partial
+        accumulators before the shuffle of a windowed aggregation (Dataflow's partial combining).
+        Accumulators go into snapshots: keep them to JSON-like values.
+        """
+        return self._aggregate(
+            name, init=init, add=add, merge=merge, window=window, allowed_lateness=allowed_lateness
+        )
+
+
+_UNSET = "__eosflow_unset__"
+
+
+def _zero() -> int:
+    return 0
+
+
+def _plus_one(acc: int, _value: Any) -> int:
+    return acc + 1
+
+
+def _sum(a: int, b: int) -> int:
+    return a + b
+
+
+def _unset() -> str:
+    return _UNSET
+
+
+class _Reducer:
+    """``reduce`` as an aggregation: the first value replaces the unset accumulator."""
+
+    def __init__(self, fn: Callable[[Any, Any], Any]) -> None:
+        self.fn = fn
+
+    def __call__(self, acc: Any, value: Any) -> Any:
+        if isinstance(acc, str) and acc == _UNSET:
+            return value
+        if isinstance(value, str) and value == _UNSET:
+            return acc
+        return self.fn(acc, value)
