@@ -365,6 +365,8 @@ def _build(
             and agg.kind == "aggregate"
             and agg.params["window"] is not None
             and agg.params["merge"] is not None
+            # late records to dead letters: the window sees each record, not a batch's partial
+            and agg.params.get("late", "drop") == "drop"
         )
         edges.append(
             Edge(

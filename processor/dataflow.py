@@ -17,7 +17,8 @@ values are what the user functions return. Aggregations emit ``(key, result)`` r
 * without a window, the running result after every input record (a changelog);
 * with a window, one record per key and window when the watermark passes the window's end plus
   ``allowed_lateness``; the value is ``{"start_ms", "end_ms", "value"}``. Records arriving after
-  that are dropped, counted and logged (never silently).
+  that are dropped, counted and logged (never silently), or with ``late="dead_letters"`` sent
+  to the dead-letter destination.
 
 Values that cross a shuffle (the input of a keyed aggregation) are encoded with orjson: they must
 be JSON-like (dict, list, str, int, float, bool, None); tuples come back as lists.
@@ -238,6 +239,13 @@ class Dataflow:
             raise DefinitionError(
                 f"dataflow {self.name!r}: the output of step(s) {dangling} goes nowhere; end "
                 "every stream with .sink(name, sink) (a ConsoleSink prints it)"
+            )
+        routed = [s.name for s in self.steps.values() if s.params.get("late") == "dead_letters"]
+        if routed and self.dead_letter_sink is None:
+            raise DefinitionError(
+                f"dataflow {self.name!r}: step(s) {routed} send late records to dead letters "
+                "(late='dead_letters') and the dataflow has no dead-letter destination; give "
+                "Dataflow(..., dead_letters=<sink>) or use late='drop'"
             )
 
 

@@ -14,7 +14,10 @@ from processor.dataflow import Stream, _callable
 from processor.errors import DefinitionError
 from processor.windows import Sliding, duration_ms
 
-__all__ = ["KeyedStream"]
+__all__ = ["LATE", "KeyedStream"]
+
+#: What a windowed aggregation does with a record all of whose windows have closed.
+LATE = ("drop", "dead_letters")
 
 
 class KeyedStream(Stream):
@@ -31,15 +34,24 @@ class KeyedStream(Stream):
         merge: Callable[[Any, Any], Any] | None,
         window: Sliding | None,
         allowed_lateness: timedelta,
+        late: str = "drop",
     ) -> KeyedStream:
         if window is not None and not isinstance(window, Sliding):
             raise DefinitionError(f"step {name!r}: window must be Tumbling(...) or Sliding(...)")
+        if late not in LATE:
+            raise DefinitionError(f"step {name!r}: late must be one of {LATE}, got {late!r}")
+        if late != "drop" and window is None:
+            raise DefinitionError(
+                f"step {name!r}: late={late!r} needs a window; an aggregation without a window "
+                "takes every record, so none is late"
+            )
         params = {
             "init": _callable(name, "init", init),
             "add": _callable(name, "add", add),
             "merge": _callable(name, "merge", merge, optional=True),
             "window": window,
             "allowed_lateness_ms": duration_ms("allowed_lateness", allowed_lateness),
+            "late": late,
         }
         return KeyedStream(self.flow, self._then(name, "aggregate", True, **params))
 
@@ -49,8 +61,9 @@ class KeyedStream(Stream):
         *,
         window: Sliding | None = None,
         allowed_lateness: timedelta = timedelta(0),
+        late: str = "drop",
     ) -> KeyedStream:
-        """Number of records per key (and window)."""
+        """Number of records per key (and window). ``late``: see :meth:`aggregate`."""
         return self._aggregate(
             name,
             init=_zero,
@@ -58,6 +71,7 @@ class KeyedStream(Stream):
             merge=_sum,
             window=window,
             allowed_lateness=allowed_lateness,
+            late=late,
         )
 
     def reduce(
@@ -67,6 +81,7 @@ class KeyedStream(Stream):
         *,
         window: Sliding | None = None,
         allowed_lateness: timedelta = timedelta(0),
+        late: str = "drop",
     ) -> KeyedStream:
         """``fn(accumulated, value)`` per key; the first value starts the accumulation.
 
@@ -81,6 +96,7 @@ class KeyedStream(Stream):
             merge=_Reducer(fn),
             window=window,
             allowed_lateness=allowed_lateness,
+            late=late,
         )
 
     def aggregate(
@@ -92,16 +108,24 @@ class KeyedStream(Stream):
         merge: Callable[[Any, Any], Any] | None = None,
         window: Sliding | None = None,
         allowed_lateness: timedelta = timedelta(0),
+        late: str = "drop",
     ) -> KeyedStream:
         """``acc = add(acc, value)`` per key, starting from ``init()``.
 
         Give ``merge(acc1, acc2)`` (associative and commutative) to let eosflow combine partial
         accumulators before the shuffle of a windowed aggregation (Dataflow's partial combining).
         Accumulators go into snapshots: keep them to JSON-like values.
+
+        ``late``: a record whose every window has closed (its end plus ``allowed_lateness`` is
+        behind the watermark) is ``"drop"``ped, counted and logged (default), or sent to the
+        dataflow's ``"dead_letters"`` destination with its event time and the watermark, in the
+        same epoch as the windows' output (exactly once). ``"dead_letters"`` sends every record
+        to the window unmerged (no partial combining before the shuffle).
         """
         return self._aggregate(
-            name, init=init, add=add, merge=merge, window=window, allowed_lateness=allowed_lateness
-        )
+            name, init=init, add=add, merge=merge, window=window,
+            allowed_lateness=allowed_lateness, late=late,
+        )  # fmt: skip
 
 
 _UNSET = "__eosflow_unset__"

@@ -69,6 +69,10 @@ def _raw(prefix: str, data: bytes | None, entry: dict[str, Any]) -> None:
         entry[f"{prefix}_utf8"] = data.decode("utf-8")
 
 
+class LateRecord(Exception):
+    """The cause of a late record's dead letter (its ``error_type``)."""
+
+
 def _cause(exc: BaseException) -> str:
     return str(exc) or repr(exc)
 
@@ -121,6 +125,19 @@ class DeadLetters:
         if origin is not None:
             topic, partition, offset = origin.topic(), origin.partition(), origin.offset()
         self._add(self._entry(step, exc, topic, partition, offset, jsonable(k), jsonable(v), t))
+
+    def late_record(
+        self, step: str, record: tuple[Any, Any, int], watermark: int, lateness_ms: int
+    ) -> None:
+        """A windowed aggregation's record all of whose windows had closed (``late=
+        "dead_letters"``): its key, value and event time, and by how much it was late."""
+        k, v, t = record
+        exc = LateRecord(
+            f"event time {t} is {watermark - t} ms behind the watermark {watermark}: every "
+            f"window of the record had closed (end + allowed lateness {lateness_ms} ms <= "
+            "watermark)"
+        )
+        self._add(self._entry(step, exc, None, None, None, jsonable(k), jsonable(v), t))
 
     def _entry(
         self,

@@ -68,6 +68,9 @@ class Operator:
     stateful = False
     keeps_index = True
     on_error: ErrorHandler | None = None
+    #: ``on_late(step, record, watermark, allowed_lateness_ms)``: a windowed aggregation's
+    #: record all of whose windows closed (``late="dead_letters"``); ``None``: dropped
+    on_late: Callable[[str, Record, int, int], None] | None = None
     duplicates = 0  # records dropped as duplicates (``dedup``)
     n_in = n_out = 0  # records in and out (the task counts them per batch; metrics)
 
@@ -305,10 +308,12 @@ class WindowedAggregate(Operator):
                         bucket[k] = merge(bucket[k], partial) if k in bucket else partial
             elif self.size == self.window.slide_ms:  # tumbling: one window, atomic per record
                 add, init, size = self.add, self.init, self.size
-                for i, (k, v, t) in enumerate(batch):  # noqa: B007
+                for i, (k, v, t) in enumerate(batch):
                     bucket = self._open(t - t % size)
                     if bucket is not None:
                         bucket[k] = add(bucket[k] if k in bucket else init(), v)
+                    elif self.on_late is not None:
+                        self.on_late(self.name, batch[i], self.watermark, self.lateness)
             else:
                 apply = self._apply
                 for i, record in enumerate(batch):  # noqa: B007
@@ -340,6 +345,8 @@ class WindowedAggregate(Operator):
                 updates.append((bucket, add(bucket[k] if k in bucket else init(), v)))
         for bucket, acc in updates:
             bucket[k] = acc
+        if not updates and self.on_late is not None:  # every window of it closed
+            self.on_late(self.name, record, self.watermark, self.lateness)
         return []
 
     def on_watermark(self, watermark: int) -> list[Record]:

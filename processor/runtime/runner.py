@@ -98,6 +98,17 @@ class Runner(RunnerLifecycle):
                 "for loops yet (records in a loop carry an iteration count, not the record IDs "
                 "local recovery drops copies by); use --recovery global"
             )
+        routed = [
+            s.name for s in self.plan.flow.steps.values() if s.params.get("late") == "dead_letters"
+        ]
+        if routed and options.recovery == "local":
+            raise ConfigError(
+                f"job {self.plan.job!r}: --recovery local cannot keep late records exactly "
+                f"once in step(s) {routed} (late='dead_letters'): whether a record is late "
+                "depends on how the restarted worker's inputs interleave, and the surviving "
+                "tasks keep the windows it emitted before. Use --recovery global, or "
+                "late='drop'"
+            )
         crossing = self.plan.interleaving_dependent() if options.recovery == "local" else []
         if crossing:
             step, edge = crossing[0]
