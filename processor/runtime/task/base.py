@@ -203,9 +203,9 @@ class TaskBase:
         # Without a dead-letter destination the handler raises, naming step and record.
         for operator in [*self.ops.values(), *self.combiners, *self.routers]:
             operator.on_error = self._on_error
-        for name, operator in self.ops.items():  # late='dead_letters' (validated with the flow)
-            if steps[name].params.get("late") == "dead_letters" and self.dead is not None:
-                operator.on_late = self.dead.late_record
+        for name, step in steps.items():  # late='dead_letters' (validated with the flow)
+            if step.params.get("late") == "dead_letters" and name in self.ops and self.dead:
+                self.ops[name].on_late = self.dead.late_record
         # entry operator per input: source topic or channel topic
         self.entry: dict[str, Operator] = {}
         for name in stage.sources:
