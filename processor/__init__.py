@@ -17,7 +17,7 @@ from processor.errors import (
     EosflowError,
     SerializationError,
 )
-from processor.windows import Sliding, Tumbling
+from processor.windows import Session, Sliding, Tumbling
 
 __version__ = "0.1.0.dev0"
 
@@ -30,6 +30,7 @@ __all__ = [
     "EosflowError",
     "KeyedStream",
     "SerializationError",
+    "Session",
     "Sliding",
     "Stream",
     "Tumbling",

@@ -31,7 +31,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, replace
 
-from processor.dataflow import Dataflow, Step
+from processor.dataflow import Dataflow, Sliding, Step
 from processor.errors import DefinitionError
 from processor.wire import channel_topic_name
 
@@ -363,7 +363,7 @@ def _build(
             and not in_loop
             and shuffle
             and agg.kind == "aggregate"
-            and agg.params["window"] is not None
+            and isinstance(agg.params["window"], Sliding)  # sessions merge: no partials
             and agg.params["merge"] is not None
             # late records to dead letters: the window sees each record, not a batch's partial
             and agg.params.get("late", "drop") == "drop"

@@ -40,9 +40,18 @@ from typing import Any
 
 from processor.contracts import Serde, Sink
 from processor.errors import DefinitionError
-from processor.windows import Sliding, Tumbling, duration_ms
+from processor.windows import Session, Sliding, Tumbling, duration_ms
 
-__all__ = ["DEAD_LETTERS", "Dataflow", "KeyedStream", "Sliding", "Step", "Stream", "Tumbling"]
+__all__ = [
+    "DEAD_LETTERS",
+    "Dataflow",
+    "KeyedStream",
+    "Session",
+    "Sliding",
+    "Step",
+    "Stream",
+    "Tumbling",
+]
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}\Z")
 #: The step name of the dead-letter destination (reserved: no step may use it).

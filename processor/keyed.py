@@ -12,7 +12,7 @@ from typing import Any
 
 from processor.dataflow import Stream, _callable
 from processor.errors import DefinitionError
-from processor.windows import Sliding, duration_ms
+from processor.windows import Session, Sliding, duration_ms
 
 __all__ = ["LATE", "KeyedStream"]
 
@@ -32,12 +32,20 @@ class KeyedStream(Stream):
         init: Callable[[], Any],
         add: Callable[[Any, Any], Any],
         merge: Callable[[Any, Any], Any] | None,
-        window: Sliding | None,
+        window: Sliding | Session | None,
         allowed_lateness: timedelta,
         late: str = "drop",
     ) -> KeyedStream:
-        if window is not None and not isinstance(window, Sliding):
-            raise DefinitionError(f"step {name!r}: window must be Tumbling(...) or Sliding(...)")
+        if window is not None and not isinstance(window, Sliding | Session):
+            raise DefinitionError(
+                f"step {name!r}: window must be Tumbling(...), Sliding(...) or Session(...)"
+            )
+        if isinstance(window, Session) and merge is None:
+            raise DefinitionError(
+                f"step {name!r}: session windows merge when a record bridges two sessions, so "
+                "aggregate(..., window=Session(...)) needs merge=(acc1, acc2) -> acc "
+                "(count and reduce have one)"
+            )
         if late not in LATE:
             raise DefinitionError(f"step {name!r}: late must be one of {LATE}, got {late!r}")
         if late != "drop" and window is None:
@@ -59,7 +67,7 @@ class KeyedStream(Stream):
         self,
         name: str,
         *,
-        window: Sliding | None = None,
+        window: Sliding | Session | None = None,
         allowed_lateness: timedelta = timedelta(0),
         late: str = "drop",
     ) -> KeyedStream:
@@ -79,7 +87,7 @@ class KeyedStream(Stream):
         name: str,
         fn: Callable[[Any, Any], Any],
         *,
-        window: Sliding | None = None,
+        window: Sliding | Session | None = None,
         allowed_lateness: timedelta = timedelta(0),
         late: str = "drop",
     ) -> KeyedStream:
@@ -106,7 +114,7 @@ class KeyedStream(Stream):
         init: Callable[[], Any],
         add: Callable[[Any, Any], Any],
         merge: Callable[[Any, Any], Any] | None = None,
-        window: Sliding | None = None,
+        window: Sliding | Session | None = None,
         allowed_lateness: timedelta = timedelta(0),
         late: str = "drop",
     ) -> KeyedStream:

@@ -1,4 +1,5 @@
-"""Event-time windows for keyed aggregations: :class:`Tumbling` and :class:`Sliding`.
+"""Event-time windows for keyed aggregations: :class:`Tumbling`, :class:`Sliding` and
+:class:`Session`.
 
 Windows are aligned to the epoch: a window of ``size`` starting every ``slide`` covers
 ``[k * slide, k * slide + size)`` in event time (epoch milliseconds). A window fires once the
@@ -12,7 +13,7 @@ from datetime import timedelta
 
 from processor.errors import DefinitionError
 
-__all__ = ["Sliding", "Tumbling", "duration_ms"]
+__all__ = ["Session", "Sliding", "Tumbling", "duration_ms"]
 
 
 def duration_ms(what: str, value: timedelta) -> int:
@@ -58,3 +59,23 @@ class Tumbling(Sliding):
 
     def __repr__(self) -> str:
         return f"Tumbling({self.size!r})"
+
+
+@dataclass(frozen=True)
+class Session:
+    """Gap-based windows per key: a record at ``t`` opens ``[t, t + gap)``; windows of one key
+    that overlap merge (their accumulators with the aggregation's ``merge``). A session fires
+    once, when the watermark reaches its end ``- 1 +`` the allowed lateness: ``gap`` after its
+    last record. The same records give the same sessions in any order (the union of their
+    ``[t, t + gap)`` intervals), as long as none arrives after its session fired.
+    """
+
+    gap: timedelta
+
+    def __post_init__(self) -> None:
+        if duration_ms("session gap", self.gap) <= 0:
+            raise DefinitionError(f"session gap must be positive, got {self.gap}")
+
+    @property
+    def gap_ms(self) -> int:
+        return duration_ms("session gap", self.gap)

@@ -4,7 +4,7 @@ it; sources and sinks are built by the task itself)."""
 
 from __future__ import annotations
 
-from processor.dataflow import Step
+from processor.dataflow import Session, Step
 from processor.runtime.dedup_step import DedupOperator, IdRouter
 from processor.runtime.operators import (
     Aggregate,
@@ -16,6 +16,7 @@ from processor.runtime.operators import (
     Passthrough,
     WindowedAggregate,
 )
+from processor.runtime.sessions import SessionAggregate
 
 __all__ = ["build_operator", "build_router"]
 
@@ -41,7 +42,10 @@ def build_operator(step: Step, *, merged_input: bool = False) -> Operator:
     if kind == "dedup":
         return DedupOperator(step)
     if kind == "aggregate":
-        if step.params["window"] is None:
+        window = step.params["window"]
+        if window is None:
             return Aggregate(step)
+        if isinstance(window, Session):
+            return SessionAggregate(step)
         return WindowedAggregate(step, merged_input=merged_input)
     raise ValueError(f"no operator for step kind {kind!r}")

@@ -1,0 +1,128 @@
+"""Session windows (issue 23): per key, gap-based windows that merge.
+
+A record at ``t`` opens ``[t, t + gap)``; the key's sessions that overlap it merge into one
+(their accumulators folded with the step's ``merge``, in time order). A session fires once, when
+the watermark reaches ``end - 1 + allowed_lateness``, as ``(key, {"start_ms", "end_ms",
+"value"}, end - 1)``: the same shape as the other windows, so sinks and emission IDs
+(``(step, key, end - 1)``: a key's sessions never share an end) are the same. A record is late
+when the session it would belong to, merged, has closed: it is dropped and counted, or handed to
+``on_late`` (``late="dead_letters"``), like Flink's merging windows.
+
+Firing does not scan every key: a heap of ``(end, seq, key)`` holds a candidate per session
+extension; an entry whose session grew or fired since is skipped when popped.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from typing import Any
+
+from processor.dataflow import Step
+from processor.runtime.operators import MIN_WATERMARK, Operator, Record
+
+__all__ = ["SessionAggregate"]
+
+
+class SessionAggregate(Operator):
+    """Keyed session windows. See the module docstring."""
+
+    stateful = True
+    keeps_index = False
+
+    def __init__(self, step: Step) -> None:
+        super().__init__(step)
+        p = step.params
+        self.gap: int = p["window"].gap_ms
+        self.lateness: int = p["allowed_lateness_ms"]
+        self.init: Callable[[], Any] = p["init"]
+        self.add: Callable[[Any, Any], Any] = p["add"]
+        self.merge: Callable[[Any, Any], Any] = p["merge"]
+        #: key -> its open sessions ``[start, end, acc]``, disjoint, in start order
+        self.state: dict[Any, list[list[Any]]] = {}
+        self.watermark = MIN_WATERMARK
+        self._ends: list[tuple[int, int, Any]] = []  # (end, seq, key): firing candidates
+        self._seq = 0
+
+    def process(self, batch: list[Record]) -> list[Record]:
+        i = 0  # the record being applied (read by the except clause: where to resume)
+        try:
+            apply = self._apply
+            for i, record in enumerate(batch):  # noqa: B007
+                apply(record)
+            return []
+        except Exception as exc:
+            if self.on_error is None:
+                raise
+            self.on_error(self, batch, i, exc)  # batch[:i] are applied: resume after i
+        self._per_record(batch, self._apply, i + 1)
+        return []
+
+    def _apply(self, record: Record) -> list[Record]:
+        """One record: its session, merged with those it overlaps; the state changes only once
+        every user function returned (a raise leaves it as it was)."""
+        k, v, t = record
+        start, end = t, t + self.gap
+        sessions = self.state.get(k, [])
+        keep: list[list[Any]] = []
+        merged: list[list[Any]] = []
+        for s in sessions:
+            (merged if s[0] < end and start < s[1] else keep).append(s)
+        for s in merged:
+            start, end = min(start, s[0]), max(end, s[1])
+        if end - 1 + self.lateness <= self.watermark:  # the session it belongs to closed
+            self.late_dropped += 1
+            if self.on_late is not None:
+                self.on_late(self.name, record, self.watermark, self.lateness)
+            return []
+        parts = [*((s[0], s[2]) for s in merged), (t, self.add(self.init(), v))]
+        parts.sort(key=lambda p: p[0])  # by start only: accumulators need not compare
+        acc = parts[0][1]
+        for _start, part in parts[1:]:
+            acc = self.merge(acc, part)
+        keep.append([start, end, acc])
+        keep.sort(key=lambda s: s[0])
+        self.state[k] = keep
+        self._candidate(end, k)
+        return []
+
+    def _candidate(self, end: int, key: Any) -> None:
+        self._seq += 1
+        heapq.heappush(self._ends, (end, self._seq, key))
+
+    def on_watermark(self, watermark: int) -> list[Record]:
+        if watermark <= self.watermark:
+            return []
+        self.watermark = watermark
+        out: list[Record] = []
+        ends, state, lateness = self._ends, self.state, self.lateness
+        while ends and ends[0][0] - 1 + lateness <= watermark:
+            end, _seq, k = heapq.heappop(ends)
+            sessions = state.get(k)
+            if not sessions:
+                continue
+            due = [s for s in sessions if s[1] == end]
+            if not due:  # the session grew (a later candidate) or fired already
+                continue
+            s = due[0]
+            sessions.remove(s)
+            if not sessions:
+                del state[k]
+            out.append((k, {"start_ms": s[0], "end_ms": s[1], "value": s[2]}, s[1] - 1))
+        return out
+
+    def snapshot(self) -> Any:
+        return {
+            "watermark": self.watermark,
+            "sessions": [[k, [list(s) for s in ss]] for k, ss in self.state.items()],
+        }
+
+    def restore(self, state: Any) -> None:
+        self.state, self._ends, self.watermark = {}, [], MIN_WATERMARK
+        if not state:
+            return
+        self.watermark = state["watermark"]
+        for k, sessions in state["sessions"]:
+            self.state[k] = [list(s) for s in sessions]
+            for s in sessions:
+                self._candidate(s[1], k)
