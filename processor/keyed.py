@@ -35,10 +35,16 @@ class KeyedStream(Stream):
         window: Sliding | Session | None,
         allowed_lateness: timedelta,
         late: str = "drop",
+        ttl: timedelta | None = None,
     ) -> KeyedStream:
         if window is not None and not isinstance(window, Sliding | Session):
             raise DefinitionError(
                 f"step {name!r}: window must be Tumbling(...), Sliding(...) or Session(...)"
+            )
+        if ttl is not None and (window is not None or duration_ms("ttl", ttl) <= 0):
+            raise DefinitionError(
+                f"step {name!r}: ttl must be positive and applies to an aggregation without a "
+                "window (a window's state ends when it fires)"
             )
         if isinstance(window, Session) and merge is None:
             raise DefinitionError(
@@ -60,6 +66,7 @@ class KeyedStream(Stream):
             "window": window,
             "allowed_lateness_ms": duration_ms("allowed_lateness", allowed_lateness),
             "late": late,
+            "ttl_ms": None if ttl is None else duration_ms("ttl", ttl),
         }
         return KeyedStream(self.flow, self._then(name, "aggregate", True, **params))
 
@@ -70,6 +77,7 @@ class KeyedStream(Stream):
         window: Sliding | Session | None = None,
         allowed_lateness: timedelta = timedelta(0),
         late: str = "drop",
+        ttl: timedelta | None = None,
     ) -> KeyedStream:
         """Number of records per key (and window). ``late``: see :meth:`aggregate`."""
         return self._aggregate(
@@ -80,6 +88,7 @@ class KeyedStream(Stream):
             window=window,
             allowed_lateness=allowed_lateness,
             late=late,
+            ttl=ttl,
         )
 
     def reduce(
@@ -90,6 +99,7 @@ class KeyedStream(Stream):
         window: Sliding | Session | None = None,
         allowed_lateness: timedelta = timedelta(0),
         late: str = "drop",
+        ttl: timedelta | None = None,
     ) -> KeyedStream:
         """``fn(accumulated, value)`` per key; the first value starts the accumulation.
 
@@ -105,6 +115,7 @@ class KeyedStream(Stream):
             window=window,
             allowed_lateness=allowed_lateness,
             late=late,
+            ttl=ttl,
         )
 
     def aggregate(
@@ -117,6 +128,7 @@ class KeyedStream(Stream):
         window: Sliding | Session | None = None,
         allowed_lateness: timedelta = timedelta(0),
         late: str = "drop",
+        ttl: timedelta | None = None,
     ) -> KeyedStream:
         """``acc = add(acc, value)`` per key, starting from ``init()``.
 
@@ -129,10 +141,15 @@ class KeyedStream(Stream):
         dataflow's ``"dead_letters"`` destination with its event time and the watermark, in the
         same epoch as the windows' output (exactly once). ``"dead_letters"`` sends every record
         to the window unmerged (no partial combining before the shuffle).
+
+        ``ttl`` (no window): a key's state expires after ``ttl`` of event time without a record
+        of that key. A record at least ``ttl`` newer than the key's last record starts from
+        ``init()`` again; state older than ``ttl`` behind the watermark is deleted (kept out of
+        snapshots). Decided by the records' own event times, so replays decide the same.
         """
         return self._aggregate(
             name, init=init, add=add, merge=merge, window=window,
-            allowed_lateness=allowed_lateness, late=late,
+            allowed_lateness=allowed_lateness, late=late, ttl=ttl,
         )  # fmt: skip
 
 

@@ -210,7 +210,12 @@ class KeyBy(Operator):
 
 
 class Aggregate(Operator):
-    """Unwindowed keyed aggregation: emits the running result after every record."""
+    """Unwindowed keyed aggregation: emits the running result after every record.
+
+    With a ``ttl`` (event time), a key's state expires: a record at least ``ttl`` after the
+    key's last record starts from ``init()``; the watermark deletes state that old (a scan of
+    the keys, at most once per half ``ttl`` of watermark progress).
+    """
 
     stateful = True
     keeps_index = True
@@ -220,8 +225,16 @@ class Aggregate(Operator):
         self.init: Callable[[], Any] = step.params["init"]
         self.add: Callable[[Any, Any], Any] = step.params["add"]
         self.state: dict[Any, Any] = {}
+        self.ttl: int | None = step.params.get("ttl_ms")
+        self.touched: dict[Any, int] = {}  # ttl: key -> its newest record's event time
+        self.expired = 0  # ttl: states expired (restarted by a record, or deleted)
+        self._swept = MIN_WATERMARK
 
     def process(self, batch: list[Record]) -> list[Record]:
+        if self.ttl is not None:  # not the fast path: per record, with the expiry check
+            if self.on_error is not None:
+                return self._per_record(batch, self._apply)
+            return [out for record in batch for out in self._apply(record)]
         state, add, init = self.state, self.add, self.init
         out: list[Record] = []
         append = out.append
@@ -242,16 +255,46 @@ class Aggregate(Operator):
 
     def _apply(self, record: Record) -> list[Record]:
         k, v, t = record
-        state = self.state
-        acc = self.add(state[k] if k in state else self.init(), v)
+        state, ttl = self.state, self.ttl
+        fresh = k not in state
+        if ttl is not None and not fresh:
+            last = self.touched.get(k)  # None: restored from a snapshot taken without ttl
+            fresh = last is not None and t - last >= ttl
+            self.expired += fresh
+        acc = self.add(self.init() if fresh else state[k], v)
         state[k] = acc
+        if ttl is not None:
+            last = self.touched.get(k)
+            self.touched[k] = t if fresh or last is None or t > last else last
         return [(k, acc, t)]
 
+    def on_watermark(self, watermark: int) -> list[Record]:
+        ttl = self.ttl
+        if ttl is None or watermark - self._swept < ttl // 2 + 1:
+            return []
+        self._swept = watermark
+        old = [k for k, last in self.touched.items() if last + ttl <= watermark]
+        for k in old:
+            del self.touched[k]
+            self.state.pop(k, None)
+        self.expired += len(old)
+        return []
+
     def snapshot(self) -> Any:
-        return dict(self.state)
+        if self.ttl is None:
+            return dict(self.state)
+        # A list (not a dict) tells it from a snapshot taken without ttl.
+        return [[k, acc, self.touched.get(k)] for k, acc in self.state.items()]
 
     def restore(self, state: Any) -> None:
-        self.state = dict(state) if state else {}
+        self.state, self.touched = {}, {}
+        if isinstance(state, list):  # taken with ttl
+            for k, acc, last in state:
+                self.state[k] = acc
+                if last is not None:
+                    self.touched[k] = last
+        elif state:
+            self.state = dict(state)
 
 
 def _windows(ts: int, window: Sliding) -> range:

@@ -1,5 +1,6 @@
-"""Session windows (issue 23, item 3) end to end: clicks per user session, exactly once under
-SIGKILLs at the engine's protocol points and at random.
+"""Session windows (issue 23, item 3) and state TTL (item 5) end to end: clicks per user
+session, and a running count per user whose state expires, exactly once under SIGKILLs at the
+engine's protocol points and at random.
 
 The expectation is computed from ``examples/clicks.py`` without the engine: each user's clicks
 in time order, a new session wherever two clicks are ``GAP`` or more apart, the session being
@@ -25,6 +26,7 @@ from tests.e2e.harness import (
     assert_faults_fired,
     canonical,
     chaos_seed,
+    click_events,
     expected,
     run_chaos,
 )
@@ -79,3 +81,55 @@ def test_sessions_per_user_are_exactly_once_when_workers_are_killed(
     sizes = Counter(orjson.loads(line)[1]["value"] for line in want)
     assert sum(sizes.values()) > 10_000 and sum(n for s, n in sizes.items() if s > 1) > 3_000, sizes
     assert_exactly_once(want, run.output, seed=seed)
+
+
+TTL_MS = 5_000
+
+
+def expected_ttl_counts(events: Iterator[dict[str, Any]]) -> Counter[bytes]:
+    """One ``[user, count]`` per click: the user's clicks since the last gap of TTL_MS."""
+    last: dict[str, int] = {}
+    count: dict[str, int] = {}
+    out: Counter[bytes] = Counter()
+    for e in sorted(events, key=lambda e: int(e["ts_ms"])):
+        user, t = str(e["user"]), int(e["ts_ms"])
+        if user in last and t - last[user] >= TTL_MS:
+            count[user] = 0
+        count[user] = count.get(user, 0) + 1
+        last[user] = t
+        out[canonical([user, count[user]])] += 1
+    return out
+
+
+def test_running_counts_with_state_ttl_are_exactly_once_when_workers_are_killed(
+    kafka_endpoint: tuple[str, str], tmp_path: Path
+) -> None:
+    """State TTL (issue 23, item 5): expiry is decided by the records' event times, so the
+    counts, restarts from a checkpoint included, are those computed from the clicks."""
+    seed = chaos_seed()
+    records, random_kills = 40_000, 2
+    run = run_chaos(
+        "ttl_count.py",
+        brokers=kafka_endpoint[0],
+        tmp=tmp_path,
+        records=records,
+        seed=seed,
+        mode="aligned",
+        interval=0.5,
+        faults=ENGINE_FAULTS,
+        random_kills=random_kills,
+        env={"WORK_US": "100"},
+    )
+    print(f"seed={seed} restarts={run.result.restarts} random kills={run.random_kills}")
+    assert_faults_fired(run, ENGINE_FAULTS, random_kills, seed=seed)
+    want = expected(expected_ttl_counts, records, seed)
+    without_ttl = Counter(canonical([u, n]) for u, n in _plain_counts(records, seed))
+    assert want != without_ttl, "the TTL never expired a state: the test proves nothing"
+    assert_exactly_once(want, run.output, seed=seed)
+
+
+def _plain_counts(records: int, seed: int) -> Iterator[tuple[str, int]]:
+    seen: Counter[str] = Counter()
+    for e in click_events(records, seed=seed):
+        seen[str(e["user"])] += 1
+        yield str(e["user"]), seen[str(e["user"])]

@@ -1,0 +1,28 @@
+"""Crash-test pipeline: a running count of clicks per user whose state expires after 5 s of
+event time without a click of that user (``ttl``), into files (``OUTPUT_DIR``)."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+from spin import work
+
+from connectors.serde import JsonSerde
+from processor.dataflow import Dataflow
+from sinks import FileSink
+
+flow = Dataflow(os.environ["JOB_NAME"])
+(
+    flow.source(
+        "clicks",
+        os.environ["CLICKS_TOPIC"],
+        serde=JsonSerde(),
+        timestamp=lambda c: c["ts_ms"],
+        max_out_of_orderness=timedelta(seconds=1),
+    )
+    .map("work", work)  # WORK_US per click: the kills land while records are in flight
+    .key_by("by-user", lambda c: c["user"])
+    .count("recent", ttl=timedelta(seconds=5))
+    .sink("out", FileSink(os.environ["OUTPUT_DIR"]))
+)
