@@ -93,10 +93,10 @@ def _count_lines(directory: str, pattern: str = "part-*") -> int:
 def check_output(pipeline: str, directory: str, records: int) -> str:
     """``ok``, or what is wrong with the committed output of a finished job.
 
-    keyed_count emits one line per click; six_ops emits window counts whose values add up to
-    the number of clicks (which tier a click lands in depends on the interleaving of channels,
-    the total does not). Output left in uncommitted ``.inprogress`` files is reported: a job
-    that says it finished must have committed everything.
+    keyed_count emits one line per click; six_ops and session_count emit window counts whose
+    values add up to the number of clicks (which tier a click lands in depends on the
+    interleaving of channels, the total does not). Output left in uncommitted ``.inprogress``
+    files is reported: a job that says it finished must have committed everything.
     """
     import orjson
 

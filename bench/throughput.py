@@ -62,6 +62,7 @@ from processor.embedded import servers  # noqa: E402
 PIPELINES = {
     "keyed_count": BENCH / "pipelines" / "keyed_count.py",
     "six_ops": BENCH / "pipelines" / "six_ops.py",
+    "session_count": BENCH / "pipelines" / "session_count.py",
 }
 PARTITIONS = 8
 
