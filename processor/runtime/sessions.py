@@ -15,6 +15,7 @@ extension; an entry whose session grew or fired since is skipped when popped.
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left
 from collections.abc import Callable
 from typing import Any
 
@@ -63,11 +64,17 @@ class SessionAggregate(Operator):
         every user function returned (a raise leaves it as it was)."""
         k, v, t = record
         start, end = t, t + self.gap
-        sessions = self.state.get(k, [])
-        keep: list[list[Any]] = []
-        merged: list[list[Any]] = []
-        for s in sessions:
-            (merged if s[0] < end and start < s[1] else keep).append(s)
+        sessions = self.state.get(k)
+        if sessions is None:
+            sessions = []
+        # Disjoint and in start order, so in end order too: the sessions [t, t + gap) overlaps
+        # are the run just before the first that starts at or after its end (a key can hold
+        # many open sessions while the watermark waits for a slow partition).
+        hi = bisect_left(sessions, end, key=_start)
+        lo = hi
+        while lo > 0 and sessions[lo - 1][1] > t:
+            lo -= 1
+        merged = sessions[lo:hi]
         for s in merged:
             start, end = min(start, s[0]), max(end, s[1])
         if end - 1 + self.lateness <= self.watermark:  # the session it belongs to closed
@@ -78,11 +85,10 @@ class SessionAggregate(Operator):
         parts = [*((s[0], s[2]) for s in merged), (t, self.add(self.init(), v))]
         parts.sort(key=lambda p: p[0])  # by start only: accumulators need not compare
         acc = parts[0][1]
-        for _start, part in parts[1:]:
+        for _at, part in parts[1:]:
             acc = self.merge(acc, part)
-        keep.append([start, end, acc])
-        keep.sort(key=lambda s: s[0])
-        self.state[k] = keep
+        sessions[lo:hi] = [[start, end, acc]]
+        self.state[k] = sessions
         self._candidate(end, k)
         return []
 
@@ -101,11 +107,10 @@ class SessionAggregate(Operator):
             sessions = state.get(k)
             if not sessions:
                 continue
-            due = [s for s in sessions if s[1] == end]
-            if not due:  # the session grew (a later candidate) or fired already
-                continue
-            s = due[0]
-            sessions.remove(s)
+            i = bisect_left(sessions, end, key=_end)
+            if i == len(sessions) or sessions[i][1] != end:
+                continue  # the session grew (a later candidate) or fired already
+            s = sessions.pop(i)
             if not sessions:
                 del state[k]
             out.append((k, {"start_ms": s[0], "end_ms": s[1], "value": s[2]}, s[1] - 1))
@@ -126,3 +131,12 @@ class SessionAggregate(Operator):
             self.state[k] = [list(s) for s in sessions]
             for s in sessions:
                 self._candidate(s[1], k)
+
+
+def _start(session: list[Any]) -> int:
+    return int(session[0])
+
+
+def _end(session: list[Any]) -> int:
+    return int(session[1])
+
