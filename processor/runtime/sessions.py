@@ -139,4 +139,3 @@ def _start(session: list[Any]) -> int:
 
 def _end(session: list[Any]) -> int:
     return int(session[1])
-
