@@ -42,7 +42,6 @@ class CheckpointStats:
     last_completed: int = 0
     last_duration_s: float = 0.0
     completed: int = 0
-    aborted: int = 0
     durations: list[float] = field(default_factory=list)
     #: loops: the back-edge log of the last completed checkpoint, and (id, records, seconds)
     #: of the recent ones
@@ -52,6 +51,10 @@ class CheckpointStats:
     failed: dict[str, int] = field(
         default_factory=lambda: {"timeout": 0, "declined": 0, "restart": 0}
     )
+
+    @property
+    def aborted(self) -> int:
+        return sum(self.failed.values())
 
 
 @dataclass(frozen=True)
@@ -225,7 +228,6 @@ class CheckpointCoordinator:
         assert self.pending is not None
         chk, started = self.pending.checkpoint_id, self.pending.started
         self.pending = None
-        self.stats.aborted += 1
         self.stats.failed[kind] += 1
         if self.observer is not None:
             self.observer(

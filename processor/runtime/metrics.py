@@ -17,7 +17,6 @@ Counters never go down while the runner lives. Within one run without restarts,
 from __future__ import annotations
 
 import re
-import threading
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -160,24 +159,22 @@ class JobMetrics:
         self.job = plan.job
         self.info = {"runner": runner, "mode": mode, "recovery": recovery}
         self.channels = {e.topic for e in plan.edges}
+        self._sources = {s.name for s in plan.stages if s.sources}  # source stages
+        self._sinks = {n for n, s in plan.flow.steps.items() if s.kind == "sink"}
+        self._graph = _graph(plan)  # the plan does not change while the runner lives
         self.registry = CollectorRegistry(auto_describe=True)
-        self._lock = threading.Lock()  # the event-fed parts (history, restarts) and incarnations
+        # Events and snapshots come from the runner's thread only; the HTTP threads read
+        # ``snapshot`` (replaced whole) and the prometheus_client objects (thread-safe).
         self._incarnations: dict[tuple[int, int, Any], dict[str, dict[str, Any]]] = {}
         self._history: deque[dict[str, Any]] = deque(maxlen=200)
         self._restarts: deque[dict[str, Any]] = deque(maxlen=50)
         self._rates: deque[tuple[float, int, int, dict[str, list[int]]]] = deque()
         self.snapshot = _Snapshot()
-        job = (LABEL,)
         self.duration = self._histogram("eosflow_checkpoint_duration_seconds", _SECONDS)
         self.alignment = self._histogram("eosflow_checkpoint_alignment_seconds", _SECONDS)
         self.size = self._histogram("eosflow_checkpoint_size_bytes", _BYTES)
         self.commit = self._histogram("eosflow_sink_commit_seconds", _SECONDS)
-        self.completed = Counter(
-            _name("eosflow_checkpoints_completed_total"),
-            METRICS["eosflow_checkpoints_completed_total"][1],
-            job,
-            registry=self.registry,
-        ).labels(self.job)
+        self.completed = self._counter("eosflow_checkpoints_completed_total").labels(self.job)
         self.failed = self._counter("eosflow_checkpoints_failed_total")
         self.restarts = self._counter("eosflow_restarts_total")
         for kind in ("timeout", "declined", "restart"):
@@ -202,8 +199,7 @@ class JobMetrics:
         for st in tasks.values():
             for sink, seconds in st.get("commits", ()):
                 self.commit.labels(self.job, sink).observe(float(seconds))
-        with self._lock:
-            self._incarnations[(generation, worker.index, worker.pid)] = tasks
+        self._incarnations[(generation, worker.index, worker.pid)] = tasks
 
     def on_checkpoint(self, event: CheckpointEvent) -> None:
         """The coordinator's observer."""
@@ -224,33 +220,24 @@ class JobMetrics:
             "alignment_s": round(event.alignment_s, 6),
             "size_bytes": event.size_bytes,
         }
-        with self._lock:
-            self._history.append(entry)
+        self._history.append(entry)
 
     def on_restart(self, cause: str) -> None:
         kind = restart_kind(cause)
         self.restarts.labels(self.job, kind).inc()
-        with self._lock:
-            self._restarts.append(
-                {"at_ms": int(time.time() * 1000), "cause": cause, "kind": kind}
-            )  # fmt: skip
+        self._restarts.append({"at_ms": int(time.time() * 1000), "cause": cause, "kind": kind})
 
     # -- the snapshot ----------------------------------------------------------------------------
 
-    def update(self, status: dict[str, Any], workers: list[WorkerHandle], graph_state: str) -> None:
+    def update(self, status: dict[str, Any], workers: list[WorkerHandle], state: str) -> None:
         """Builds the snapshot scrapes and the job page read. ``status``: what ``status.json``
-        holds (job, generation, checkpoint...); ``workers``: this generation's; ``graph_state``:
-        ``running``, ``restarting`` or ``finished``."""
-        now = time.monotonic()
-        sources = {s.name for s in self.plan.stages if s.sources}
-        sink_steps = {n for n, s in self.plan.flow.steps.items() if s.kind == "sink"}
-        snap = _Snapshot(at=now, status=status)
+        holds (job, generation, checkpoint...); ``workers``: this generation's; ``state``:
+        ``starting``, ``running`` or ``finished``."""
+        sources = self._sources
+        snap = _Snapshot(at=time.monotonic(), status=status)
         totals = dict.fromkeys(_COUNTERS.values(), 0)
         steps: dict[str, list[int]] = {}
-        with self._lock:
-            incarnations = list(self._incarnations.values())
-            history, restarts = list(self._history), list(self._restarts)
-        for tasks in incarnations:
+        for tasks in self._incarnations.values():
             for task, st in tasks.items():
                 for key, metric in _COUNTERS.items():
                     if key != "in" or task.rsplit(".", 1)[0] in sources:
@@ -261,7 +248,7 @@ class JobMetrics:
                     acc[1] += int(n_out)
                 for sink, n in st.get("sinks", {}).items():
                     snap.sinks[sink] = snap.sinks.get(sink, 0) + int(n)
-        for step in sink_steps:
+        for step in self._sinks:
             snap.sinks.setdefault(step, 0)
         dead: list[dict[str, Any]] = []
         for w in workers:  # gauges: this generation's workers only
@@ -271,7 +258,8 @@ class JobMetrics:
                     snap.headroom[sink] = min(float(left), snap.headroom.get(sink, float("inf")))
                 dead += st.get("dead_recent", ())
         snap.totals, snap.steps = totals, steps
-        snap.api = self._api(snap, steps, history, restarts, dead[-20:], graph_state)
+        history, restarts = list(self._history), list(self._restarts)
+        snap.api = self._api(snap, steps, history, restarts, dead[-20:], state)
         self.snapshot = snap  # one assignment: readers see the old or the new one, whole
 
     def _api(
@@ -306,7 +294,7 @@ class JobMetrics:
             "recovery": self.info["recovery"],
             "updated_ms": int(time.time() * 1000),
             "workers": status.get("workers", []),
-            "graph": self._graph(),
+            "graph": self._graph,
             "steps": {
                 s: {
                     "in": n[0],
@@ -339,31 +327,33 @@ class JobMetrics:
             "dead_letters": {"total": snap.totals["eosflow_dead_letters_total"], "recent": dead},
         }
 
-    def _graph(self) -> dict[str, Any]:
-        steps = self.plan.flow.steps
-        return {
-            "stages": [
-                {
-                    "name": s.name,
-                    "parallelism": self.plan.parallelism,
-                    "steps": list(s.steps),
-                    "sources": [steps[n].params["topic"] for n in s.sources],
-                    "sinks": [n for n in s.steps if steps[n].kind == "sink"],
-                }
-                for s in self.plan.stages
-            ],
-            "edges": [
-                {
-                    "src": e.src_stage,
-                    "dst": e.dst_stage,
-                    "topic": e.topic,
-                    "shuffle": e.shuffle,
-                    "back": e.back,
-                }
-                for e in self.plan.edges
-            ],
-            "kinds": {n: s.kind for n, s in steps.items()},
-        }
+
+def _graph(plan: Plan) -> dict[str, Any]:
+    """The job page's stage graph."""
+    steps = plan.flow.steps
+    return {
+        "stages": [
+            {
+                "name": s.name,
+                "parallelism": plan.parallelism,
+                "steps": list(s.steps),
+                "sources": [steps[n].params["topic"] for n in s.sources],
+                "sinks": [n for n in s.steps if steps[n].kind == "sink"],
+            }
+            for s in plan.stages
+        ],
+        "edges": [
+            {
+                "src": e.src_stage,
+                "dst": e.dst_stage,
+                "topic": e.topic,
+                "shuffle": e.shuffle,
+                "back": e.back,
+            }
+            for e in plan.edges
+        ],
+        "kinds": {n: s.kind for n, s in steps.items()},
+    }
 
 
 class _Collector(Collector):

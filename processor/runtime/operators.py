@@ -97,6 +97,21 @@ class Operator:
                 raise
         return self._per_record(batch, one)
 
+    def _each(self, batch: list[Record], apply: Callable[[Record], list[Record]]) -> list[Record]:
+        """A stateful operator's batch, ``apply`` per record (which changes state only when it
+        returns); a record that raises goes to the handler, and the batch resumes after it."""
+        out: list[Record] = []
+        i = 0
+        try:
+            for i, record in enumerate(batch):  # noqa: B007
+                out += apply(record)
+            return out
+        except Exception as exc:
+            if self.on_error is None:
+                raise
+            self.on_error(self, batch, i, exc)  # batch[:i] are applied: resume after i
+        return out + self._per_record(batch, apply, i + 1)
+
     def _per_record(
         self, batch: list[Record], apply: Callable[[Record], list[Record]], start: int = 0
     ) -> list[Record]:
@@ -232,9 +247,7 @@ class Aggregate(Operator):
 
     def process(self, batch: list[Record]) -> list[Record]:
         if self.ttl is not None:  # not the fast path: per record, with the expiry check
-            if self.on_error is not None:
-                return self._per_record(batch, self._apply)
-            return [out for record in batch for out in self._apply(record)]
+            return self._each(batch, self._apply)
         state, add, init = self.state, self.add, self.init
         out: list[Record] = []
         append = out.append
@@ -256,16 +269,16 @@ class Aggregate(Operator):
     def _apply(self, record: Record) -> list[Record]:
         k, v, t = record
         state, ttl = self.state, self.ttl
-        fresh = k not in state
-        if ttl is not None and not fresh:
-            last = self.touched.get(k)  # None: restored from a snapshot taken without ttl
-            fresh = last is not None and t - last >= ttl
-            self.expired += fresh
-        acc = self.add(self.init() if fresh else state[k], v)
+        if ttl is None:
+            acc = self.add(state[k] if k in state else self.init(), v)
+            state[k] = acc
+            return [(k, acc, t)]
+        last = self.touched.get(k)  # None: new, or restored from a snapshot without ttl
+        expired = k in state and last is not None and t - last >= ttl
+        acc = self.add(state[k] if k in state and not expired else self.init(), v)
         state[k] = acc
-        if ttl is not None:
-            last = self.touched.get(k)
-            self.touched[k] = t if fresh or last is None or t > last else last
+        self.expired += expired
+        self.touched[k] = t if expired or last is None or t > last else last
         return [(k, acc, t)]
 
     def on_watermark(self, watermark: int) -> list[Record]:

@@ -109,8 +109,9 @@ class RunnerReporting:
 
     def _status(self, state: str) -> None:
         status = self._status_dict(state)
-        if self.metrics is not None:
+        if self.metrics is not None:  # the same snapshot: no _publish for the next half second
             self.metrics.update(status, self.workers, state)
+            self._publish_next = time.monotonic() + 0.5
         path = self.dir / "status.json"
         fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".status-")
         with os.fdopen(fd, "w") as f:

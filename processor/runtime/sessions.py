@@ -46,18 +46,7 @@ class SessionAggregate(Operator):
         self._seq = 0
 
     def process(self, batch: list[Record]) -> list[Record]:
-        i = 0  # the record being applied (read by the except clause: where to resume)
-        try:
-            apply = self._apply
-            for i, record in enumerate(batch):  # noqa: B007
-                apply(record)
-            return []
-        except Exception as exc:
-            if self.on_error is None:
-                raise
-            self.on_error(self, batch, i, exc)  # batch[:i] are applied: resume after i
-        self._per_record(batch, self._apply, i + 1)
-        return []
+        return self._each(batch, self._apply)  # emits nothing: sessions fire on the watermark
 
     def _apply(self, record: Record) -> list[Record]:
         """One record: its session, merged with those it overlaps; the state changes only once

@@ -263,8 +263,6 @@ def send_acks(client: ControlClient, tasks: list[Task], fault: Callable[[str], N
         task.declined.clear()
         for chk, handle in task.ready_acks():
             fault("after-snapshot-before-ack")
-            for old in [c for c in task.align_start if c <= chk]:
-                del task.align_start[old]  # aborted checkpoints' first barriers
             client.send(
                 {
                     "t": "ack",
@@ -272,7 +270,7 @@ def send_acks(client: ControlClient, tasks: list[Task], fault: Callable[[str], N
                     "task": task.name,
                     "handle": [handle.path, handle.size, handle.checksum],
                     "log": task.loop_log.pop(chk, 0),  # a loop head's back-edge log
-                    "align": round(task.align_s.pop(chk, 0.0), 6),  # metrics: alignment (s)
+                    "align": round(task.alignment_of(chk), 6),  # metrics: alignment (s)
                 }
             )
 

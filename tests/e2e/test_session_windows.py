@@ -22,6 +22,7 @@ import pytest
 
 from tests.e2e.harness import (
     ENGINE_FAULTS,
+    ChaosRun,
     assert_exactly_once,
     assert_faults_fired,
     canonical,
@@ -56,28 +57,37 @@ def expected_sessions(events: Iterator[dict[str, Any]]) -> Counter[bytes]:
     return out
 
 
-def test_sessions_per_user_are_exactly_once_when_workers_are_killed(
-    kafka_endpoint: tuple[str, str], tmp_path: Path
-) -> None:
+RECORDS = 40_000  # 1,000 users: 40 clicks each, 10 s apart on average
+RANDOM_KILLS = 2
+
+
+def _killed_run(pipeline: str, brokers: str, tmp: Path) -> tuple[ChaosRun, int]:
+    """``pipeline`` over the clicks, SIGKILLed at the engine's protocol points and at random;
+    every kill checked to have landed. Returns the run and its seed."""
     seed = chaos_seed()
-    records, random_kills = 40_000, 2
     run = run_chaos(
-        "session_count.py",
-        brokers=kafka_endpoint[0],
-        tmp=tmp_path,
-        records=records,
+        pipeline,
+        brokers=brokers,
+        tmp=tmp,
+        records=RECORDS,
         seed=seed,
         mode="aligned",
         interval=0.5,
         faults=ENGINE_FAULTS,
-        random_kills=random_kills,
-        # 1,000 users: 40 clicks each, 10 s apart on average, so that sessions both merge
-        # (about 4 gaps in 10 are under GAP_MS) and split
+        random_kills=RANDOM_KILLS,
         env={"WORK_US": "100"},
     )
     print(f"seed={seed} restarts={run.result.restarts} random kills={run.random_kills}")
-    assert_faults_fired(run, ENGINE_FAULTS, random_kills, seed=seed)
-    want = expected(expected_sessions, records, seed)
+    assert_faults_fired(run, ENGINE_FAULTS, RANDOM_KILLS, seed=seed)
+    return run, seed
+
+
+def test_sessions_per_user_are_exactly_once_when_workers_are_killed(
+    kafka_endpoint: tuple[str, str], tmp_path: Path
+) -> None:
+    run, seed = _killed_run("session_count.py", kafka_endpoint[0], tmp_path)
+    # Sessions both merge (about 4 gaps in 10 are under GAP_MS) and split.
+    want = expected(expected_sessions, RECORDS, seed)
     sizes = Counter(orjson.loads(line)[1]["value"] for line in want)
     assert sum(sizes.values()) > 10_000 and sum(n for s, n in sizes.items() if s > 1) > 3_000, sizes
     assert_exactly_once(want, run.output, seed=seed)
@@ -106,24 +116,9 @@ def test_running_counts_with_state_ttl_are_exactly_once_when_workers_are_killed(
 ) -> None:
     """State TTL (issue 23, item 5): expiry is decided by the records' event times, so the
     counts, restarts from a checkpoint included, are those computed from the clicks."""
-    seed = chaos_seed()
-    records, random_kills = 40_000, 2
-    run = run_chaos(
-        "ttl_count.py",
-        brokers=kafka_endpoint[0],
-        tmp=tmp_path,
-        records=records,
-        seed=seed,
-        mode="aligned",
-        interval=0.5,
-        faults=ENGINE_FAULTS,
-        random_kills=random_kills,
-        env={"WORK_US": "100"},
-    )
-    print(f"seed={seed} restarts={run.result.restarts} random kills={run.random_kills}")
-    assert_faults_fired(run, ENGINE_FAULTS, random_kills, seed=seed)
-    want = expected(expected_ttl_counts, records, seed)
-    without_ttl = Counter(canonical([u, n]) for u, n in _plain_counts(records, seed))
+    run, seed = _killed_run("ttl_count.py", kafka_endpoint[0], tmp_path)
+    want = expected(expected_ttl_counts, RECORDS, seed)
+    without_ttl = Counter(canonical([u, n]) for u, n in _plain_counts(RECORDS, seed))
     assert want != without_ttl, "the TTL never expired a state: the test proves nothing"
     assert_exactly_once(want, run.output, seed=seed)
 

@@ -153,6 +153,15 @@ class TaskCheckpoints(TaskBase):
         self.uploaded.pop(checkpoint_id, None)
         self.aligned.discard(checkpoint_id)
 
+    def alignment_of(self, checkpoint_id: int) -> float:
+        """Seconds this task aligned its inputs for ``checkpoint_id`` (0: none, a source), when
+        it is acked; what older (aborted, stale) checkpoints left is dropped with it."""
+        seconds = self.align_s.get(checkpoint_id, 0.0)
+        for times in (self.align_start, self.align_s):
+            for old in [c for c in times if c <= checkpoint_id]:
+                del times[old]
+        return seconds
+
     def ready_acks(self) -> list[tuple[int, SnapshotHandle]]:
         """Checkpoints whose snapshot is uploaded and whose alignment is done (ack them now).
 
