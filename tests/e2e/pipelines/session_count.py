@@ -6,22 +6,14 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 
-from spin import work
+from spin import worked_clicks
 
-from connectors.serde import JsonSerde
 from processor.dataflow import Dataflow, Session
 from sinks import FileSink
 
 flow = Dataflow(os.environ["JOB_NAME"])
 (
-    flow.source(
-        "clicks",
-        os.environ["CLICKS_TOPIC"],
-        serde=JsonSerde(),
-        timestamp=lambda c: c["ts_ms"],
-        max_out_of_orderness=timedelta(seconds=1),
-    )
-    .map("work", work)  # WORK_US per click: the kills land while records are in flight
+    worked_clicks(flow)
     .key_by("by-user", lambda c: c["user"])
     .count("sessions", window=Session(timedelta(seconds=5)))
     .sink("out", FileSink(os.environ["OUTPUT_DIR"]))

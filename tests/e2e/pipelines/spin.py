@@ -1,4 +1,5 @@
-"""The CPU work per click that crash-test pipelines share (a module, not a pipeline).
+"""What crash-test pipelines share (a module, not a pipeline): the CPU work per click, and the
+worked clicks source.
 
 ``WORK_US`` microseconds of spinning per record (default 100) stretch a run over several
 seconds, so SIGKILLs land while records are in flight.
@@ -18,3 +19,19 @@ def work(click: Any) -> Any:
     while time.perf_counter() < end:
         pass
     return click
+
+
+def worked_clicks(flow: Any) -> Any:
+    """The clicks of ``CLICKS_TOPIC`` (JSON, event time ``ts_ms``, 1 s out of order at most),
+    each spun ``WORK_US`` (step ``work``) so that kills land while records are in flight."""
+    from datetime import timedelta
+
+    from connectors.serde import JsonSerde
+
+    return flow.source(
+        "clicks",
+        os.environ["CLICKS_TOPIC"],
+        serde=JsonSerde(),
+        timestamp=lambda c: c["ts_ms"],
+        max_out_of_orderness=timedelta(seconds=1),
+    ).map("work", work)
