@@ -9,7 +9,7 @@ What a pipeline file needs is here::
 The layers, the path of a record and the path of a barrier: ``docs/architecture.md``.
 """
 
-from processor.dataflow import DEAD_LETTERS, Dataflow, KeyedStream, Stream
+from processor.dataflow import DEAD_LETTERS, Dataflow, KeyedStream, Stream, Table
 from processor.errors import (
     ConfigError,
     DefinitionError,
@@ -33,6 +33,7 @@ __all__ = [
     "Session",
     "Sliding",
     "Stream",
+    "Table",
     "Tumbling",
     "__version__",
 ]

@@ -18,6 +18,9 @@ Rules (DESIGN.md, "Execution model"):
   are the back-edges (the graph is a DAG plus back-edges). Each back-edge must be the feedback
   edge of an ``iterate``; checkpoints treat it with Algorithm 2 of Carbone et al. (2015), see
   docs/iterations.md. Channels inside a loop carry each record's iteration count.
+* **Joins.** A ``join`` step's two inputs meet in one stage when they are partitioned alike there
+  (keyed sources' streams merge their source stages); otherwise each input is shuffled by key
+  to a new stage.
 * **Union.** Streams of one stage stay in it; streams of different source stages merge those
   stages (a source stage has no inputs, so this cannot make a cycle); otherwise the union starts a
   new stage fed by *forward* channels (upstream subtask ``u`` writes to ``u``).
@@ -275,10 +278,14 @@ def compile_flow(flow: Dataflow, parallelism: int, *, combine: bool = True) -> P
             stage_of[step.name] = stages.new(is_source=False)
             channel_edges.append((parent.name, step.name, False))
             partitioned[step.name] = None
+        elif step.kind == "join":
+            partitioned[step.name] = _place_join(
+                step, parents, partitioned, stages, stage_of, channel_edges, copartitioned
+            )
         elif step.kind == "union":
             _place_union(step, parents, stages, stage_of, channel_edges)
             partitioned[step.name] = _union_partitioning([partitioned[p.name] for p in parents])
-        else:  # map, filter, flat_map, key_by, sink
+        else:  # map, filter, flat_map, key_by, to_table, sink
             (parent,) = parents
             stage_of[step.name] = stage_of[parent.name]
             partitioned[step.name] = None if step.kind == "key_by" else partitioned[parent.name]
@@ -304,6 +311,37 @@ def _union_partitioning(schemes: list[Partitioning]) -> Partitioning:
         assert isinstance(scheme, frozenset)
         topics |= scheme
     return frozenset(topics)
+
+
+def _place_join(
+    step: Step,
+    parents: list[Step],
+    partitioned: dict[str, Partitioning],
+    stages: _Stages,
+    stage_of: dict[str, int],
+    channel_edges: list[tuple[str, str, bool]],
+    copartitioned: set[tuple[str, ...]],
+) -> Partitioning:
+    """A join's two inputs must meet by key in one subtask. Inputs of one stage partitioned
+    alike, or keyed sources' streams (whose source stages merge, the topics then checked to be
+    co-partitioned at start-up), join in place; otherwise both are shuffled to a new stage."""
+    schemes = [partitioned[p.name] for p in parents]
+    ids = sorted({stages.find(stage_of[p.name]) for p in parents})
+    if schemes[0] is not None and schemes[0] == schemes[1] and len(ids) == 1:
+        stage_of[step.name] = ids[0]
+        if schemes[0] != HASHED:
+            copartitioned.add(tuple(sorted(schemes[0])))
+        return schemes[0]
+    keyed_sources = all(isinstance(s, frozenset) for s in schemes)
+    if keyed_sources and all(stages.is_source[i] for i in ids):
+        stage_of[step.name] = stages.merge(ids)
+        topics = frozenset().union(*schemes)  # type: ignore[arg-type]
+        copartitioned.add(tuple(sorted(topics)))
+        return topics
+    stage_of[step.name] = stages.new(is_source=False)
+    for p in parents:
+        channel_edges.append((p.name, step.name, True))
+    return HASHED
 
 
 def _place_union(

@@ -50,6 +50,7 @@ __all__ = [
     "Sliding",
     "Step",
     "Stream",
+    "Table",
     "Tumbling",
 ]
 
@@ -65,8 +66,9 @@ class Step:
     Attributes:
         name: stable kebab-case identifier.
         kind: ``source``, ``map``, ``filter``, ``flat_map``, ``key_by``, ``aggregate``,
-            ``dedup``, ``union``, ``iterate`` (a loop head; ``params["feedback"]`` names the
-            step whose output is fed back to it) or ``sink``.
+            ``dedup``, ``union``, ``join`` (two parents), ``to_table``, ``iterate`` (a loop
+            head; ``params["feedback"]`` names the step whose output is fed back to it) or
+            ``sink``.
         parents: names of the steps feeding this one.
         keyed: the step's output is keyed (partitioned by key after a shuffle or ``key_by``).
         params: kind-specific settings (functions, serde, window...).
@@ -230,6 +232,47 @@ class Dataflow:
         }
         step = self._add(Step(name, "source", (), keyed, params))
         return KeyedStream(self, step) if keyed else Stream(self, step)
+
+    def table(
+        self,
+        name: str,
+        topic: str,
+        *,
+        serde: Serde | None = None,
+        key_serde: Serde | None = None,
+        timestamp: Callable[[Any], int] | None = None,
+        max_out_of_orderness: timedelta = timedelta(0),
+    ) -> Table:
+        """A keyed table read from ``topic`` (typically compacted): each record is the new row
+        of its message key, valid from its timestamp on; a record with a null value (a
+        tombstone) deletes the row. Read from the start, like a changelog.
+
+        Join streams with it (``stream.join(name, table)``, an event-time temporal join) or
+        other tables. It is a keyed source (``keyed=True``): the same rules hold, and a join
+        with another keyed source of the same partitioning runs without a shuffle.
+
+        Watermark: a table's partition that has caught up with its end does not hold the
+        watermark back (tables are often quiet for hours); an update that arrives after that
+        applies to the stream records not yet joined (docs/engine.md, "Joins").
+
+        Args:
+            serde: decodes rows (a tombstone is not decoded: its row is ``None``).
+            key_serde: decodes message keys (default: UTF-8 text).
+            timestamp: event time of a row in epoch milliseconds (default, and for tombstones:
+                the Kafka record timestamp).
+            max_out_of_orderness: as for :meth:`source`.
+        """
+        stream = self.source(
+            name,
+            topic,
+            serde=serde,
+            timestamp=timestamp,
+            max_out_of_orderness=max_out_of_orderness,
+            keyed=True,
+            key_serde=key_serde,
+        )
+        stream.step.params["table"] = True
+        return Table(self, stream.step)
 
     def validate(self) -> None:
         """Checks the whole graph: at least one source, every stream ends in a sink.
@@ -493,4 +536,4 @@ def _descends(flow: Dataflow, step: str, ancestor: str) -> bool:
 
 
 # At the end: KeyedStream subclasses Stream (processor/keyed.py imports this module).
-from processor.keyed import KeyedStream  # noqa: E402
+from processor.keyed import KeyedStream, Table  # noqa: E402

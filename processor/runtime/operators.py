@@ -82,6 +82,11 @@ class Operator:
     def process(self, batch: list[Record]) -> list[Record]:
         return batch
 
+    def input(self, parent: str) -> Operator:
+        """Where the records of ``parent`` (a parent step) go: the operator itself, or one of
+        a join's inputs (:mod:`processor.runtime.joins`)."""
+        return self
+
     def _guarded(
         self,
         batch: list[Record],

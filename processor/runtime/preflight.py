@@ -10,11 +10,57 @@ from collections.abc import Iterator
 
 from processor.compiler import Plan
 from processor.contracts import preflight_sink
+from processor.errors import ConfigError
 from processor.runtime.job import RunOptions
 
-__all__ = ["extra_environ", "preflight"]
+__all__ = ["check_local_recovery", "extra_environ", "preflight"]
 
 log = logging.getLogger(__name__)
+
+
+def check_local_recovery(plan: Plan) -> None:
+    """What ``--recovery local`` cannot keep exactly once (docs/local-recovery.md, "Limits").
+
+    Raises:
+        ConfigError: which step, why, and what to use instead.
+    """
+    job, steps = plan.job, plan.flow.steps.values()
+    if plan.cyclic:
+        raise ConfigError(
+            f"job {job!r} has a loop (iterate): --recovery local is not supported "
+            "for loops yet (records in a loop carry an iteration count, not the record IDs "
+            "local recovery drops copies by); use --recovery global"
+        )
+    routed = [s.name for s in steps if s.params.get("late") == "dead_letters"]
+    if routed:
+        raise ConfigError(
+            f"job {job!r}: --recovery local cannot keep late records exactly "
+            f"once in step(s) {routed} (late='dead_letters'): whether a record is late "
+            "depends on how the restarted worker's inputs interleave, and the surviving "
+            "tasks keep the windows it emitted before. Use --recovery global, or "
+            "late='drop'"
+        )
+    joins = [s.name for s in steps if s.kind == "join"]
+    if joins:
+        raise ConfigError(
+            f"job {job!r}: --recovery local cannot keep the join step(s) {joins} exactly "
+            "once: a join's output records have no identity of their own that a restarted "
+            "worker would give them again (a pair is emitted by whichever of its records "
+            "arrives second, and a temporal join's records by the watermark that passes them). "
+            "Use --recovery global"
+        )
+    crossing = plan.interleaving_dependent()
+    if crossing:
+        step, edge = crossing[0]
+        raise ConfigError(
+            f"job {job!r}: --recovery local cannot keep step {step!r} exactly "
+            f"once: it reads several input channels and its output reaches step "
+            f"{edge.dst_step!r} through channel topic {edge.topic}. A restarted worker "
+            f"reads its channels again in another order, so {step!r} would re-emit "
+            "different results under the record IDs the surviving downstream tasks already "
+            "kept (a mix of old and new values). Use --recovery global, a windowed "
+            "aggregation, or a sink right after the step (in its own stage)"
+        )
 
 
 def preflight(plan: Plan, options: RunOptions, interval: float | None) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from processor.dataflow import Session, Step
 from processor.runtime.dedup_step import DedupOperator, IdRouter
+from processor.runtime.joins import build_join
 from processor.runtime.operators import (
     Aggregate,
     Filter,
@@ -37,7 +38,9 @@ def build_operator(step: Step, *, merged_input: bool = False) -> Operator:
         return FlatMap(step)
     if kind == "key_by":
         return KeyBy(step)
-    if kind in ("union", "iterate"):  # a loop head passes records on (the task counts loops)
+    if kind == "join":
+        return build_join(step)
+    if kind in ("union", "iterate", "to_table"):  # pass records on (the task counts loops)
         return Passthrough(step)
     if kind == "dedup":
         return DedupOperator(step)

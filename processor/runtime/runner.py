@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 from processor.compiler import Plan, compile_flow
-from processor.errors import ConfigError
 from processor.runtime.control import Connection, ControlServer
 from processor.runtime.coordinator import CheckpointCoordinator
 from processor.runtime.health import stuck_worker
@@ -44,7 +43,7 @@ from processor.runtime.job import (
 from processor.runtime.lifecycle import RunnerLifecycle, same_cause
 from processor.runtime.metrics import JobMetrics
 from processor.runtime.pipeline import load_flow, load_object
-from processor.runtime.preflight import extra_environ, preflight
+from processor.runtime.preflight import check_local_recovery, extra_environ, preflight
 from processor.runtime.topics import (
     check_graph,
     check_keyed_sources,
@@ -92,35 +91,8 @@ class Runner(RunnerLifecycle):
             self.plan: Plan = compile_flow(
                 load_flow(self.pipeline), options.workers, combine=options.recovery != "local"
             )
-        if self.plan.cyclic and options.recovery == "local":
-            raise ConfigError(
-                f"job {self.plan.job!r} has a loop (iterate): --recovery local is not supported "
-                "for loops yet (records in a loop carry an iteration count, not the record IDs "
-                "local recovery drops copies by); use --recovery global"
-            )
-        routed = [
-            s.name for s in self.plan.flow.steps.values() if s.params.get("late") == "dead_letters"
-        ]
-        if routed and options.recovery == "local":
-            raise ConfigError(
-                f"job {self.plan.job!r}: --recovery local cannot keep late records exactly "
-                f"once in step(s) {routed} (late='dead_letters'): whether a record is late "
-                "depends on how the restarted worker's inputs interleave, and the surviving "
-                "tasks keep the windows it emitted before. Use --recovery global, or "
-                "late='drop'"
-            )
-        crossing = self.plan.interleaving_dependent() if options.recovery == "local" else []
-        if crossing:
-            step, edge = crossing[0]
-            raise ConfigError(
-                f"job {self.plan.job!r}: --recovery local cannot keep step {step!r} exactly "
-                f"once: it reads several input channels and its output reaches step "
-                f"{edge.dst_step!r} through channel topic {edge.topic}. A restarted worker "
-                f"reads its channels again in another order, so {step!r} would re-emit "
-                "different results under the record IDs the surviving downstream tasks already "
-                "kept (a mix of old and new values). Use --recovery global, a windowed "
-                "aggregation, or a sink right after the step (in its own stage)"
-            )
+        if options.recovery == "local":
+            check_local_recovery(self.plan)
         self.job = self.plan.job
         self.dir = job_dir(self.job, options.state_dir)
         self.dir.mkdir(parents=True, exist_ok=True)

@@ -40,10 +40,12 @@ from clicks import (  # noqa: E402
     read_two_level_output,
     with_duplicates,
 )
+from users import RowsAt, produce_users, user_versions  # noqa: E402
 
 __all__ = [
     "ENGINE_FAULTS",
     "RUNNERS",
+    "RowsAt",
     "assert_faults_fired",
     "canonical",
     "chaos_seed",
@@ -53,7 +55,9 @@ __all__ = [
     "expected_window_counts",
     "produce_clicks",
     "produce_json",
+    "produce_users",
     "read_two_level_output",
+    "user_versions",
     "with_duplicates",
 ]
 

@@ -162,7 +162,7 @@ class TaskBase:
                 built.open(self._sink_context(name, self.subtask, plan.parallelism))
             for parent in step.parents:
                 if parent in self.ops:  # parents in other stages arrive through channels
-                    self.ops[parent].children.append(self.ops[name])
+                    self.ops[parent].children.append(self.ops[name].input(parent))
         if self.lineage is not None and not self.is_source:  # an operator like the others
             self.replay = ReplayCheck(stage.name, env.recovery_horizon_ms)
             self.replay.open(self._sink_context(self.replay.name, self.subtask, plan.parallelism))
@@ -211,14 +211,19 @@ class TaskBase:
         for name in stage.sources:
             self.entry[steps[name].params["topic"]] = self.ops[name]
         for edge in stage.inputs:
-            self.entry[edge.topic] = self.ops[edge.dst_step]
+            self.entry[edge.topic] = self.ops[edge.dst_step].input(edge.src_step)
         # topic -> (the value serde's ``deserialize`` or None, timestamp function, lag, message
         # key decoder or None)
         self.source_params: dict[str, tuple[Any, Any, int, Any]] = {}
+        self.table_topics: set[str] = set()  # sources read as tables (Dataflow.table)
         for name in stage.sources:
             p = steps[name].params
+            decode = p["serde"].deserialize if p["serde"] is not None else None
+            if p.get("table"):  # a tombstone (null value) deletes the row: not decoded
+                decode = _table_decode(decode)
+                self.table_topics.add(p["topic"])
             self.source_params[p["topic"]] = (
-                p["serde"].deserialize if p["serde"] is not None else None,
+                decode,
                 p["timestamp"],
                 p["max_out_of_orderness_ms"],
                 message_key_decoder(name, p["key_serde"]) if p.get("keyed") else None,
@@ -306,6 +311,7 @@ class TaskBase:
         lineage = self.lineage
         if self.loop is not None:
             self.loop.iteration = 0  # what a watermark fires starts its own loop count
+        self._index = False  # a user function failing in on_watermark: no origin to name
         for name, op in self.ops.items():  # the stage's steps in order (and the replay check)
             fired = op.on_watermark(wm)
             op.n_out += len(fired)
@@ -389,6 +395,15 @@ def _user_error(
         step=step,
         origin=where,
     )
+
+
+def _table_decode(decode: Callable[[Any], Any] | None) -> Callable[[Any], Any]:
+    """A table's row decoder: a tombstone (null value) stays ``None``."""
+
+    def row(data: Any) -> Any:
+        return None if data is None else data if decode is None else decode(data)
+
+    return row
 
 
 def message_key_decoder(step: str, serde: Any) -> Callable[[Message], Any]:

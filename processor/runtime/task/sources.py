@@ -36,6 +36,7 @@ class SourceInputs(ChannelInputs):
         single: list[tuple[Message, Record]] = []  # local recovery: pushed one at a time
         lineage = self.lineage
         max_ts = self.max_ts
+        tables = self.table_topics
         failed: set[int] = set()  # id() of the messages that did not enter the operators
         for m in msgs:
             topic: Any = m.topic()
@@ -45,7 +46,10 @@ class SourceInputs(ChannelInputs):
                 value = m.value()
                 if decode is not None:  # given the bytes only: the place is added on failure
                     value = decode(value)
-                ts = int(ts_fn(value)) if ts_fn is not None else m.timestamp()[1]
+                if ts_fn is None or (value is None and topic in tables):  # a table's tombstone
+                    ts = m.timestamp()[1]
+                else:
+                    ts = int(ts_fn(value))
             except Exception as exc:
                 if isinstance(exc, DeserializationError):
                     exc = exc.located(topic, m.partition(), m.offset())
@@ -125,4 +129,16 @@ class SourceInputs(ChannelInputs):
         if now - self._last_wm_emit < _WATERMARK_EVERY_S or not self.max_ts:
             return
         self._last_wm_emit = now
-        self._advance_watermark(min(self.max_ts.values()))
+        if not self.table_topics:
+            self._advance_watermark(min(self.max_ts.values()))
+            return
+        # A table's partition that caught up with its end does not hold the watermark back:
+        # tables are often quiet for hours (docs/engine.md, "Joins"). While a table loads, the
+        # watermark waits for it, so stream records join the rows their time had.
+        lag = self.reader.cached_lag()
+        live = [
+            ts
+            for tp, ts in self.max_ts.items()
+            if tp[0] not in self.table_topics or lag.get(tp, 1) > 0
+        ]
+        self._advance_watermark(min(live) if live else MAX_WATERMARK - 1)
