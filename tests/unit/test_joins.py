@@ -233,9 +233,7 @@ def _interval(lower: int, upper: int) -> IntervalJoin:
 
 
 @settings(max_examples=150, deadline=None)
-@given(
-    st.data(), records, records, st.integers(-20, 20), st.integers(0, 20)
-)
+@given(st.data(), records, records, st.integers(-20, 20), st.integers(0, 20))
 def test_an_interval_join_emits_every_matching_pair_once_in_any_interleaving(
     data: Any, left: list[Any], right: list[Any], lower: int, width: int
 ) -> None:
