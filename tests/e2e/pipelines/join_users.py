@@ -1,11 +1,15 @@
 """Crash-test pipeline: every click joined with its user's plan as of the click's time (an
-event-time temporal join with the user table of ``<CLICKS_TOPIC>-users``), into files."""
+event-time temporal join with the user table of ``<CLICKS_TOPIC>-users``), into files.
+
+Each table row is spun ``TABLE_WORK_US`` (default 2 ms), so the clicks are read ahead of the
+table: a join that did not wait for the table's watermark would join many clicks with rows
+that are not their time's (checked: it fails this test)."""
 
 from __future__ import annotations
 
 import os
 
-from spin import worked_clicks
+from spin import spin, worked_clicks
 
 from connectors.serde import JsonSerde
 from processor.dataflow import Dataflow
@@ -13,7 +17,12 @@ from sinks import FileSink
 
 flow = Dataflow(os.environ["JOB_NAME"])
 topic = os.environ["CLICKS_TOPIC"] + "-users"
-users = flow.table("users", topic, serde=JsonSerde(), timestamp=lambda u: u["ts_ms"])
+table_work_s = int(os.environ.get("TABLE_WORK_US", "2000")) / 1e6
+users = (
+    flow.table("users", topic, serde=JsonSerde(), timestamp=lambda u: u["ts_ms"])
+    .map("slow-rows", lambda row: spin(row, table_work_s))
+    .to_table("users-table")
+)
 (
     worked_clicks(flow)
     .key_by("by-user", lambda c: c["user"])

@@ -15,10 +15,15 @@ WORK_S = int(os.environ.get("WORK_US", "100")) / 1e6
 
 
 def work(click: Any) -> Any:
-    end = time.perf_counter() + WORK_S
+    return spin(click, WORK_S)
+
+
+def spin(value: Any, seconds: float) -> Any:
+    """``value``, after ``seconds`` of CPU."""
+    end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         pass
-    return click
+    return value
 
 
 def worked_clicks(flow: Any) -> Any:
