@@ -100,6 +100,47 @@ def test_clicks_join_their_users_plan_as_of_their_time_exactly_once_when_workers
     assert_exactly_once(want, run.output, seed=seed)
 
 
+def expected_table_join(events: Iterator[dict[str, Any]], versions: list[Any]) -> Counter[bytes]:
+    """The changelog of users ⋈ last click (inner): at every time either changed for a user,
+    the joined row; ``None`` once when the row goes (the user was deleted)."""
+    changes: dict[str, list[tuple[int, int, Any]]] = {}  # user -> (ts, side, row)
+    for user, row, ts in versions:
+        changes.setdefault(user, []).append((ts, 0, row))
+    for e in events:
+        changes.setdefault(str(e["user"]), []).append((int(e["ts_ms"]), 1, e))
+    out: Counter[bytes] = Counter()
+    for user, timeline in changes.items():
+        rows: list[Any] = [None, None]
+        had = False
+        for ts, side, row in sorted(timeline, key=lambda c: (c[0], c[1])):
+            rows[side] = row
+            if any(c[0] == ts for c in timeline if c is not None and (c[0], c[1]) > (ts, side)):
+                continue  # the other side changes at the same time: one row for both
+            if rows[0] is not None and rows[1] is not None:
+                out[canonical([user, {"plan": rows[0]["plan"], "page": rows[1]["page"]}])] += 1
+                had = True
+            elif had:
+                out[canonical([user, None])] += 1
+                had = False
+    return out
+
+
+def test_table_join_changelog_is_exactly_once_when_workers_are_killed(
+    kafka_endpoint: tuple[str, str], tmp_path: Path
+) -> None:
+    seed = chaos_seed()
+    versions = user_versions(RECORDS, seed=seed)
+
+    def produce(brokers: str, topic: str) -> None:
+        produce_clicks(brokers, topic, RECORDS, seed=seed)
+        produce_users(brokers, f"{topic}-users", versions)
+
+    run = _killed_run("table_join.py", kafka_endpoint[0], tmp_path, seed, produce=produce)
+    want = expected_table_join(click_events(RECORDS, seed=seed), versions)
+    assert sum(1 for line in want if line.endswith(b",null]")) > 10, "no deletion joined"
+    assert_exactly_once(want, run.output, seed=seed)
+
+
 def expected_pairs(events: Iterator[dict[str, Any]]) -> Counter[bytes]:
     items: dict[str, list[tuple[int, str]]] = {}
     carts: dict[str, list[tuple[int, str]]] = {}
