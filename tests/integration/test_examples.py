@@ -36,6 +36,23 @@ def test_quickstart_counts_every_click_once_when_pointed_at_servers_by_environme
     assert "0 missing, 0 wrong" in result.stdout
 
 
+def test_the_enrich_and_sessionise_example_checks_its_sessions_with_its_one_command(
+    kafka_endpoint: tuple[str, str], tmp_path: Path
+) -> None:
+    """Issue 23: clicks enriched from a user table (a compacted topic), then sessionised;
+    ``python examples/enriched_sessions.py`` writes both topics, runs and checks every session
+    against the answer computed from the generated rows and clicks."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EOSFLOW_")}
+    env.update(EOSFLOW_KAFKA_BROKERS=kafka_endpoint[0], EOSFLOW_STATE_DIR=str(tmp_path))
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "enriched_sessions.py"), "--records", "20000"],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "user rows to users-" in result.stdout
+    assert "OK: every session exactly once" in result.stdout
+
+
 @pytest.mark.spark
 def test_readme_example_runs_on_spark_with_its_one_documented_command(
     kafka_endpoint: tuple[str, str], tmp_path: Path
