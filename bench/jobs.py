@@ -93,14 +93,14 @@ def _count_lines(directory: str, pattern: str = "part-*") -> int:
 def check_output(pipeline: str, directory: str, records: int) -> str:
     """``ok``, or what is wrong with the committed output of a finished job.
 
-    keyed_count emits one line per click; six_ops and session_count emit window counts whose
-    values add up to the number of clicks (which tier a click lands in depends on the
-    interleaving of channels, the total does not). Output left in uncommitted ``.inprogress``
+    keyed_count and join_enrich emit one line per click; six_ops and session_count emit window
+    counts whose values add up to the number of clicks (which tier a click lands in depends on
+    the interleaving of channels, the total does not). Output left in uncommitted ``.inprogress``
     files is reported: a job that says it finished must have committed everything.
     """
     import orjson
 
-    if pipeline == "keyed_count":
+    if pipeline in ("keyed_count", "join_enrich"):
         got = _count_lines(directory)
     else:
         got = 0
@@ -110,7 +110,8 @@ def check_output(pipeline: str, directory: str, records: int) -> str:
     if got == records:
         return "ok"
     pending = _count_lines(directory, ".part-*.inprogress")
-    what = "clicks committed" if pipeline == "keyed_count" else "clicks in committed windows"
+    per_click = pipeline in ("keyed_count", "join_enrich")
+    what = "clicks committed" if per_click else "clicks in committed windows"
     return f"INCOMPLETE: {got:,} of {records:,} {what}; {pending:,} lines left uncommitted"
 
 

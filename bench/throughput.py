@@ -56,6 +56,7 @@ from clicks import (  # noqa: E402
 from jobs import run_job  # noqa: E402
 from recovery import measure_recovery  # noqa: E402
 from report import markdown, plot, summarise  # noqa: E402
+from users import produce_users, user_versions  # noqa: E402
 
 from processor.embedded import servers  # noqa: E402
 
@@ -63,6 +64,7 @@ PIPELINES = {
     "keyed_count": BENCH / "pipelines" / "keyed_count.py",
     "six_ops": BENCH / "pipelines" / "six_ops.py",
     "session_count": BENCH / "pipelines" / "session_count.py",
+    "join_enrich": BENCH / "pipelines" / "join_enrich.py",
 }
 PARTITIONS = 8
 
@@ -139,6 +141,7 @@ class _Bench:
         self.args, self.brokers, self.work, self.results = args, brokers, work, results
         self.run_id = run_id  # in every topic and job name: runs never share state
         self.topics: dict[str, str] = {}
+        self.extra_in: dict[str, int] = {}  # records read besides the clicks (a user table)
 
     def _environ(self, job: str, topic: str) -> dict[str, str]:
         return {
@@ -157,6 +160,12 @@ class _Bench:
             topic = self.topics[name] = f"bench-clicks-{name.replace('_', '-')}-{self.run_id}"
             took = produce_clicks(self.brokers, topic, self.args.records, partitions=PARTITIONS)
             _say(f"wrote {self.args.records:,} clicks to {topic} in {took:.1f}s")
+            self.extra_in[name] = 0
+            if name == "join_enrich":  # and its user table
+                rows = user_versions(self.args.records)
+                took = produce_users(self.brokers, f"{topic}-users", rows, partitions=PARTITIONS)
+                self.extra_in[name] = len(rows)
+                _say(f"wrote {len(rows):,} user rows to {topic}-users in {took:.1f}s")
 
     def ceiling(self, rep: int) -> None:
         if self.args.no_ceiling or "keyed_count" not in self.topics:
@@ -196,7 +205,8 @@ class _Bench:
             progress=sys.stderr if self.args.verbose else None,
         )
         r.update(pipeline=name, repeat=rep)
-        r["output_ok"] = r["records_in"] == self.args.records and r["output_check"] == "ok"
+        wanted_in = self.args.records + self.extra_in[name]
+        r["output_ok"] = r["records_in"] == wanted_in and r["output_check"] == "ok"
         self.results["runs"].append(r)
         chk = r["checkpoint_ms_median"]
         _say(
