@@ -90,10 +90,11 @@ class _TwoInputs(Operator):
 
 
 class _Versions:
-    """Per key, a table's versions ``[ts, row]`` in time order (``row`` ``None``: deleted)."""
+    """Per key, a table's versions ``(ts, row)`` in time order (``row`` ``None``: deleted).
+    Versions are immutable tuples, so a snapshot copies each key's list, not its versions."""
 
     def __init__(self) -> None:
-        self.rows: dict[Any, list[list[Any]]] = {}
+        self.rows: dict[Any, list[tuple[int, Any]]] = {}
         self._dirty: set[Any] = set()  # keys with something to prune, now or later
         self.pruned_at = MIN_WATERMARK
 
@@ -101,14 +102,14 @@ class _Versions:
         versions = self.rows.get(key)
         if versions is None:
             if row is not None:
-                self.rows[key] = [[ts, row]]
+                self.rows[key] = [(ts, row)]
                 self._dirty.add(key)  # pruned when its time passes (nothing to do then)
             return
         i = bisect_right(versions, ts, key=_ts)
         if i and versions[i - 1][0] == ts:
-            versions[i - 1][1] = row  # one timestamp, one version: the later update wins
+            versions[i - 1] = (ts, row)  # one timestamp, one version: the later update wins
         else:
-            versions.insert(i, [ts, row])
+            versions.insert(i, (ts, row))
         self._dirty.add(key)
 
     def at(self, key: Any, ts: int) -> Any:
@@ -145,15 +146,15 @@ class _Versions:
         self._dirty.difference_update(done)
 
     def snapshot(self) -> list[Any]:
-        return [self.pruned_at, [[k, [list(v) for v in vs]] for k, vs in self.rows.items()]]
+        return [self.pruned_at, [[k, list(vs)] for k, vs in self.rows.items()]]
 
     def restore(self, state: list[Any]) -> None:
         self.pruned_at, rows = state
-        self.rows = {k: [list(v) for v in vs] for k, vs in rows}
+        self.rows = {k: [tuple(v) for v in vs] for k, vs in rows}
         self._dirty = set(self.rows)
 
 
-def _ts(version: list[Any]) -> int:
+def _ts(version: tuple[int, Any]) -> int:
     return int(version[0])
 
 
@@ -207,8 +208,14 @@ class TemporalJoin(_TwoInputs):
         return out
 
     def snapshot(self) -> Any:
-        waiting = [[t, k, v] for t, _seq, k, v in sorted(self._waiting, key=_arrival)]
-        return {"watermark": self.watermark, "table": self.table.snapshot(), "waiting": waiting}
+        # The heap as it is (immutable entries: a copy of the list, no sort; the codec keeps
+        # tuples): restored, it is still a heap, and the sequence numbers keep arrival order.
+        return {
+            "watermark": self.watermark,
+            "table": self.table.snapshot(),
+            "waiting": self._waiting.copy(),
+            "seq": self._seq,
+        }
 
     def restore(self, state: Any) -> None:
         self.table, self._waiting, self._seq = _Versions(), [], 0
@@ -217,14 +224,7 @@ class TemporalJoin(_TwoInputs):
             return
         self.watermark = state["watermark"]
         self.table.restore(state["table"])
-        for t, k, v in state["waiting"]:
-            self._seq += 1
-            self._waiting.append((t, self._seq, k, v))
-        heapq.heapify(self._waiting)
-
-
-def _arrival(entry: tuple[Any, ...]) -> int:
-    return int(entry[1])
+        self._waiting, self._seq = state["waiting"], state["seq"]
 
 
 class TableJoin(_TwoInputs):
@@ -284,7 +284,8 @@ class TableJoin(_TwoInputs):
             "watermark": self.watermark,
             "sides": [s.snapshot() for s in self.sides],
             "last": [k for k, row in self.last.items() if row],
-            "changes": [[t, k] for t, _seq, k in sorted(self._changes, key=_arrival)],
+            "changes": self._changes.copy(),  # a heap of immutable entries
+            "seq": self._seq,
         }
 
     def restore(self, state: Any) -> None:
@@ -296,10 +297,7 @@ class TableJoin(_TwoInputs):
         for versions, saved in zip(self.sides, state["sides"], strict=True):
             versions.restore(saved)
         self.last = dict.fromkeys(state["last"], True)
-        for t, k in state["changes"]:
-            self._seq += 1
-            self._changes.append((t, self._seq, k))
-        heapq.heapify(self._changes)
+        self._changes, self._seq = state["changes"], state["seq"]
 
 
 class IntervalJoin(_TwoInputs):
@@ -309,8 +307,11 @@ class IntervalJoin(_TwoInputs):
         super().__init__(step)
         self.lower: int = step.params["lower_ms"]
         self.upper: int = step.params["upper_ms"]
-        # per side: key -> its records [ts, value] held for matching
-        self.held: tuple[dict[Any, list[list[Any]]], dict[Any, list[list[Any]]]] = ({}, {})
+        # per side: key -> its records (ts, value) held for matching
+        self.held: tuple[dict[Any, list[tuple[int, Any]]], dict[Any, list[tuple[int, Any]]]] = (
+            {},
+            {},
+        )
         self._expiry: tuple[list[tuple[int, int, Any]], list[tuple[int, int, Any]]] = ([], [])
         self._seq = 0
 
@@ -344,7 +345,7 @@ class IntervalJoin(_TwoInputs):
         held = self.held[side]
         if k not in held:
             held[k] = []
-        held[k].append([t, v])
+        held[k].append((t, v))
         self._seq += 1
         heapq.heappush(self._expiry[side], (until, self._seq, k))
 
@@ -369,7 +370,7 @@ class IntervalJoin(_TwoInputs):
     def snapshot(self) -> Any:
         return {
             "watermark": self.watermark,
-            "held": [[[k, [list(r) for r in rs]] for k, rs in h.items()] for h in self.held],
+            "held": [[[k, list(rs)] for k, rs in h.items()] for h in self.held],
         }
 
     def restore(self, state: Any) -> None:
@@ -380,7 +381,7 @@ class IntervalJoin(_TwoInputs):
         self.watermark = state["watermark"]
         for side, bound in ((0, self.upper), (1, -self.lower)):
             for k, records in state["held"][side]:
-                self.held[side][k] = [list(r) for r in records]
+                self.held[side][k] = [tuple(r) for r in records]
                 for t, _v in records:
                     self._seq += 1
                     self._expiry[side].append((t + bound, self._seq, k))

@@ -258,9 +258,9 @@ def test_an_interval_join_forgets_records_no_future_record_can_match() -> None:
     a.process([("k", "a1", 100)])  # matches b in [95, 110]
     b.process([("k", "b1", 104)])  # matches a in [94, 109]
     op.on_watermark(108)
-    assert op.held == ({"k": [[100, "a1"]]}, {"k": [[104, "b1"]]})
+    assert op.held == ({"k": [(100, "a1")]}, {"k": [(104, "b1")]})
     op.on_watermark(109)  # b1: 104 + 5 <= 109, and a record still to come is after 109
-    assert op.held == ({"k": [[100, "a1"]]}, {})
+    assert op.held == ({"k": [(100, "a1")]}, {})
     op.on_watermark(110)  # a1: 100 + 10 <= 110
     assert op.held == ({}, {})
     assert a.process([("k", "late", 90)]) == [] and op.late_dropped == 1
