@@ -65,8 +65,8 @@ class Step:
     Attributes:
         name: stable kebab-case identifier.
         kind: ``source``, ``map``, ``filter``, ``flat_map``, ``key_by``, ``aggregate``,
-            ``dedup``, ``union``, ``iterate`` (a loop head; ``params["feedback"]`` names the
-            step whose output is fed back to it) or ``sink``.
+            ``process``, ``dedup``, ``union``, ``iterate`` (a loop head;
+            ``params["feedback"]`` names the step whose output is fed back to it) or ``sink``.
         parents: names of the steps feeding this one.
         keyed: the step's output is keyed (partitioned by key after a shuffle or ``key_by``).
         params: kind-specific settings (functions, serde, window...).
@@ -108,7 +108,8 @@ class Dataflow:
     def dead_letters(self, sink: Sink) -> None:
         """Route bad records to ``sink``: records whose value fails to decode, and records for
         which a user function raises (``map``, ``filter``, ``flat_map``, ``key_by``, a source's
-        ``timestamp``, an aggregation's ``init``/``add``/``merge``/``reduce`` function).
+        ``timestamp``, an aggregation's ``init``/``add``/``merge``/``reduce`` function, a
+        ``process`` step's ``fn`` or ``on_timer``).
 
         Each goes to ``sink`` as one dict ``{"step", "task", "error_type", "cause", "topic",
         "partition", "offset", "key", "value", "ts_ms"}`` (undecodable bytes as ``value_b64``,

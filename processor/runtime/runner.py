@@ -109,6 +109,15 @@ class Runner(RunnerLifecycle):
                 "tasks keep the windows it emitted before. Use --recovery global, or "
                 "late='drop'"
             )
+        processes = [s.name for s in self.plan.flow.steps.values() if s.kind == "process"]
+        if processes and options.recovery == "local":
+            raise ConfigError(
+                f"job {self.plan.job!r}: --recovery local cannot keep step(s) {processes} "
+                "(process) exactly once: what a timer emits has no record ID that a restarted "
+                "worker would give it again (processing-time timers fire when the clock says, "
+                "event-time ones may emit several records per key and time), and its state "
+                "depends on how its input channels interleave. Use --recovery global"
+            )
         crossing = self.plan.interleaving_dependent() if options.recovery == "local" else []
         if crossing:
             step, edge = crossing[0]
