@@ -16,7 +16,8 @@ values are what the user functions return. Aggregations emit ``(key, result)`` r
 
 * without a window, the running result after every input record (a changelog);
 * with a window, one record per key and window when the watermark passes the window's end plus
-  ``allowed_lateness``; the value is ``{"start_ms", "end_ms", "value"}``. Records arriving after
+  ``allowed_lateness`` (or, with ``emit="update"``, one per change of a window, at once); the
+  value is ``{"start_ms", "end_ms", "value"}``. Records arriving after
   that are dropped, counted and logged (never silently), or with ``late="dead_letters"`` sent
   to the dead-letter destination.
 

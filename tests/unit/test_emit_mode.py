@@ -93,8 +93,10 @@ def test_emit_is_checked_when_the_step_is_defined() -> None:
 
 def _flow(emit: str, *, crossing: bool = False) -> Dataflow:
     flow = Dataflow("job")
-    counts = flow.source("s", "t").key_by("k", str).count(
-        "count", window=Tumbling(timedelta(seconds=1)), emit=emit
+    counts = (
+        flow.source("s", "t")
+        .key_by("k", str)
+        .count("count", window=Tumbling(timedelta(seconds=1)), emit=emit)
     )
     if crossing:  # the updates cross a second shuffle
         counts = counts.key_by("again", lambda v: v["value"]).count("per-value")
