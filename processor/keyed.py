@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from processor.dataflow import Stream, _callable
 from processor.errors import DefinitionError
 from processor.windows import Session, Sliding, duration_ms
+
+if TYPE_CHECKING:
+    from processor.runtime.process import ProcessContext
 
 __all__ = ["EMIT", "LATE", "KeyedStream"]
 
@@ -175,14 +178,15 @@ class KeyedStream(Stream):
     def process(
         self,
         name: str,
-        fn: Callable[[Any, Any], None],
+        fn: Callable[[ProcessContext, Any], None],
         *,
-        on_timer: Callable[[Any, int, str], None] | None = None,
+        on_timer: Callable[[ProcessContext, int, str], None] | None = None,
     ) -> KeyedStream:
         """A low-level keyed operator: ``fn(ctx, value)`` per record, with the key's state
         and timers (Flink's ``KeyedProcessFunction``, Kafka Streams' processor API).
 
-        ``ctx`` (valid during the call) has ``key``, ``timestamp_ms`` (the record's event
+        ``ctx`` (a :class:`~processor.runtime.process.ProcessContext`, valid during the
+        call) has ``key``, ``timestamp_ms`` (the record's event
         time), ``watermark_ms``, ``processing_time_ms``, ``state`` (``get(default=None)``,
         ``set(value)``, ``delete()`` of the key's JSON-like value), ``emit(value)`` (a record
         of the same key at ``timestamp_ms``) and ``timers``: ``register_event_time(ts_ms)``,

@@ -1,8 +1,7 @@
 """Emit mode of windowed aggregations (issue 23, item 5b): ``emit="close"`` (one result per key
-and window when it closes) or ``"update"`` (every change at once, nothing at close); and the
-task-level hook of :mod:`processor.runtime.process`'s timers (processing time on the task's
-clock, event time on the watermark), with ``--recovery local`` refusing ``process`` and
-update-mode windows whose output crosses a channel."""
+and window when it closes) or ``"update"`` (every change at once, nothing at close); and
+``--recovery local`` refusing ``process`` steps and update-mode windows whose output crosses a
+channel."""
 
 from __future__ import annotations
 
@@ -19,13 +18,9 @@ from processor.compiler import compile_flow
 from processor.dataflow import Dataflow, Session, Sliding, Tumbling
 from processor.errors import ConfigError, DefinitionError
 from processor.runtime.operators import MAX_WATERMARK, Record, WindowedAggregate
-from processor.runtime.process import ProcessContext
 from processor.runtime.runner import Runner, RunOptions
-from processor.runtime.task import Task
 from processor.snapshot import codec
-from processor.wire import GenerationStart, Watermark
 from sinks import ConsoleSink
-from tests.unit.test_task import ListSink, Log, _env
 
 SIZE = 10
 
@@ -174,55 +169,3 @@ def test_a_windows_updates_are_its_running_count_and_the_last_is_the_closed_resu
     final = {(k, v["start_ms"]): v["value"] for k, v, _t in closing.on_watermark(MAX_WATERMARK)}
     want = Counter((k, s, n) for (k, s), total in final.items() for n in range(1, total + 1))
     assert updates == want
-
-
-# -- the task's timer hooks ---------------------------------------------------------------------
-
-
-def _timer_task(tmp_path: Path, log: Log, clock: list[int]) -> tuple[Task, str]:
-    def fn(ctx: ProcessContext, value: Any) -> None:
-        ctx.timers.register_processing_time(ctx.processing_time_ms + 100)
-        ctx.timers.register_event_time(ctx.timestamp_ms + 5)
-
-    def on_timer(ctx: ProcessContext, ts: int, kind: str) -> None:
-        ctx.emit([kind, ts])
-
-    flow = Dataflow("job")
-    (
-        flow.source("s", "in")
-        .key_by("k", lambda v: v)
-        .process("proc", fn, on_timer=on_timer)
-        .sink("out", ListSink())
-    )
-    plan = compile_flow(flow, 2)
-    env = _env(tmp_path, log, plan, now_ms=lambda: clock[0])
-    return Task(env, plan.stage_of("proc"), 0), plan.edges[0].topic
-
-
-def test_the_task_fires_processing_time_timers_on_its_clock_and_event_time_ones_on_the_watermark(
-    tmp_path: Path,
-) -> None:
-    log, clock = Log(), [1_000]
-    task, topic = _timer_task(tmp_path, log, clock)
-    sink = task.ops["out"].writer
-    p0, p2 = (topic, 0), (topic, 2)
-    for tp in (p0, p2):
-        log.ctl(tp, GenerationStart(1))
-    log.data(p0, "a", ts=50)
-    task.open(None, {"in": 2})
-    task.step(0.0, 100)
-    assert getattr(sink, "epoch", []) == []
-    clock[0] = 1_099
-    task.step(0.0, 100)
-    assert getattr(sink, "epoch", []) == []
-    clock[0] = 1_100
-    task.step(0.0, 100)
-    assert sink.epoch == [("a", ["processing_time", 1_100])]
-    log.ctl(p0, Watermark(60))
-    log.ctl(p2, Watermark(54))  # the task's watermark is the minimum: 54 < 55
-    task.step(0.0, 100)
-    assert len(sink.epoch) == 1
-    log.ctl(p2, Watermark(55))
-    task.step(0.0, 100)
-    assert sink.epoch[1:] == [("a", ["event_time", 55])]
-    assert task.stats()["steps"]["proc"] == [1, 2]
