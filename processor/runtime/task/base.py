@@ -317,8 +317,8 @@ class TaskBase:
                     self._push(child, fired)
         if fired_any:
             self._flush()
-            if self.dead is not None:
-                self.dead.flush()
+        if self.dead is not None:
+            self.dead.flush()  # a timer whose on_timer raised, even if nothing fired
 
     def _advance_watermark(self, wm: int) -> None:
         if wm <= self.watermark:
