@@ -86,11 +86,13 @@ def test_window_updates_are_exactly_once_when_workers_are_killed(
     assert_exactly_once(want, run.output, seed=seed)
 
 
+@pytest.mark.parametrize("mode", ["aligned", "unaligned"])
 def test_processing_time_flushes_hold_every_click_once_when_workers_are_killed(
-    kafka_endpoint: tuple[str, str], tmp_path: Path
+    kafka_endpoint: tuple[str, str], tmp_path: Path, mode: str
 ) -> None:
     """Processing-time timers fire by the clock, so a restored run batches differently from
-    the run that crashed; what is committed still holds each click exactly once."""
+    the run that crashed; what is committed still holds each click exactly once. Unaligned
+    too: timers fire while a checkpoint's barriers are still on their way."""
     kinds: Counter[str] = Counter()
 
     def flattened(job_env: dict[str, str]) -> Iterator[list[Any]]:
@@ -99,7 +101,9 @@ def test_processing_time_flushes_hold_every_click_once_when_workers_are_killed(
             for event_id in batch["events"]:
                 yield [user, event_id]
 
-    run, seed = _run("flush_batches.py", kafka_endpoint[0], tmp_path, SESSION_FAULTS, flattened)
+    run, seed = _run(
+        "flush_batches.py", kafka_endpoint[0], tmp_path, SESSION_FAULTS, flattened, mode=mode
+    )
     want = Counter(
         canonical([str(e["user"]), e["event_id"]]) for e in click_events(RECORDS, seed=seed)
     )
@@ -120,6 +124,8 @@ def _run(
     tmp: Path,
     faults: list[Fault],
     read_output: Any,
+    *,
+    mode: str = "aligned",
 ) -> tuple[ChaosRun, int]:
     """``_killed_run`` of test_session_windows.py with the output read by ``read_output``."""
     seed = chaos_seed()
@@ -129,7 +135,7 @@ def _run(
         tmp=tmp,
         records=RECORDS,
         seed=seed,
-        mode="aligned",
+        mode=mode,
         interval=0.5,
         faults=faults,
         random_kills=RANDOM_KILLS,
