@@ -4,14 +4,15 @@ Rules (DESIGN.md, "Execution model"):
 
 * **Fusion.** Steps joined by forward edges run in one task (operator chaining): ``map``,
   ``filter``, ``flat_map``, ``key_by`` and ``sink`` stay in their parent's stage.
-* **Shuffles.** A keyed aggregation whose input is not already partitioned by its key starts a new
-  stage; the edge is a channel topic of ``P x P`` partitions, key-routed with
-  :func:`processor.wire.key_to_downstream`. An aggregation over the output of another aggregation
-  (same key, nothing re-keyed in between) needs no shuffle and is fused. A ``dedup`` is placed
-  the same way; a global one (unkeyed stream) always shuffles, keyed by the record ID.
+* **Shuffles.** A keyed aggregation (or ``process`` step) whose input is not already partitioned
+  by its key starts a new stage; the edge is a channel topic of ``P x P`` partitions, key-routed
+  with :func:`processor.wire.key_to_downstream`. An aggregation over the output of another
+  aggregation (same key, nothing re-keyed in between) needs no shuffle and is fused. A ``dedup``
+  is placed the same way; a global one (unkeyed stream) always shuffles, keyed by the record ID.
 * **Partial combining.** A windowed aggregation with a ``merge`` function (``count``, ``reduce``,
-  ``aggregate(merge=...)``) gets a combiner on the upstream side of its shuffle: each batch sends
-  one partial accumulator per key and window instead of every record.
+  ``aggregate(merge=...)``) that emits when its windows close gets a combiner on the upstream
+  side of its shuffle: each batch sends one partial accumulator per key and window instead of
+  every record.
 * **Loops.** An ``iterate`` head starts a new stage fed by a forward channel; the body's feedback
   step writes to the head through another forward channel. A depth-first search over the stage
   graph from the sources classifies every edge: the edges to a stage still on the search's stack
@@ -120,12 +121,14 @@ class Plan:
 
     def interleaving_dependent(self) -> list[tuple[str, Edge]]:
         """Steps whose output depends on how several input channels interleaved, paired with
-        a channel their output reaches: a running (unwindowed) aggregation's values, and which
-        copy a ``dedup`` step lets through. Under local recovery a restarted worker reads its
+        a channel their output reaches: a running (unwindowed) aggregation's values, a
+        windowed one's with ``emit="update"``, a ``process`` step's state and outputs, and
+        which copy a ``dedup`` step lets through. Under local recovery a restarted worker reads its
         channels again in another order, so such a step re-emits *other* records under IDs its
         surviving downstream tasks keep the first copy of (docs/local-recovery.md, "Limits").
-        Windowed aggregations are not listed: a window fires on the watermark, which no
-        channel passes before its own records, so its result does not depend on the order."""
+        Windowed aggregations that emit when a window closes are not listed: a window fires
+        on the watermark, which no channel passes before its own records, so its result does
+        not depend on the order."""
         steps = self.flow.steps
         children: dict[str, list[str]] = {}
         for step in steps.values():
@@ -138,8 +141,10 @@ class Plan:
                 continue
             for name in stage.steps:
                 step = steps[name]
-                running = step.kind == "aggregate" and step.params.get("window") is None
-                if not (running or step.kind == "dedup"):
+                running = step.kind == "aggregate" and (
+                    step.params.get("window") is None or step.params.get("emit") == "update"
+                )
+                if not (running or step.kind in ("dedup", "process")):
                     continue
                 reach, todo = {name}, [name]
                 while todo:  # what the step's output flows through inside the stage
@@ -255,7 +260,7 @@ def compile_flow(flow: Dataflow, parallelism: int, *, combine: bool = True) -> P
             stage_of[step.name] = stages.new(is_source=True)
             keyed = step.params.get("keyed", False)
             partitioned[step.name] = frozenset([step.params["topic"]]) if keyed else None
-        elif step.kind == "aggregate":
+        elif step.kind in ("aggregate", "process"):
             (parent,) = parents
             fused = fuse_keyed(step, parent)
             partitioned[step.name] = partitioned[parent.name] if fused else HASHED
@@ -405,6 +410,8 @@ def _build(
             and agg.params["merge"] is not None
             # late records to dead letters: the window sees each record, not a batch's partial
             and agg.params.get("late", "drop") == "drop"
+            # every record's update is emitted: a partial would hide the updates it folds
+            and agg.params.get("emit", "close") == "close"
         )
         edges.append(
             Edge(

@@ -16,7 +16,8 @@ values are what the user functions return. Aggregations emit ``(key, result)`` r
 
 * without a window, the running result after every input record (a changelog);
 * with a window, one record per key and window when the watermark passes the window's end plus
-  ``allowed_lateness``; the value is ``{"start_ms", "end_ms", "value"}``. Records arriving after
+  ``allowed_lateness`` (or, with ``emit="update"``, one per change of a window, at once); the
+  value is ``{"start_ms", "end_ms", "value"}``. Records arriving after
   that are dropped, counted and logged (never silently), or with ``late="dead_letters"`` sent
   to the dead-letter destination.
 
@@ -66,9 +67,9 @@ class Step:
     Attributes:
         name: stable kebab-case identifier.
         kind: ``source``, ``map``, ``filter``, ``flat_map``, ``key_by``, ``aggregate``,
-            ``dedup``, ``union``, ``join`` (two parents), ``to_table``, ``iterate`` (a loop
-            head; ``params["feedback"]`` names the step whose output is fed back to it) or
-            ``sink``.
+            ``process``, ``dedup``, ``union``, ``join`` (two parents), ``to_table``,
+            ``iterate`` (a loop head; ``params["feedback"]`` names the step whose output is fed
+            back to it) or ``sink``.
         parents: names of the steps feeding this one.
         keyed: the step's output is keyed (partitioned by key after a shuffle or ``key_by``).
         params: kind-specific settings (functions, serde, window...).
@@ -110,7 +111,8 @@ class Dataflow:
     def dead_letters(self, sink: Sink) -> None:
         """Route bad records to ``sink``: records whose value fails to decode, and records for
         which a user function raises (``map``, ``filter``, ``flat_map``, ``key_by``, a source's
-        ``timestamp``, an aggregation's ``init``/``add``/``merge``/``reduce`` function).
+        ``timestamp``, an aggregation's ``init``/``add``/``merge``/``reduce`` function, a
+        ``process`` step's ``fn`` or ``on_timer``).
 
         Each goes to ``sink`` as one dict ``{"step", "task", "error_type", "cause", "topic",
         "partition", "offset", "key", "value", "ts_ms"}`` (undecodable bytes as ``value_b64``,

@@ -14,6 +14,7 @@ from dedup.ids import derived_id
 from processor.compiler import Edge, Plan
 from processor.contracts import Reader, Writer
 from processor.runtime.operators import Operator, Record
+from processor.runtime.process import wall_clock_ms
 from processor.snapshot.store import SnapshotStore
 from processor.wire import (
     Barrier,
@@ -51,6 +52,7 @@ class TaskEnv:
         recovery_horizon_ms: int = 600_000,
         stale_through: int = 0,
         sink_generation: int | None = None,
+        now_ms: Callable[[], int] | None = None,
     ) -> None:
         self.plan = plan
         self.generation = generation
@@ -73,6 +75,8 @@ class TaskEnv:
         self.stale_through = stale_through
         # What sink writers see as their generation: unique per start of this worker.
         self.sink_generation = generation if sink_generation is None else sink_generation
+        # Processing time (epoch ms) for processing-time timers (``process`` steps).
+        self.now_ms = now_ms or wall_clock_ms
 
 
 class Lineage:

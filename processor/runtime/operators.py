@@ -28,6 +28,7 @@ from typing import Any, TypeAlias
 
 from processor.contracts import SinkContext
 from processor.dataflow import Sliding, Step
+from processor.errors import DefinitionError
 
 __all__ = [
     "Aggregate",
@@ -112,7 +113,9 @@ class Operator:
                 out += apply(record)
             return out
         except Exception as exc:
-            if self.on_error is None:
+            # A DefinitionError found while running (``process`` registering timers without
+            # ``on_timer``) is the pipeline's fault, not the record's: it fails the task.
+            if self.on_error is None or isinstance(exc, DefinitionError):
                 raise
             self.on_error(self, batch, i, exc)  # batch[:i] are applied: resume after i
         return out + self._per_record(batch, apply, i + 1)
@@ -128,12 +131,22 @@ class Operator:
         for i in range(start, len(batch)):
             try:
                 out += apply(batch[i])
+            except DefinitionError:
+                raise
             except Exception as exc:
                 handler(self, batch, i, exc)
         return out
 
     def on_watermark(self, watermark: int) -> list[Record]:
         """Event time reached ``watermark``: what fires."""
+        return []
+
+    #: The operator has processing-time timers: the task calls :meth:`on_processing_time`.
+    timed = False
+
+    def on_processing_time(self, now_ms: int) -> list[Record]:
+        """The task's clock reads ``now_ms`` (epoch ms): what fires. Called every task loop, so
+        it must be cheap when nothing is due."""
         return []
 
     # Lifecycle, for operators with side effects outside the snapshot (``dedup``): the task
@@ -328,6 +341,10 @@ class WindowedAggregate(Operator):
     A window ``[start, end)`` fires when the watermark reaches ``end - 1 + allowed_lateness``.
     With ``merged_input`` the input values are ``[start, partial]`` pairs from an upstream
     :class:`Combiner` and are merged instead of added.
+
+    ``emit="update"`` (Kafka Streams without ``suppress``): every record emits, per window it
+    changed, ``(key, {"start_ms", "end_ms", "value"}, record's ts)`` with the new accumulator;
+    the watermark then only closes the windows (drops their state), emitting nothing.
     """
 
     stateful = True
@@ -342,6 +359,8 @@ class WindowedAggregate(Operator):
         self.add: Callable[[Any, Any], Any] = p["add"]
         self.merge: Callable[[Any, Any], Any] | None = p["merge"]
         self.merged_input = merged_input
+        self.update = p.get("emit") == "update"
+        assert not (self.update and merged_input), "no combiner feeds an update-mode window"
         self.size = self.window.size_ms
         # window end -> key -> accumulator
         self.state: dict[int, dict[Any, Any]] = {}
@@ -358,6 +377,8 @@ class WindowedAggregate(Operator):
         return bucket
 
     def process(self, batch: list[Record]) -> list[Record]:
+        if self.update:  # every record emits: per record, all of its windows or none
+            return self._each(batch, self._apply)
         i = 0  # the record being applied (read by the except clause: where to resume)
         try:
             if self.merged_input:
@@ -403,12 +424,19 @@ class WindowedAggregate(Operator):
         for start in _windows(t, self.window):
             bucket = self._open(start)
             if bucket is not None:
-                updates.append((bucket, add(bucket[k] if k in bucket else init(), v)))
-        for bucket, acc in updates:
+                updates.append((start, bucket, add(bucket[k] if k in bucket else init(), v)))
+        for _start, bucket, acc in updates:
             bucket[k] = acc
         if not updates and self.on_late is not None:  # every window of it closed
             self.on_late(self.name, record, self.watermark, self.lateness)
-        return []
+        if not self.update:
+            return []
+        size = self.size
+        # oldest window first (``_windows`` counts down)
+        return [
+            (k, {"start_ms": start, "end_ms": start + size, "value": acc}, t)
+            for start, _bucket, acc in reversed(updates)
+        ]
 
     def on_watermark(self, watermark: int) -> list[Record]:
         if watermark <= self.watermark:
@@ -416,6 +444,10 @@ class WindowedAggregate(Operator):
         self.watermark = watermark
         due = sorted(end for end in self.state if end - 1 + self.lateness <= watermark)
         out: list[Record] = []
+        if self.update:  # every change was emitted already: closing only drops the state
+            for end in due:
+                del self.state[end]
+            return out
         for end in due:
             start = end - self.size
             for k, acc in self.state.pop(end).items():

@@ -40,6 +40,15 @@ def check_local_recovery(plan: Plan) -> None:
             "tasks keep the windows it emitted before. Use --recovery global, or "
             "late='drop'"
         )
+    processes = [s.name for s in steps if s.kind == "process"]
+    if processes:
+        raise ConfigError(
+            f"job {job!r}: --recovery local cannot keep step(s) {processes} "
+            "(process) exactly once: what a timer emits has no record ID that a restarted "
+            "worker would give it again (processing-time timers fire when the clock says, "
+            "event-time ones may emit several records per key and time), and its state "
+            "depends on how its input channels interleave. Use --recovery global"
+        )
     joins = [s.name for s in steps if s.kind == "join"]
     if joins:
         raise ConfigError(

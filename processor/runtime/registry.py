@@ -17,6 +17,7 @@ from processor.runtime.operators import (
     Passthrough,
     WindowedAggregate,
 )
+from processor.runtime.process import ProcessOperator
 from processor.runtime.sessions import SessionAggregate
 
 __all__ = ["build_operator", "build_router"]
@@ -44,6 +45,8 @@ def build_operator(step: Step, *, merged_input: bool = False) -> Operator:
         return Passthrough(step)
     if kind == "dedup":
         return DedupOperator(step)
+    if kind == "process":
+        return ProcessOperator(step)
     if kind == "aggregate":
         window = step.params["window"]
         if window is None:

@@ -203,6 +203,10 @@ class TaskBase:
         # Without a dead-letter destination the handler raises, naming step and record.
         for operator in [*self.ops.values(), *self.combiners, *self.routers]:
             operator.on_error = self._on_error
+        # Operators with processing-time timers, on the task's clock (``process`` steps).
+        self.timed = [op for op in self.ops.values() if op.timed]
+        for timed in self.timed:
+            timed.clock = env.now_ms  # type: ignore[attr-defined]
         for name, step in steps.items():  # late='dead_letters' (validated with the flow)
             if step.params.get("late") == "dead_letters" and name in self.ops and self.dead:
                 self.ops[name].on_late = self.dead.late_record
@@ -303,11 +307,30 @@ class TaskBase:
         """Origins while records are pushed one at a time: the message being pushed."""
         return self._message
 
+    def _processing_time(self) -> None:
+        """Fires the processing-time timers that are due (every loop of the task; one clock
+        read and a heap peek per timed operator when none is)."""
+        now = self.env.now_ms()
+        fired_any = False
+        for op in self.timed:
+            self._index, self._dropped = False, None  # a failing timer has no input origin
+            fired = op.on_processing_time(now)
+            if fired:
+                fired_any = True
+                op.n_out += len(fired)
+                for child in op.children:
+                    self._push(child, fired)
+        if fired_any:
+            self._flush()
+        if self.dead is not None:
+            self.dead.flush()  # a timer whose on_timer raised, even if nothing fired
+
     def _advance_watermark(self, wm: int) -> None:
         if wm <= self.watermark:
             return
         self.watermark = wm
         self._flush()
+        self._index, self._dropped = False, None  # what fires has no input origin
         lineage = self.lineage
         if self.loop is not None:
             self.loop.iteration = 0  # what a watermark fires starts its own loop count

@@ -105,6 +105,8 @@ class Task(SourceInputs):
         """
         if self.halted:
             return 0
+        if self.timed:
+            self._processing_time()
         clock = time.perf_counter
         start = clock()
         total = 0
