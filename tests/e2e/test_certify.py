@@ -56,6 +56,7 @@ def _runs(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {run["name"]: run for run in report["runs"]}
 
 
+@pytest.mark.slow  # 47 s; certify under faults stays in CI through the dedup and Redis cases
 def test_certify_passes_the_running_total_example_under_every_fault_kind(tmp_path: Path) -> None:
     junit = tmp_path / "certify.xml"
     out, report = _certify(
