@@ -14,7 +14,7 @@ import threading
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,7 @@ from clicks import (  # noqa: E402
 from users import RowsAt, produce_users, user_versions  # noqa: E402
 
 __all__ = [
+    "BURST_FAULTS",
     "ENGINE_FAULTS",
     "RUNNERS",
     "RowsAt",
@@ -53,6 +54,7 @@ __all__ = [
     "expected_running_totals",
     "expected_two_level_counts",
     "expected_window_counts",
+    "killed_run",
     "produce_clicks",
     "produce_json",
     "produce_users",
@@ -72,6 +74,16 @@ ENGINE_FAULTS = [
     Fault(1, 0, "after-snapshot-before-ack", 2),
     Fault(2, 1, "after-completion-before-commit", 2),
     Fault(3, 0, "during-recovery", 1),
+]
+#: For outputs fired by the watermark (windows, sessions, timers, temporal and table joins):
+#: they reach the sinks in bursts. A restored generation's watermark waits until each of a
+#: task's partitions delivered again (a task may read one partition far ahead of another), so a
+#: subtask may commit output at only one checkpoint of that generation. The engine's fault at
+#: the commit point fires at the first such commit, not the second (with nth=2 the fault
+#: sometimes never fired and the job waited for it: sessions once in three runs, the table
+#: join with seed 936096).
+BURST_FAULTS = [
+    replace(f, nth=1) if f.point == "after-completion-before-commit" else f for f in ENGINE_FAULTS
 ]
 FAULT_LINE = re.compile(r"fault injection: SIGKILL worker=(\d+) point=([\w-]+)")
 
@@ -224,6 +236,41 @@ def run_chaos(
     items = read_output(job_env) if read_output else read_jsonl(job_env["OUTPUT_DIR"])
     output = Counter(canonical(item) for item in items)
     return ChaosRun(result, output, killer.done, fired, logs)
+
+
+def killed_run(
+    pipeline: str,
+    brokers: str,
+    tmp: Path,
+    *,
+    records: int,
+    seed: int | None = None,
+    faults: list[Fault] = ENGINE_FAULTS,
+    random_kills: int = 2,
+    mode: str = "aligned",
+    **kw: Any,
+) -> tuple[ChaosRun, int]:
+    """``pipeline`` over ``records`` clicks (or what ``produce=`` writes), each spun 100 µs,
+    SIGKILLed at ``faults`` (protocol points) and ``random_kills`` times at random, every kill
+    checked to have landed. ``seed``: default :func:`chaos_seed`. Returns the run and its seed.
+    ``kw``: more :func:`run_chaos` arguments."""
+    seed = chaos_seed() if seed is None else seed
+    run = run_chaos(
+        pipeline,
+        brokers=brokers,
+        tmp=tmp,
+        records=records,
+        seed=seed,
+        mode=mode,
+        interval=0.5,
+        faults=faults,
+        random_kills=random_kills,
+        env={"WORK_US": "100", **kw.pop("env", {})},
+        **kw,
+    )
+    print(f"seed={seed} restarts={run.result.restarts} random kills={run.random_kills}")
+    assert_faults_fired(run, faults, random_kills, seed=seed)
+    return run, seed
 
 
 def expected(

@@ -23,44 +23,37 @@ from typing import Any
 import pytest
 
 from tests.e2e.harness import (
-    ENGINE_FAULTS,
+    BURST_FAULTS,
     ChaosRun,
     RowsAt,
     assert_exactly_once,
-    assert_faults_fired,
     canonical,
     chaos_seed,
     click_events,
+    killed_run,
     produce_clicks,
     produce_users,
-    run_chaos,
     user_versions,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
 RECORDS = 40_000  # 1,000 users: 40 clicks each, 10 s apart on average
-RANDOM_KILLS = 2
 INTERVAL_MS = 30_000
 
 
 def _killed_run(pipeline: str, brokers: str, tmp: Path, seed: int, **kw: Any) -> ChaosRun:
-    run = run_chaos(
-        pipeline,
-        brokers=brokers,
-        tmp=tmp,
-        records=RECORDS,
-        seed=seed,
-        mode="aligned",
-        interval=0.5,
-        faults=ENGINE_FAULTS,
-        random_kills=RANDOM_KILLS,
-        env={"WORK_US": "100"},
-        **kw,
-    )
-    print(f"seed={seed} restarts={run.result.restarts} random kills={run.random_kills}")
-    assert_faults_fired(run, ENGINE_FAULTS, RANDOM_KILLS, seed=seed)
-    return run
+    return killed_run(pipeline, brokers, tmp, records=RECORDS, seed=seed, **kw)[0]
+
+
+def _with_users(versions: list[Any], seed: int) -> Any:
+    """Writes the clicks and, to ``<topic>-users``, the user table's ``versions``."""
+
+    def produce(brokers: str, topic: str) -> None:
+        produce_clicks(brokers, topic, RECORDS, seed=seed)
+        produce_users(brokers, f"{topic}-users", versions)
+
+    return produce
 
 
 def expected_plans(events: Iterator[dict[str, Any]], rows: RowsAt) -> Counter[bytes]:
@@ -78,12 +71,10 @@ def test_clicks_join_their_users_plan_as_of_their_time_exactly_once_when_workers
 ) -> None:
     seed = chaos_seed()
     versions = user_versions(RECORDS, seed=seed)
-
-    def produce(brokers: str, topic: str) -> None:
-        produce_clicks(brokers, topic, RECORDS, seed=seed)
-        produce_users(brokers, f"{topic}-users", versions)
-
-    run = _killed_run("join_users.py", kafka_endpoint[0], tmp_path, seed, produce=produce)
+    produce = _with_users(versions, seed)
+    run = _killed_run(
+        "join_users.py", kafka_endpoint[0], tmp_path, seed, produce=produce, faults=BURST_FAULTS
+    )
     rows = RowsAt(versions)
     want = expected_plans(click_events(RECORDS, seed=seed), rows)
     # The table matters: clicks without a row (before the user's first row, or after its
@@ -130,12 +121,10 @@ def test_table_join_changelog_is_exactly_once_when_workers_are_killed(
 ) -> None:
     seed = chaos_seed()
     versions = user_versions(RECORDS, seed=seed)
-
-    def produce(brokers: str, topic: str) -> None:
-        produce_clicks(brokers, topic, RECORDS, seed=seed)
-        produce_users(brokers, f"{topic}-users", versions)
-
-    run = _killed_run("table_join.py", kafka_endpoint[0], tmp_path, seed, produce=produce)
+    produce = _with_users(versions, seed)
+    run = _killed_run(
+        "table_join.py", kafka_endpoint[0], tmp_path, seed, produce=produce, faults=BURST_FAULTS
+    )
     want = expected_table_join(click_events(RECORDS, seed=seed), versions)
     assert sum(1 for line in want if line.endswith(b",null]")) > 10, "no deletion joined"
     assert_exactly_once(want, run.output, seed=seed)

@@ -31,14 +31,12 @@ from sinks import read_jsonl
 from tests.e2e.harness import (
     ChaosRun,
     assert_exactly_once,
-    assert_faults_fired,
     canonical,
-    chaos_seed,
     click_events,
     expected,
-    run_chaos,
+    killed_run,
 )
-from tests.e2e.test_session_windows import SESSION_FAULTS, _killed_run, expected_sessions
+from tests.e2e.test_session_windows import SESSION_FAULTS, _killed_run, check_sessions
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
@@ -51,10 +49,7 @@ def test_quiet_users_from_event_time_timers_are_exactly_once_when_workers_are_ki
     # Timers' output reaches the sinks in bursts, as sessions do: the commit-point fault at the
     # first commit of its generation.
     run, seed = _killed_run("quiet_users.py", kafka_endpoint[0], tmp_path, SESSION_FAULTS)
-    want = expected(expected_sessions, RECORDS, seed)
-    runs = Counter(orjson.loads(line)[1]["value"] for line in want)
-    assert sum(runs.values()) > 10_000 and sum(n for s, n in runs.items() if s > 1) > 3_000, runs
-    assert_exactly_once(want, run.output, seed=seed)
+    check_sessions(run, seed)
 
 
 WINDOW_MS = 30_000
@@ -130,20 +125,6 @@ def _run(
     mode: str = "aligned",
 ) -> tuple[ChaosRun, int]:
     """``_killed_run`` of test_session_windows.py with the output read by ``read_output``."""
-    seed = chaos_seed()
-    run = run_chaos(
-        pipeline,
-        brokers=brokers,
-        tmp=tmp,
-        records=RECORDS,
-        seed=seed,
-        mode=mode,
-        interval=0.5,
-        faults=faults,
-        random_kills=RANDOM_KILLS,
-        env={"WORK_US": "100"},
-        read_output=read_output,
+    return killed_run(
+        pipeline, brokers, tmp, records=RECORDS, faults=faults, mode=mode, read_output=read_output
     )
-    print(f"seed={seed} restarts={run.result.restarts} random kills={run.random_kills}")
-    assert_faults_fired(run, faults, RANDOM_KILLS, seed=seed)
-    return run, seed

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +22,14 @@ import pytest
 
 from processor.runtime.job import Fault
 from tests.e2e.harness import (
+    BURST_FAULTS,
     ENGINE_FAULTS,
     ChaosRun,
     assert_exactly_once,
-    assert_faults_fired,
     canonical,
-    chaos_seed,
     click_events,
     expected,
-    run_chaos,
+    killed_run,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
@@ -63,48 +61,29 @@ RECORDS = 40_000  # 1,000 users: 40 clicks each, 10 s apart on average
 RANDOM_KILLS = 2
 
 
-#: Sessions reach the sinks in bursts: a restored generation's watermark waits until each of a
-#: task's partitions delivered again (a task may read one partition far ahead of another), so a
-#: subtask may commit output at only one checkpoint of that generation. The engine's fault at
-#: the commit point fires at the first such commit here, not the second (seen once in three:
-#: the fault never fired and the job waited for it).
-SESSION_FAULTS = [
-    replace(f, nth=1) if f.point == "after-completion-before-commit" else f for f in ENGINE_FAULTS
-]
+SESSION_FAULTS = BURST_FAULTS  # sessions fire in bursts (see harness.BURST_FAULTS)
 
 
 def _killed_run(
     pipeline: str, brokers: str, tmp: Path, faults: list[Fault] = ENGINE_FAULTS
 ) -> tuple[ChaosRun, int]:
-    """``pipeline`` over the clicks, SIGKILLed at ``faults`` (protocol points) and at random;
-    every kill checked to have landed. Returns the run and its seed."""
-    seed = chaos_seed()
-    run = run_chaos(
-        pipeline,
-        brokers=brokers,
-        tmp=tmp,
-        records=RECORDS,
-        seed=seed,
-        mode="aligned",
-        interval=0.5,
-        faults=faults,
-        random_kills=RANDOM_KILLS,
-        env={"WORK_US": "100"},
-    )
-    print(f"seed={seed} restarts={run.result.restarts} random kills={run.random_kills}")
-    assert_faults_fired(run, faults, RANDOM_KILLS, seed=seed)
-    return run, seed
+    return killed_run(pipeline, brokers, tmp, records=RECORDS, faults=faults)
+
+
+def check_sessions(run: ChaosRun, seed: int) -> None:
+    """The run's output is the clicks' sessions, exactly once; the sessions both merge (about
+    4 gaps in 10 are under GAP_MS) and split."""
+    want = expected(expected_sessions, RECORDS, seed)
+    sizes = Counter(orjson.loads(line)[1]["value"] for line in want)
+    assert sum(sizes.values()) > 10_000 and sum(n for s, n in sizes.items() if s > 1) > 3_000, sizes
+    assert_exactly_once(want, run.output, seed=seed)
 
 
 def test_sessions_per_user_are_exactly_once_when_workers_are_killed(
     kafka_endpoint: tuple[str, str], tmp_path: Path
 ) -> None:
     run, seed = _killed_run("session_count.py", kafka_endpoint[0], tmp_path, SESSION_FAULTS)
-    # Sessions both merge (about 4 gaps in 10 are under GAP_MS) and split.
-    want = expected(expected_sessions, RECORDS, seed)
-    sizes = Counter(orjson.loads(line)[1]["value"] for line in want)
-    assert sum(sizes.values()) > 10_000 and sum(n for s, n in sizes.items() if s > 1) > 3_000, sizes
-    assert_exactly_once(want, run.output, seed=seed)
+    check_sessions(run, seed)
 
 
 TTL_MS = 5_000
