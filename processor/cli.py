@@ -191,6 +191,8 @@ def _run(args: argparse.Namespace) -> int:
             recovery=args.recovery,
             recovery_horizon=args.recovery_horizon,
             metrics=args.metrics,
+            from_savepoint=args.from_savepoint,
+            allow_rewind=args.allow_rewind,
             faults=[Fault.parse(f) for f in args.fault],
             environ=endpoints.as_env(),
             progress=sys.stderr,
@@ -422,6 +424,16 @@ def _parser() -> argparse.ArgumentParser:
         help="where the job page, /api/job and Prometheus /metrics are served (default: "
         "$EOSFLOW_METRICS, else 127.0.0.1:9249-9258, the first free port; HOST:0 for any)",
     )  # fmt: skip
+    run.add_argument(
+        "--from-savepoint", metavar="PATH",
+        help="start from this savepoint (the directory `eosflow savepoint` printed); later "
+        "restarts restore the newest checkpoint taken since",
+    )  # fmt: skip
+    run.add_argument(
+        "--allow-rewind", action="store_true",
+        help="with --from-savepoint: even if the job completed (since deleted) checkpoints "
+        "after the savepoint; their output is committed again",
+    )  # fmt: skip
     run.add_argument("--explain", action="store_true", help="print the compiled stages and exit")
     run.set_defaults(func=_run)
 
@@ -448,6 +460,26 @@ def _parser() -> argparse.ArgumentParser:
     reset.add_argument("--workers", type=int, default=8, help="sink subtasks to fence (8)")
     reset.add_argument("--snapshot-url", help="the job's --snapshot-url, if it ran with one")
     reset.set_defaults(func=cli_jobs.reset)
+
+    savepoint = sub.add_parser(
+        "savepoint",
+        help="copy a consistent state of a job where retention keeps it (a running job takes "
+        "an aligned checkpoint for it; --stop then stops the job)",
+    )
+    savepoint.add_argument("job")
+    savepoint.add_argument(
+        "--stop", action="store_true",
+        help="stop the job after the savepoint (its final checkpoint, sinks committed)",
+    )  # fmt: skip
+    savepoint.add_argument(
+        "--path", metavar="URL", help="where (default: <snapshot store>/_savepoints/<job>/)"
+    )
+    savepoint.add_argument(
+        "--timeout", type=parse_duration, default=300.0, metavar="DURATION",
+        help="how long to wait for the running job's answer (5m)",
+    )  # fmt: skip
+    savepoint.add_argument("--snapshot-url", help="the job's --snapshot-url, if it ran with one")
+    savepoint.set_defaults(func=cli_jobs.savepoint)
 
     txn = sub.add_parser("txn", help="transactions of a pipeline's Kafka sinks")
     txn_sub = txn.add_subparsers(dest="txn_command", required=True)

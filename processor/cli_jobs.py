@@ -21,7 +21,7 @@ from typing import Any
 
 from processor.snapshot.store import SnapshotStore
 
-__all__ = ["jobs", "pid_alive", "reset", "status"]
+__all__ = ["jobs", "pid_alive", "reset", "savepoint", "status"]
 
 
 def pid_alive(pid: int) -> bool:
@@ -150,6 +150,39 @@ def jobs(args: argparse.Namespace) -> int:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
     for row in [head, *(r[:5] for r in rows)]:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def savepoint(args: argparse.Namespace) -> int:
+    """A running job's savepoint (an aligned checkpoint it takes now; ``--stop`` stops it after
+    it), or a stopped job's newest completed checkpoint, copied where retention keeps it."""
+    from processor.errors import ConfigError, JobRunningError
+    from processor.runtime.local import default_snapshot_url, job_dir
+    from processor.runtime.savepoints import request_savepoint, write_savepoint
+
+    job = args.job
+    st = _read_status(job_dir(job) / "status.json") or {}
+    url = args.snapshot_url or st.get("snapshot_url") or default_snapshot_url(job)
+    try:
+        with holding(job, url) as store:  # stopped: nothing can change its checkpoints
+            latest = store.latest_completed(job)
+            if latest is None:
+                print(f"eosflow: job {job!r} has no completed checkpoint in {url}", file=sys.stderr)
+                return 1
+            path = write_savepoint(store, latest, path=args.path)
+            print(f"job {job!r} is not running: savepoint of its checkpoint {latest.checkpoint_id}")
+    except JobRunningError:
+        store = SnapshotStore(url)
+        what = "and stop " if args.stop else ""
+        print(f"asking job {job!r} to take a savepoint {what}(at most {args.timeout:g}s)...")
+        try:
+            path = request_savepoint(
+                store, job, stop=args.stop, path=args.path, timeout=args.timeout
+            )
+        except ConfigError as exc:
+            print(f"eosflow: {exc}", file=sys.stderr)
+            return 1
+    print(path)
     return 0
 
 

@@ -21,6 +21,9 @@ from dataclasses import dataclass, field
 
 from processor.snapshot.store import SnapshotHandle, SnapshotStore
 
+#: The newest checkpoint id the job ever completed (processor.runtime.savepoints reads it).
+LAST_CHECKPOINT = "_LAST_CHECKPOINT"
+
 __all__ = ["CheckpointCoordinator", "CheckpointEvent", "CheckpointStats"]
 
 log = logging.getLogger(__name__)
@@ -113,7 +116,11 @@ class CheckpointCoordinator:
         self.pending: _Pending | None = None
         latest = store.latest_completed(job)
         self.stats = CheckpointStats(last_completed=latest.checkpoint_id if latest else 0)
-        self.next_id = max(store.newest_checkpoint_id(job), self.stats.last_completed) + 1
+        # Ids never go back, even past deleted checkpoints (a savepoint restored after them):
+        # sinks key their output by checkpoint id.
+        ever = store.read_job_file(job, LAST_CHECKPOINT)
+        newest = max(store.newest_checkpoint_id(job), int(ever) if ever else 0)
+        self.next_id = max(newest, self.stats.last_completed) + 1
         self._next_due = clock() + (interval_s or 0.0)
 
     def start_generation(self, generation: int) -> None:
@@ -175,6 +182,7 @@ class CheckpointCoordinator:
                 "loop_log": pending.loop_log,
             },
         )
+        self.store.write_job_file(self.job, LAST_CHECKPOINT, str(checkpoint_id).encode())
         self.pending = None
         self.timed_out = []
         stats = self.stats

@@ -124,6 +124,11 @@ class RunOptions:
     #: ``HOST:PORT``, ``HOST:FIRST-LAST`` (the first free port) or ``off``; ``None``: the
     #: ``EOSFLOW_METRICS`` variable, else ``127.0.0.1:9249-9258`` (docs/observability.md).
     metrics: str | None = None
+    #: Restore this savepoint (a directory ``eosflow savepoint`` printed) before starting
+    #: (processor/runtime/savepoints.py); ``allow_rewind``: even when the job completed later
+    #: checkpoints since (deleted), whose output is then committed again.
+    from_savepoint: str | None = None
+    allow_rewind: bool = False
 
     def metrics_address(self) -> str | None:
         """The address to serve on, ``None`` for off (checked: a bad one is a ConfigError)."""

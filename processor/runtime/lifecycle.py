@@ -63,13 +63,7 @@ class RunnerLifecycle(RunnerReporting):
         def stop(signum: int, _frame: Any) -> None:
             name = signal.Signals(signum).name
             if self.stopping is None:
-                self.stopping = name
-                self._stop_deadline = time.monotonic() + self.options.stop_timeout
-                self._stop_next_say = time.monotonic() + 10.0
-                self._say(
-                    f"{name}: stopping after a final checkpoint (waiting at most "
-                    f"{self.options.stop_timeout:g}s; {name} again stops at once without it)"
-                )
+                self.stop_for(name, f"; {name} again stops at once without it")
             else:
                 self._say(f"{name} again: {self._without_final()}")
                 raise KeyboardInterrupt
@@ -80,6 +74,19 @@ class RunnerLifecycle(RunnerReporting):
             with contextlib.suppress(ValueError):
                 old[sig] = signal.signal(sig, stop)
         return old
+
+    def stop_for(self, reason: str, more: str = "") -> None:
+        """Stop after a final, aligned checkpoint whose sinks committed (a stop signal, or
+        ``eosflow savepoint --stop``), waiting at most ``--stop-timeout``."""
+        if self.stopping is not None:
+            return
+        self.stopping = reason
+        self._stop_deadline = time.monotonic() + self.options.stop_timeout
+        self._stop_next_say = time.monotonic() + 10.0
+        self._say(
+            f"{reason}: stopping after a final checkpoint (waiting at most "
+            f"{self.options.stop_timeout:g}s{more})"
+        )
 
     def _restore_signals(self, old: dict[int, Any]) -> None:
         for sig, handler in old.items():

@@ -44,6 +44,7 @@ from processor.runtime.lifecycle import RunnerLifecycle, same_cause
 from processor.runtime.metrics import JobMetrics
 from processor.runtime.pipeline import load_flow, load_object
 from processor.runtime.preflight import check_local_recovery, extra_environ, preflight
+from processor.runtime.savepoints import SavepointRequests, restore_savepoint
 from processor.runtime.topics import (
     check_graph,
     check_keyed_sources,
@@ -353,6 +354,13 @@ class Runner(RunnerLifecycle):
             check = getattr(transport, "check_reachable", None)
             if check is not None:  # before anything waits on the broker
                 check()
+            if self.options.from_savepoint:
+                restore_savepoint(
+                    self.store,
+                    self.job,
+                    self.options.from_savepoint,
+                    allow_rewind=self.options.allow_rewind,
+                )
             latest = self.store.latest_completed(self.job)
             check_graph(self.plan, list(latest.tasks) if latest is not None else [])
             counts, ends = prepare_topics(
@@ -392,6 +400,7 @@ class Runner(RunnerLifecycle):
             port = self.server.address[1]
             self.advertised = (self.advertise or self.bind[0], port)
             self._spawn_all(counts, ends)
+            savepoints = SavepointRequests(self)
             while True:
                 self.lease.renew()
                 self._pump()
@@ -403,8 +412,10 @@ class Runner(RunnerLifecycle):
                     break
                 self._check_stop()
                 self._drive()
+                savepoints.tick()
                 self._report()
                 self._publish()
+            savepoints.finished(self.final_chk)
             self._status("finished")
             return self._result()
         finally:

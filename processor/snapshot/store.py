@@ -200,6 +200,10 @@ class SnapshotStore:
             raise DefinitionError(f"checkpoint id {checkpoint_id} is outside [0, 10**10)")
         return f"{self._job_dir(job)}/chk-{checkpoint_id:010d}"
 
+    def checkpoint_dir(self, job: str, checkpoint_id: int) -> str:
+        """Where checkpoint ``checkpoint_id``'s files are (savepoints copy them back here)."""
+        return self._chk_dir(job, checkpoint_id)
+
     # -- task snapshots ------------------------------------------------------------------------
 
     def write_task_snapshot(

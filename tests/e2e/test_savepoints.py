@@ -1,0 +1,119 @@
+"""Savepoints (issue 24, item 2) end to end: a running job stops with a savepoint, its
+checkpoints are deleted, and a changed version of the pipeline (same stateful step names)
+restores the savepoint and carries on, SIGKILLed at a protocol point and at random: the
+committed output is every click's running total exactly once, the first part by version 1,
+the rest by version 2 (tagged), computed from the clicks without the engine."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from processor.runtime.local import Fault, LocalRunner, RunOptions
+from processor.runtime.savepoints import request_savepoint
+from processor.snapshot.store import SnapshotStore
+from sinks import read_jsonl
+from tests.e2e.harness import (
+    PIPELINES,
+    assert_exactly_once,
+    canonical,
+    chaos_seed,
+    click_events,
+    produce_json,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.chaos]
+
+FIRST, LATER = 6_000, 15_000
+
+
+def _expected(seed: int) -> Counter[bytes]:
+    acc: dict[str, tuple[int, int]] = {}
+    out: Counter[bytes] = Counter()
+    for i, e in enumerate(click_events(FIRST + LATER, seed=seed)):
+        user = str(e["user"])
+        count, amount = acc.get(user, (0, 0))
+        acc[user] = (count + 1, amount + int(e["amount"]))
+        line = list(acc[user]) if i < FIRST else [*acc[user], "v2"]
+        out[canonical([user, line])] += 1
+    return out
+
+
+def _committed(env: dict[str, str]) -> int:
+    return len(read_jsonl(env["OUTPUT_DIR"])) if Path(env["OUTPUT_DIR"]).exists() else 0
+
+
+def _options(tmp: Path, env: dict[str, str], **kw: Any) -> RunOptions:
+    return RunOptions(
+        workers=2,
+        checkpoint_interval=0.3,
+        environ=env,
+        state_dir=str(tmp / "state"),
+        restart_backoff=0.1,
+        max_backoff=0.5,
+        metrics="off",
+        **kw,
+    )
+
+
+def test_a_savepoint_restores_into_changed_code_after_its_checkpoints_are_deleted(
+    kafka_endpoint: tuple[str, str], tmp_path: Path
+) -> None:
+    seed = chaos_seed()
+    run_id = uuid.uuid4().hex[:8]
+    env = {
+        "JOB_NAME": f"savepoint-{run_id}",
+        "CLICKS_TOPIC": f"savepoint-clicks-{run_id}",
+        "OUTPUT_DIR": str(tmp_path / "output"),
+        "EOSFLOW_KAFKA_BROKERS": kafka_endpoint[0],
+        "WORK_US": "100",
+    }
+    events = list(click_events(FIRST + LATER, seed=seed))
+    key = lambda e: str(e["user"])  # noqa: E731
+    produce_json(kafka_endpoint[0], env["CLICKS_TOPIC"], events[:FIRST], key=key)
+    pipeline = str(PIPELINES / "versioned_total.py")
+
+    # Version 1 runs until stopped: a savepoint with --stop once every click is committed.
+    first = LocalRunner(pipeline, _options(tmp_path, env))
+    thread = threading.Thread(target=first.run)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while _committed(env) < FIRST and time.monotonic() < deadline:
+        time.sleep(0.2)
+    store = SnapshotStore(first.store.url)
+    path = request_savepoint(store, env["JOB_NAME"], stop=True, path=None, timeout=60)
+    thread.join(60)
+    assert not thread.is_alive()
+    assert len(read_jsonl(env["OUTPUT_DIR"])) == FIRST
+
+    # The checkpoints go (retention, a lost disk): the savepoint is kept apart.
+    job_dir = Path(path.removeprefix("file://")).parents[2] / env["JOB_NAME"]
+    for chk in job_dir.glob("chk-*"):
+        shutil.rmtree(chk)
+    assert SnapshotStore(first.store.url).latest_completed(env["JOB_NAME"]) is None
+
+    # Version 2 restores it, reads the clicks written since, and is killed on the way.
+    produce_json(kafka_endpoint[0], env["CLICKS_TOPIC"], events[FIRST:], key=key)
+    faults = [Fault(0, 1, "after-completion-before-commit", 1), Fault(1, 0, "mid-alignment", 1)]
+    second = LocalRunner(
+        pipeline,
+        _options(
+            tmp_path,
+            {**env, "PIPELINE_VERSION": "2"},
+            until_idle=True,
+            from_savepoint=path,
+            faults=faults,
+            max_restarts=5,
+        ),
+    )
+    result = second.run()
+    assert result.restarts == len(faults), result.restart_causes
+    got = Counter(canonical(line) for line in read_jsonl(env["OUTPUT_DIR"]))
+    assert_exactly_once(_expected(seed), got, seed=seed)
