@@ -160,6 +160,7 @@ def parse_duration(text: str) -> float:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from processor.runtime.job import parse_map_state
     from processor.runtime.local import Fault, JobFailed, LocalRunner, RunOptions
     from processor.runtime.runner import Runner
 
@@ -170,6 +171,7 @@ def _run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    map_state = parse_map_state(args.map_state)  # before any server starts
     # local recovery keeps record IDs in Redis: embedded too unless EOSFLOW_REDIS_URL names one
     wanted = ["kafka", "redis"] if args.recovery == "local" else ["kafka"]
     with servers(wanted) as endpoints:
@@ -194,6 +196,8 @@ def _run(args: argparse.Namespace) -> int:
             from_savepoint=args.from_savepoint,
             allow_rewind=args.allow_rewind,
             faults=[Fault.parse(f) for f in args.fault],
+            map_state=map_state,
+            allow_dropped_state=args.allow_dropped_state,
             environ=endpoints.as_env(),
             progress=sys.stderr,
             log_level="DEBUG" if args.verbose > 1 else "INFO",
@@ -433,6 +437,16 @@ def _parser() -> argparse.ArgumentParser:
         "--allow-rewind", action="store_true",
         help="with --from-savepoint: even if the job completed (since deleted) checkpoints "
         "after the savepoint; their output is committed again",
+    )  # fmt: skip
+    run.add_argument(
+        "--map-state", action="append", default=[], metavar="OLD=NEW",
+        help="restore the checkpoint's state of step OLD, which the pipeline no longer has "
+        "(renamed), into NEW, a stateful step of the same kind (repeatable)",
+    )  # fmt: skip
+    run.add_argument(
+        "--allow-dropped-state", action="store_true",
+        help="restore a checkpoint holding state of steps the pipeline no longer has, "
+        "dropping that state (logged); without it such a restore is refused",
     )  # fmt: skip
     run.add_argument("--explain", action="store_true", help="print the compiled stages and exit")
     run.set_defaults(func=_run)

@@ -53,6 +53,7 @@ class TaskEnv:
         stale_through: int = 0,
         sink_generation: int | None = None,
         now_ms: Callable[[], int] | None = None,
+        map_state: dict[str, str] | None = None,
     ) -> None:
         self.plan = plan
         self.generation = generation
@@ -77,6 +78,8 @@ class TaskEnv:
         self.sink_generation = generation if sink_generation is None else sink_generation
         # Processing time (epoch ms) for processing-time timers (``process`` steps).
         self.now_ms = now_ms or wall_clock_ms
+        # ``--map-state OLD=NEW``: NEW restores the snapshot state of OLD (runtime.state_map).
+        self.map_state = map_state or {}
 
 
 class Lineage:

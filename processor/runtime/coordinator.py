@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from processor.snapshot.store import SnapshotHandle, SnapshotStore
 
@@ -87,6 +88,8 @@ class CheckpointCoordinator:
         keep: completed checkpoints to retain.
         clock: monotonic seconds.
         observer: called with a :class:`CheckpointEvent` when a checkpoint completes or fails.
+        metadata: recorded in every manifest's metadata too (the plan's operator state layout,
+            :mod:`processor.runtime.state_map`).
     """
 
     def __init__(
@@ -100,8 +103,10 @@ class CheckpointCoordinator:
         keep: int = 3,
         clock: Callable[[], float] = time.monotonic,
         observer: Callable[[CheckpointEvent], None] | None = None,
+        metadata: Mapping[str, Any] | None = None,
     ) -> None:
         self.observer = observer
+        self.metadata = dict(metadata or {})
         self.store = store
         self.job = job
         self.tasks = frozenset(tasks)
@@ -177,6 +182,7 @@ class CheckpointCoordinator:
             checkpoint_id,
             pending.acks,
             {
+                **self.metadata,
                 "generation": self.generation,
                 "duration_ms": int(duration * 1000),
                 "loop_log": pending.loop_log,

@@ -24,6 +24,7 @@ __all__ = [
     "default_snapshot_url",
     "job_dir",
     "jobs_dir",
+    "parse_map_state",
 ]
 
 MODES = ("aligned", "unaligned", "sync", "none")
@@ -129,6 +130,12 @@ class RunOptions:
     #: checkpoints since (deleted), whose output is then committed again.
     from_savepoint: str | None = None
     allow_rewind: bool = False
+    #: ``--map-state OLD=NEW``: restore the checkpoint's state of step OLD (no longer in the
+    #: pipeline) into NEW, a stateful step of the same kind (:mod:`processor.runtime.state_map`).
+    map_state: dict[str, str] = field(default_factory=dict)
+    #: ``--allow-dropped-state``: restore a checkpoint holding state of steps the pipeline no
+    #: longer has, dropping it (logged); without it such a restore is refused.
+    allow_dropped_state: bool = False
 
     def metrics_address(self) -> str | None:
         """The address to serve on, ``None`` for off (checked: a bad one is a ConfigError)."""
@@ -186,6 +193,43 @@ class RunOptions:
         self.metrics_address()
         if self.recovery_horizon < 1:
             raise ConfigError(f"recovery horizon must be at least 1s, got {self.recovery_horizon}s")
+        _check_map_state(self.map_state)
+
+
+def parse_map_state(texts: list[str]) -> dict[str, str]:
+    """``["OLD=NEW", ...]`` (``--map-state``, repeatable) as a dict.
+
+    Raises:
+        ConfigError: a text without ``=``, an empty name, a step mapped twice or two steps
+            mapped onto one.
+    """
+    mapping: dict[str, str] = {}
+    for text in texts:
+        old, sep, new = (part.strip() for part in text.partition("="))
+        if not sep or not old or not new:
+            raise ConfigError(f"--map-state {text!r}: expected OLD=NEW (two step names)")
+        if old in mapping:
+            raise ConfigError(
+                f"--map-state: step {old!r} is mapped twice ({old}={mapping[old]} and {text}); "
+                "a step's state goes to one step"
+            )
+        mapping[old] = new
+    _check_map_state(mapping)
+    return mapping
+
+
+def _check_map_state(mapping: dict[str, str]) -> None:
+    same = sorted(old for old, new in mapping.items() if old == new)
+    if same:
+        raise ConfigError(f"--map-state: step(s) {same} mapped onto themselves; drop those")
+    seen: dict[str, str] = {}
+    for old, new in mapping.items():
+        if new in seen:
+            raise ConfigError(
+                f"--map-state: steps {seen[new]!r} and {old!r} are both mapped onto {new!r}; a "
+                "step restores the state of one step"
+            )
+        seen[new] = old
 
 
 @dataclass

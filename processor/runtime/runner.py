@@ -45,6 +45,7 @@ from processor.runtime.metrics import JobMetrics
 from processor.runtime.pipeline import load_flow, load_object
 from processor.runtime.preflight import check_local_recovery, extra_environ, preflight
 from processor.runtime.savepoints import SavepointRequests, restore_savepoint
+from processor.runtime.state_map import STATE_KEY, check_state, state_layout
 from processor.runtime.topics import (
     check_graph,
     check_keyed_sources,
@@ -175,6 +176,7 @@ class Runner(RunnerLifecycle):
             "recovery_horizon_ms": int(self.options.recovery_horizon * 1000),
             "stale_through": stale_through,
             "sink_generation": sink_generation,
+            "map_state": self.options.map_state,
             "faults": [
                 [f.point, f.nth, f.action]
                 for f in self.options.faults
@@ -363,6 +365,8 @@ class Runner(RunnerLifecycle):
                 )
             latest = self.store.latest_completed(self.job)
             check_graph(self.plan, list(latest.tasks) if latest is not None else [])
+            o = self.options  # renamed or removed stateful steps (runtime.state_map)
+            check_state(self.plan, self.store, latest, o.map_state, o.allow_dropped_state)
             counts, ends = prepare_topics(
                 self.plan, transport, until_idle=self.options.until_idle, run_dir=self.dir
             )
@@ -387,6 +391,7 @@ class Runner(RunnerLifecycle):
                 timeout_s=self.options.checkpoint_timeout,
                 keep=self.options.keep_checkpoints,
                 observer=self.metrics.on_checkpoint,
+                metadata={STATE_KEY: state_layout(self.plan)},
             )
             address = self.options.metrics_address()
             if address is not None:

@@ -157,6 +157,7 @@ def run_worker(spec: dict[str, Any]) -> int:
         recovery_horizon_ms=int(spec.get("recovery_horizon_ms", 600_000)),
         stale_through=int(spec.get("stale_through", 0)),
         sink_generation=spec.get("sink_generation"),
+        map_state=dict(spec.get("map_state") or {}),
     )
     client.send(
         {

@@ -326,3 +326,37 @@ def test_a_checkpoint_whose_input_topic_was_recreated_fails_the_run_with_the_fix
     assert "is beyond the partition's end" in again.stderr
     assert "the topic or the broker was recreated" in again.stderr
     assert took < 30, took
+
+
+def test_a_renamed_stateful_step_is_refused_and_map_state_continues_its_state(
+    kafka_endpoint: tuple[str, str], tmp_path: Path
+) -> None:
+    """Issue 24: the running-total step is renamed between two runs (it is not the first step
+    of its stage, so the stage keeps its name). Before, the restart dropped its state without
+    a word and the counts started again from 1 while the source went on from the checkpoint.
+    Now the restart is refused before any worker starts, naming the step and the fixes; with
+    ``--map-state OLD=NEW`` the counts continue, so the two runs' output is every click's
+    running total once."""
+    events = list(click_events(3_000, users=40))
+    first, rest = events[:1_800], events[1_800:]
+    env = job_env(kafka_endpoint[0], tmp_path, TOTAL_STEP="totals")
+    brokers, topic = kafka_endpoint[0], env["CLICKS_TOPIC"]
+    produce_json(brokers, topic, first, key=lambda e: str(e["user"]))
+    pipeline = str(PIPELINES / "renamed_total.py")
+    run = eosflow("run", pipeline, "--checkpoint-interval", "300ms", "--until-idle")
+    done = subprocess.run(run, env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert committed_output(env) == expected_running_totals(first)
+    produce_json(brokers, topic, rest, key=lambda e: str(e["user"]))
+    env["TOTAL_STEP"] = "totals-v2"
+    refused = subprocess.run(run, env=env, capture_output=True, text=True, timeout=180)
+    assert refused.returncode != 0, refused.stderr[-3000:]
+    assert "'totals': no longer in the pipeline" in refused.stderr, refused.stderr[-3000:]
+    assert "--map-state OLD=NEW" in refused.stderr and "--allow-dropped-state" in refused.stderr
+    assert committed_output(env) == expected_running_totals(first)  # nothing ran
+    mapped = subprocess.run(
+        [*run, "--map-state", "totals=totals-v2"],
+        env=env, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert mapped.returncode == 0, mapped.stderr[-3000:]
+    assert committed_output(env) == expected_running_totals(events)

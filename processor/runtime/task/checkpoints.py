@@ -15,6 +15,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from processor.runtime.purge import PurgeFloor
+from processor.runtime.state_map import restore_sources, state_kind
 from processor.runtime.task.base import TP, TaskBase
 from processor.snapshot.store import SnapshotHandle
 from processor.wire import (
@@ -50,9 +51,13 @@ class TaskCheckpoints(TaskBase):
         for tp, offset in state["positions"].items():
             if tp in positions:
                 positions[tp] = offset
-        for step, op_state in state["operators"].items():
-            if step in self.ops:
-                self.ops[step].restore(op_state)
+        # By step name; a step whose state is not restored here (renamed, removed, moved to
+        # another stage) was refused, or allowed, by the runner before any worker started
+        # (runtime.state_map.check_state); --map-state OLD=NEW gives NEW the state of OLD.
+        operators = state["operators"]
+        for target, source in restore_sources(operators, self.env.map_state).items():
+            if target in self.ops:
+                self.ops[target].restore(operators[source])
         self.channel_wm = dict(state["channel_wm"])
         self.max_ts = dict(state["max_ts"])
         self.watermark = state["watermark"]
@@ -108,6 +113,7 @@ class TaskCheckpoints(TaskBase):
                 "snapshot with recovering channels task=%s checkpoint_id=%d channels=%d",
                 self.name, checkpoint_id, len(self.modes),
             )  # fmt: skip
+        steps = self.plan.flow.steps
         state = {
             "task": self.name,
             "checkpoint": checkpoint_id,
@@ -118,6 +124,8 @@ class TaskCheckpoints(TaskBase):
             "max_ts": dict(self.max_ts),
             "watermark": self.watermark,
             "operators": {n: op.snapshot() for n, op in self.ops.items() if op.stateful},
+            # What kind of state each holds: a restore refuses another kind under the name.
+            "kinds": {n: k for n in self.ops if n in steps and (k := state_kind(steps[n]))},
             "sinks": {n: list(p) for n, p in self.sink_pending.items()},
             # Channels still recovering (an unaligned snapshot taken before they were live): a
             # restore must go through their remaining phases from the recorded position, or
