@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from processor.runtime.local import Fault, LocalRunner, RunOptions
+from processor.errors import ConfigError
+from processor.runtime.local import Fault, JobFailed, LocalRunner, RunOptions
 from processor.runtime.savepoints import request_savepoint
 from processor.snapshot.store import SnapshotStore
 from sinks import read_jsonl
@@ -34,14 +35,15 @@ pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 FIRST, LATER = 6_000, 15_000
 
 
-def _expected(seed: int) -> Counter[bytes]:
+def _expected(seed: int, version_2_from: int = FIRST) -> Counter[bytes]:
+    """Every click's running total, tagged ``"v2"`` from click ``version_2_from`` on."""
     acc: dict[str, tuple[int, int]] = {}
     out: Counter[bytes] = Counter()
     for i, e in enumerate(click_events(FIRST + LATER, seed=seed)):
         user = str(e["user"])
         count, amount = acc.get(user, (0, 0))
         acc[user] = (count + 1, amount + int(e["amount"]))
-        line = list(acc[user]) if i < FIRST else [*acc[user], "v2"]
+        line = list(acc[user]) if i < version_2_from else [*acc[user], "v2"]
         out[canonical([user, line])] += 1
     return out
 
@@ -117,3 +119,59 @@ def test_a_savepoint_restores_into_changed_code_after_its_checkpoints_are_delete
     assert result.restarts == len(faults), result.restart_causes
     got = Counter(canonical(line) for line in read_jsonl(env["OUTPUT_DIR"]))
     assert_exactly_once(_expected(seed), got, seed=seed)
+
+
+def test_a_savepoint_of_a_running_job_restores_after_later_checkpoints_are_deleted(
+    kafka_endpoint: tuple[str, str], tmp_path: Path
+) -> None:
+    """A savepoint taken while the job runs on (an aligned checkpoint it triggers for it), the
+    job's later checkpoints deleted: restoring it would be a rewind (the output since would be
+    committed again), refused without --allow-rewind; with it, the state is restored and the
+    file sink refuses to repeat the output of the later checkpoints. Either way the committed
+    output stays every click's running total exactly once."""
+    seed = chaos_seed()
+    run_id = uuid.uuid4().hex[:8]
+    env = {
+        "JOB_NAME": f"savepoint-run-{run_id}",
+        "CLICKS_TOPIC": f"savepoint-run-clicks-{run_id}",
+        "OUTPUT_DIR": str(tmp_path / "output"),
+        "EOSFLOW_KAFKA_BROKERS": kafka_endpoint[0],
+        "WORK_US": "200",
+    }
+    events = list(click_events(FIRST + LATER, seed=seed))
+    key = lambda e: str(e["user"])  # noqa: E731
+    produce_json(kafka_endpoint[0], env["CLICKS_TOPIC"], events, key=key)
+    pipeline = str(PIPELINES / "versioned_total.py")
+    first = LocalRunner(pipeline, _options(tmp_path, env))
+    thread = threading.Thread(target=first.run)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while _committed(env) < 2_000 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    store = SnapshotStore(first.store.url)
+    path = request_savepoint(store, env["JOB_NAME"], stop=False, path=None, timeout=60)
+    while _committed(env) < FIRST + LATER and time.monotonic() < deadline:
+        time.sleep(0.2)  # it runs on past the savepoint, to the end of the input
+    first.stop_for("test")
+    thread.join(60)
+    assert not thread.is_alive()
+    saved = int(path.rsplit("sp-", 1)[1])
+    assert store.completed_ids(env["JOB_NAME"])[-1] > saved  # later checkpoints...
+    job_dir = Path(path.removeprefix("file://")).parents[2] / env["JOB_NAME"]
+    for chk in job_dir.glob("chk-*"):
+        shutil.rmtree(chk)  # ... deleted
+
+    def second(**kw: Any) -> LocalRunner:
+        options = _options(tmp_path, env, until_idle=True, from_savepoint=path, **kw)
+        return LocalRunner(pipeline, options)
+
+    with pytest.raises(ConfigError, match="--allow-rewind"):
+        second().run()
+    before = Counter(canonical(line) for line in read_jsonl(env["OUTPUT_DIR"]))
+    assert_exactly_once(_expected(seed, version_2_from=FIRST + LATER), before, seed=seed)
+    # Allowed, the job restores the savepoint's state; its file sink then refuses to write next
+    # to output of later checkpoints (it would commit it again), and nothing is written twice.
+    with pytest.raises(JobFailed, match="holds part files up to checkpoint"):
+        second(allow_rewind=True, max_restarts=1).run()
+    after = Counter(canonical(line) for line in read_jsonl(env["OUTPUT_DIR"]))
+    assert after == before
