@@ -96,7 +96,7 @@ class IdDedupConsumer:
     ) -> None:
         self.consumer = consumer
         self.scope = scope
-        self.within_ms = int(within.total_seconds() * 1000)
+        self.within_ms = within // timedelta(milliseconds=1)
         self.id_of = id_of
         self.expected_ids = expected_ids
         self.fp_rate = fp_rate

@@ -233,8 +233,9 @@ class KeyedStream(Stream):
         The row is the table's newest update for the key at or before the record's timestamp
         (a ``None`` update, a tombstone, ends the row). A record waits in the join's state until
         the watermark reaches its timestamp, so every table update up to then has arrived: the
-        answer depends on the records' timestamps, not on how the two inputs interleaved, and a
-        replay after a restart gives the same. ``how="inner"`` drops a record whose key has no
+        answer depends on the records' timestamps, not on how the two inputs interleaved (an
+        update that arrives after its table had caught up is the exception: docs/engine.md,
+        "Tables and joins"). ``fn`` must not modify ``row`` (the table keeps it). ``how="inner"`` drops a record whose key has no
         row then; ``"left"`` emits ``fn(value, None)``. The output keeps the record's key and
         timestamp. A record behind the join's watermark joins at once.
 
@@ -263,7 +264,8 @@ class KeyedStream(Stream):
         ``max(a.ts, b.ts)`` (Flink's interval join; ``lower`` may be negative:
         ``timedelta(seconds=-5)``).
 
-        A pair is emitted as soon as its second record arrives. Each side's records are held
+        A pair is emitted as soon as its second record arrives; ``fn`` must not modify its
+        arguments (each is held for other pairs). Each side's records are held
         until the watermark shows that no record still to come can match them; a record behind
         the watermark is late: dropped and counted. ``--recovery local`` refuses joins.
         """
@@ -278,7 +280,7 @@ class KeyedStream(Stream):
                 raise DefinitionError(
                     f"interval_join {name!r}: {what} must be a datetime.timedelta, got {bound!r}"
                 )
-            bounds[f"{what}_ms"] = int(bound.total_seconds() * 1000)
+            bounds[f"{what}_ms"] = bound // timedelta(milliseconds=1)  # exact, may be < 0
         if bounds["lower_ms"] > bounds["upper_ms"]:
             raise DefinitionError(
                 f"interval_join {name!r}: lower ({lower}) is after upper ({upper}): no pair "

@@ -16,11 +16,14 @@ from processor.errors import DefinitionError
 __all__ = ["Session", "Sliding", "Tumbling", "duration_ms"]
 
 
+_MS = timedelta(milliseconds=1)
+
+
 def duration_ms(what: str, value: timedelta) -> int:
     """``value`` in whole milliseconds; ``what`` names it in the error."""
     if not isinstance(value, timedelta):
         raise DefinitionError(f"{what} must be a datetime.timedelta, got {value!r}")
-    ms = int(value.total_seconds() * 1000)
+    ms = value // _MS  # exact: total_seconds() * 1000 is a float (1001 ms gave 1000)
     if ms < 0:
         raise DefinitionError(f"{what} must not be negative, got {value}")
     return ms

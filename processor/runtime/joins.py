@@ -36,7 +36,14 @@ from typing import Any
 from processor.dataflow import Step
 from processor.runtime.operators import MIN_WATERMARK, Operator, Record
 
-__all__ = ["IntervalJoin", "JoinInput", "TableJoin", "TemporalJoin", "build_join"]
+__all__ = [
+    "IntervalJoin",
+    "JoinInput",
+    "TableJoin",
+    "TemporalJoin",
+    "build_join",
+    "joined_as_table_only",
+]
 
 Joiner = Callable[[Any, Any], Any]
 
@@ -101,9 +108,11 @@ class _Versions:
     def put(self, key: Any, ts: int, row: Any) -> None:
         versions = self.rows.get(key)
         if versions is None:
-            if row is not None:
+            if row is not None or ts > self.pruned_at:
+                # A tombstone too: a row at an earlier time may still arrive (from another
+                # channel), and the deletion must win after it whatever the arrival order.
                 self.rows[key] = [(ts, row)]
-                self._dirty.add(key)  # pruned when its time passes (nothing to do then)
+                self._dirty.add(key)  # pruned when its time passes
             return
         i = bisect_right(versions, ts, key=_ts)
         if i and versions[i - 1][0] == ts:
@@ -238,22 +247,26 @@ class TableJoin(_TwoInputs):
         self._seq = 0
 
     def process_side(self, side: int, batch: list[Record]) -> list[Record]:
-        versions, out = self.sides[side], []
-        for k, row, t in batch:
-            versions.put(k, t, row)
-            if t <= self.watermark:  # a late change: its joined row now, at its time
-                out += self._emit(k, t)
-            else:
-                self._seq += 1
-                heapq.heappush(self._changes, (t, self._seq, k))
-        return out
+        return self._each(batch, lambda record: self._change(side, record))
+
+    def _change(self, side: int, record: Record) -> list[Record]:
+        k, row, t = record
+        # The row is a fact even when the joiner raises on it (the joined row then goes to
+        # the dead letters, and the table keeps the row).
+        self.sides[side].put(k, t, row)
+        if t <= self.watermark:  # a late change: the joined row now, at its time
+            return self._emit(k, t)
+        self._seq += 1
+        heapq.heappush(self._changes, (t, self._seq, k))
+        return []
 
     def _emit(self, k: Any, t: int) -> list[Record]:
         left, right = self.sides[0].at(k, t), self.sides[1].at(k, t)
         present = left is not None and (right is not None or self.how == "left")
         if present:
+            joined = self.fn(left, right)  # before `last`: a raise emits nothing
             self.last[k] = True
-            return [(k, self.fn(left, right), t)]
+            return [(k, joined, t)]
         if self.last.pop(k, False):
             return [(k, None, t)]  # the joined row is gone
         return []
@@ -386,6 +399,32 @@ class IntervalJoin(_TwoInputs):
                     self._seq += 1
                     self._expiry[side].append((t + bound, self._seq, k))
             heapq.heapify(self._expiry[side])
+
+
+def joined_as_table_only(steps: dict[str, Step], source: str) -> bool:
+    """Whether every record of table source ``source`` ends, through stateless steps, in the
+    table side of temporal joins (``stream.join(name, table)``). Only then may its caught-up
+    partitions leave the watermark (the task emits the highest watermark when all have): the
+    temporal join takes its watermark from the stream side; a window, a table-table join or a
+    sink of the changelog would see every later record as late."""
+    children: dict[str, list[Step]] = {}
+    for step in steps.values():
+        for parent in step.parents:
+            children.setdefault(parent, []).append(step)
+    todo, seen = [source], set()
+    while todo:
+        name = todo.pop()
+        for child in children.get(name, []):
+            if child.kind == "join":
+                if child.params["mode"] != "temporal" or child.parents.index(name) != 1:
+                    return False
+            elif child.kind in ("map", "filter", "flat_map", "to_table"):
+                if child.name not in seen:
+                    seen.add(child.name)
+                    todo.append(child.name)
+            else:
+                return False
+    return True
 
 
 def build_join(step: Step) -> Operator:

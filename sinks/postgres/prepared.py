@@ -17,6 +17,7 @@ import contextlib
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from processor.contracts import SinkContext
@@ -158,7 +159,7 @@ class _Database:
         """
         psycopg = _psycopg()
         ctx, conn = self.ctx, self.conn
-        timeout_ms = max(1, int(self.sink.lock_timeout.total_seconds() * 1000))
+        timeout_ms = max(1, self.sink.lock_timeout // timedelta(milliseconds=1))
         try:
             conn.execute("BEGIN")
             # Only this transaction waits for locks this long; the session default stays.

@@ -32,6 +32,7 @@ from processor.errors import DeserializationError, UserFunctionError
 from processor.runtime.channels import ChannelOut, Lineage, Loop, TaskEnv
 from processor.runtime.dead_letters import DeadLetters, Origins
 from processor.runtime.dedup_step import DedupOperator, ReplayCheck
+from processor.runtime.joins import joined_as_table_only
 from processor.runtime.operators import (
     MIN_WATERMARK,
     Combiner,
@@ -219,13 +220,16 @@ class TaskBase:
         # topic -> (the value serde's ``deserialize`` or None, timestamp function, lag, message
         # key decoder or None)
         self.source_params: dict[str, tuple[Any, Any, int, Any]] = {}
-        self.table_topics: set[str] = set()  # sources read as tables (Dataflow.table)
+        #: table sources that only feed temporal joins' table side: caught up, they leave the
+        #: watermark (Dataflow.table; runtime.joins.joined_as_table_only)
+        self.table_topics: set[str] = set()
         for name in stage.sources:
             p = steps[name].params
             decode = p["serde"].deserialize if p["serde"] is not None else None
             if p.get("table"):  # a tombstone (null value) deletes the row: not decoded
                 decode = _table_decode(decode)
-                self.table_topics.add(p["topic"])
+                if joined_as_table_only(steps, name):  # may leave the watermark when quiet
+                    self.table_topics.add(p["topic"])
             self.source_params[p["topic"]] = (
                 decode,
                 p["timestamp"],
