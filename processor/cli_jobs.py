@@ -163,22 +163,26 @@ def savepoint(args: argparse.Namespace) -> int:
     job = args.job
     st = _read_status(job_dir(job) / "status.json") or {}
     url = args.snapshot_url or st.get("snapshot_url") or default_snapshot_url(job)
+    where = args.path
+    if where is not None and "://" not in where:  # the runner's directory is not this one
+        where = str(Path(where).resolve())
     try:
         with holding(job, url) as store:  # stopped: nothing can change its checkpoints
             latest = store.latest_completed(job)
             if latest is None:
                 print(f"eosflow: job {job!r} has no completed checkpoint in {url}", file=sys.stderr)
                 return 1
-            path = write_savepoint(store, latest, path=args.path)
+            path = write_savepoint(store, latest, path=where)
             print(f"job {job!r} is not running: savepoint of its checkpoint {latest.checkpoint_id}")
+    except ConfigError as exc:
+        print(f"eosflow: {exc}", file=sys.stderr)
+        return 1
     except JobRunningError:
         store = SnapshotStore(url)
         what = "and stop " if args.stop else ""
         print(f"asking job {job!r} to take a savepoint {what}(at most {args.timeout:g}s)...")
         try:
-            path = request_savepoint(
-                store, job, stop=args.stop, path=args.path, timeout=args.timeout
-            )
+            path = request_savepoint(store, job, stop=args.stop, path=where, timeout=args.timeout)
         except ConfigError as exc:
             print(f"eosflow: {exc}", file=sys.stderr)
             return 1

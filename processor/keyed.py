@@ -235,8 +235,9 @@ class KeyedStream(Stream):
         the watermark reaches its timestamp, so every table update up to then has arrived: the
         answer depends on the records' timestamps, not on how the two inputs interleaved (an
         update that arrives after its table had caught up is the exception: docs/engine.md,
-        "Tables and joins"). ``fn`` must not modify ``row`` (the table keeps it). ``how="inner"`` drops a record whose key has no
-        row then; ``"left"`` emits ``fn(value, None)``. The output keeps the record's key and
+        "Tables and joins"). ``fn`` must not modify ``row`` (the table keeps it).
+        ``how="inner"`` drops a record whose key has no row then; ``"left"`` emits
+        ``fn(value, None)``. The output keeps the record's key and
         timestamp. A record behind the join's watermark joins at once.
 
         Both inputs are shuffled by key to the join (or joined in place when both are keyed

@@ -37,6 +37,7 @@ class _Pending:
     acks: dict[str, SnapshotHandle] = field(default_factory=dict)
     loop_log: int = 0  # records on loop back-edges between the heads' snapshots and barrier
     alignment_s: float = 0.0  # the longest alignment of its tasks
+    aligned: bool = True  # every barrier of it aligned (savepoints need it)
 
 
 @dataclass
@@ -90,6 +91,7 @@ class CheckpointCoordinator:
         observer: called with a :class:`CheckpointEvent` when a checkpoint completes or fails.
         metadata: recorded in every manifest's metadata too (the plan's operator state layout,
             :mod:`processor.runtime.state_map`).
+        aligned: periodic checkpoints are aligned (the manifest says ``aligned`` either way).
     """
 
     def __init__(
@@ -104,8 +106,10 @@ class CheckpointCoordinator:
         clock: Callable[[], float] = time.monotonic,
         observer: Callable[[CheckpointEvent], None] | None = None,
         metadata: Mapping[str, Any] | None = None,
+        aligned: bool = True,
     ) -> None:
         self.observer = observer
+        self.aligned = aligned
         self.metadata = dict(metadata or {})
         self.store = store
         self.job = job
@@ -140,15 +144,16 @@ class CheckpointCoordinator:
         """The id of a checkpoint to trigger now, if the interval has passed."""
         if self.interval_s is None or self.pending is not None or self.clock() < self._next_due:
             return None
-        return self.trigger_now()
+        return self.trigger_now(aligned=self.aligned)
 
-    def trigger_now(self) -> int | None:
-        """Start a checkpoint at once unless one is pending (final checkpoints, tests)."""
+    def trigger_now(self, *, aligned: bool = True) -> int | None:
+        """Start a checkpoint at once unless one is pending (final checkpoints, savepoints,
+        tests); ``aligned``: its barriers are aligned (recorded in its manifest)."""
         if self.pending is not None:
             return None
         chk = self.next_id
         self.next_id += 1
-        self.pending = _Pending(chk, self.clock())
+        self.pending = _Pending(chk, self.clock(), aligned=aligned)
         log.debug("triggered checkpoint_id=%d generation=%d", chk, self.generation)
         return chk
 
@@ -177,6 +182,8 @@ class CheckpointCoordinator:
         if len(pending.acks) < len(self.tasks):
             return False
         duration = self.clock() - pending.started
+        # Before the manifest: a crash between the two must not let an id be used again.
+        self.store.write_job_file(self.job, LAST_CHECKPOINT, str(checkpoint_id).encode())
         self.store.complete(
             self.job,
             checkpoint_id,
@@ -186,9 +193,9 @@ class CheckpointCoordinator:
                 "generation": self.generation,
                 "duration_ms": int(duration * 1000),
                 "loop_log": pending.loop_log,
+                "aligned": pending.aligned,
             },
         )
-        self.store.write_job_file(self.job, LAST_CHECKPOINT, str(checkpoint_id).encode())
         self.pending = None
         self.timed_out = []
         stats = self.stats

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from processor.compiler import Plan, compile_flow
+from processor.errors import ConfigError
 from processor.runtime.control import Connection, ControlServer
 from processor.runtime.coordinator import CheckpointCoordinator
 from processor.runtime.health import stuck_worker
@@ -44,7 +45,7 @@ from processor.runtime.lifecycle import RunnerLifecycle, same_cause
 from processor.runtime.metrics import JobMetrics
 from processor.runtime.pipeline import load_flow, load_object
 from processor.runtime.preflight import check_local_recovery, extra_environ, preflight
-from processor.runtime.savepoints import SavepointRequests, restore_savepoint
+from processor.runtime.savepoints import SavepointRequests, restore_savepoint, undo_restore
 from processor.runtime.state_map import STATE_KEY, check_state, state_layout
 from processor.runtime.topics import (
     check_graph,
@@ -127,6 +128,7 @@ class Runner(RunnerLifecycle):
         self.failed_worker: int | None = None  # set by _dead_worker when it knows which
         self.metrics: JobMetrics | None = None  # metrics and the job page (runtime.metrics)
         self.web: WebServer | None = None
+        self.savepoints: SavepointRequests | None = None
         self._publish_next = 0.0
 
     # -- setup -----------------------------------------------------------------------------------
@@ -356,17 +358,21 @@ class Runner(RunnerLifecycle):
             check = getattr(transport, "check_reachable", None)
             if check is not None:  # before anything waits on the broker
                 check()
-            if self.options.from_savepoint:
-                restore_savepoint(
-                    self.store,
-                    self.job,
-                    self.options.from_savepoint,
-                    allow_rewind=self.options.allow_rewind,
+            o = self.options
+            restored = None
+            if o.from_savepoint:
+                restored = restore_savepoint(
+                    self.store, self.job, o.from_savepoint, allow_rewind=o.allow_rewind
                 )
             latest = self.store.latest_completed(self.job)
-            check_graph(self.plan, list(latest.tasks) if latest is not None else [])
-            o = self.options  # renamed or removed stateful steps (runtime.state_map)
-            check_state(self.plan, self.store, latest, o.map_state, o.allow_dropped_state)
+            try:
+                check_graph(self.plan, list(latest.tasks) if latest is not None else [])
+                # renamed or removed stateful steps (runtime.state_map)
+                check_state(self.plan, self.store, latest, o.map_state, o.allow_dropped_state)
+            except ConfigError:
+                if restored is not None and restored[1]:  # refused: the copy must not stay
+                    undo_restore(self.store, self.job, restored[0])
+                raise
             counts, ends = prepare_topics(
                 self.plan, transport, until_idle=self.options.until_idle, run_dir=self.dir
             )
@@ -392,6 +398,7 @@ class Runner(RunnerLifecycle):
                 keep=self.options.keep_checkpoints,
                 observer=self.metrics.on_checkpoint,
                 metadata={STATE_KEY: state_layout(self.plan)},
+                aligned=self.options.mode != "unaligned",
             )
             address = self.options.metrics_address()
             if address is not None:
@@ -406,6 +413,7 @@ class Runner(RunnerLifecycle):
             self.advertised = (self.advertise or self.bind[0], port)
             self._spawn_all(counts, ends)
             savepoints = SavepointRequests(self)
+            self.savepoints = savepoints
             while True:
                 self.lease.renew()
                 self._pump()
@@ -424,6 +432,8 @@ class Runner(RunnerLifecycle):
             self._status("finished")
             return self._result()
         finally:
+            if self.savepoints is not None:
+                self.savepoints.abandon("the job ended before the savepoint completed")
             if self.web is not None:
                 self.web.close()
             self._restore_signals(handlers)

@@ -34,6 +34,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from fsspec.core import url_to_fs
@@ -70,23 +71,51 @@ def last_checkpoint(store: SnapshotStore, job: str) -> int:
 
 
 def default_path(store: SnapshotStore, job: str, checkpoint_id: int) -> str:
-    # Job names cannot start with "_": no job's directory is this one.
-    return f"{store.url.rstrip('/')}/_savepoints/{job}/sp-{checkpoint_id:010d}"
+    """``<state dir>/savepoints/<job>/sp-<id>`` for a job's default store (which lives in the
+    job's directory, deleted by ``eosflow reset``), else ``<store>/_savepoints/<job>/...``
+    (job names cannot start with ``_``: no job's directory is that one)."""
+    url = store.url.rstrip("/")
+    own = f"/jobs/{job}/checkpoints"
+    if url.endswith(own):
+        return f"{url.removesuffix(own)}/savepoints/{job}/sp-{checkpoint_id:010d}"
+    return f"{url}/_savepoints/{job}/sp-{checkpoint_id:010d}"
 
 
 def write_savepoint(
-    store: SnapshotStore, manifest: Manifest, *, path: str | None = None, stop: bool = False
+    store: SnapshotStore,
+    manifest: Manifest,
+    *,
+    path: str | None = None,
+    stop: bool = False,
+    each_file: Callable[[], None] | None = None,
 ) -> str:
-    """Copies the completed checkpoint ``manifest`` to ``path`` (default:
-    ``<store>/_savepoints/<job>/``); returns the savepoint's path."""
+    """Copies the completed checkpoint ``manifest`` to ``path`` (default: :func:`default_path`);
+    returns the savepoint's path. ``each_file``: called after each file (the runner renews its
+    lease: a big copy must not let it lapse).
+
+    Raises:
+        ConfigError: the checkpoint is not aligned (its in-flight channel records are offsets
+            in internal topics that a savepoint does not keep).
+    """
     job, chk = manifest.job, manifest.checkpoint_id
+    if manifest.metadata.get("aligned") is False:
+        raise ConfigError(
+            f"checkpoint {chk} of job {job!r} is unaligned: its records in flight are offsets "
+            "of internal topics, which a savepoint cannot keep. Take the savepoint of the "
+            "running job (eosflow savepoint JOB: an aligned checkpoint), or start the job and "
+            "stop it with eosflow savepoint JOB --stop"
+        )
     target = path or default_path(store, job, chk)
     src_fs, _ = url_to_fs(store.url)
     dst_fs, root = url_to_fs(target)
     dst_fs.makedirs(root, exist_ok=True)
+    if dst_fs.exists(f"{root}/{_MARKER}"):
+        dst_fs.rm(f"{root}/{_MARKER}")  # an overwrite is incomplete until the marker is back
     for handle in manifest.tasks.values():
         name = handle.path.rsplit("/", 1)[-1]
         dst_fs.pipe_file(f"{root}/{name}", src_fs.cat_file(handle.path))
+        if each_file is not None:
+            each_file()
     chk_dir = next(iter(manifest.tasks.values())).path.rsplit("/", 1)[0]
     dst_fs.pipe_file(f"{root}/{MANIFEST}", src_fs.cat_file(f"{chk_dir}/{MANIFEST}"))
     marker = {
@@ -95,6 +124,7 @@ def write_savepoint(
         "created_ms": int(time.time() * 1000),
         "tasks": sorted(manifest.tasks),
         "stop": stop,
+        "last_checkpoint": max(chk, last_checkpoint(store, job)),  # ids continue after it
     }
     dst_fs.pipe_file(f"{root}/{_MARKER}", json.dumps(marker, indent=2).encode())
     log.info("savepoint job=%r checkpoint_id=%d path=%s", job, chk, target)
@@ -116,9 +146,10 @@ def _read_marker(path: str) -> tuple[Any, str, dict[str, Any]]:
 
 def restore_savepoint(
     store: SnapshotStore, job: str, path: str, *, allow_rewind: bool = False
-) -> int:
+) -> tuple[int, bool]:
     """Makes the savepoint at ``path`` the job's newest completed checkpoint (copying it back
-    into the store if needed); returns its checkpoint id.
+    into the store if needed); returns its checkpoint id and whether it was copied back
+    (:func:`undo_restore` removes the copy when a later start-up check refuses the start).
 
     Raises:
         ConfigError: not a complete savepoint, one of another job, or a restore that would
@@ -147,10 +178,38 @@ def restore_savepoint(
             f"{chk}): restoring the savepoint re-reads the input since then and commits its "
             "output again (a rewind). Pass --allow-rewind to do it anyway"
         )
-    if chk not in store.completed_ids(job):
+    copied = chk not in store.completed_ids(job)
+    if copied:
         _copy_back(store, job, chk, fs, root)
+    else:
+        _same_checkpoint(store, job, chk, fs, root, path)
+    ever = int(marker.get("last_checkpoint", chk))
+    if ever > last:  # the store forgot (eosflow reset): ids must still not go back
+        store.write_job_file(job, LAST_CHECKPOINT, str(ever).encode())
     log.info("restoring job=%r from savepoint=%s checkpoint_id=%d", job, path, chk)
-    return chk
+    return chk, copied
+
+
+def _same_checkpoint(
+    store: SnapshotStore, job: str, chk: int, fs: Any, root: str, path: str
+) -> None:
+    """The job's own checkpoint ``chk`` must be the savepoint's (after a reset, a new run of
+    the job may have a checkpoint of the same id)."""
+    saved = json.loads(fs.cat_file(f"{root}/{MANIFEST}"))["tasks"]
+    own = store.load(job, chk).tasks
+    if {t: e["checksum"] for t, e in saved.items()} != {t: h.checksum for t, h in own.items()}:
+        raise ConfigError(
+            f"job {job!r} has a checkpoint {chk} that is not savepoint {path}'s checkpoint {chk} "
+            "(another run of the job since, e.g. after eosflow reset): its state would be "
+            "restored instead. Delete the job's state (eosflow reset JOB) to restore the "
+            "savepoint"
+        )
+
+
+def undo_restore(store: SnapshotStore, job: str, chk: int) -> None:
+    """Removes a savepoint's copy from the store (the start was refused after it)."""
+    fs, _ = url_to_fs(store.url)
+    fs.rm(store.checkpoint_dir(job, chk), recursive=True)
 
 
 def _copy_back(store: SnapshotStore, job: str, chk: int, fs: Any, root: str) -> None:
@@ -229,15 +288,25 @@ class SavepointRequests:
                 runner.server.broadcast({"t": "trigger", "chk": self.checkpoint, "aligned": True})
                 runner._say(f"savepoint: aligned checkpoint {self.checkpoint} triggered")
             return
-        if self.checkpoint in self.store.completed_ids(self.job):
+        if coordinator.pending is not None and coordinator.pending.checkpoint_id == self.checkpoint:
+            return  # still pending
+        if coordinator.stats.last_completed == self.checkpoint:
             self._answer(self.checkpoint)
-        elif coordinator.pending is None or coordinator.pending.checkpoint_id != self.checkpoint:
+        else:
             self.checkpoint = None  # aborted (a restart, a timeout): trigger another
 
     def finished(self, final_checkpoint: int | None) -> None:
-        """The runner stopped after its final checkpoint: a stop request's savepoint."""
-        if self.request is not None and self.request.get("stop") and final_checkpoint:
+        """The runner stopped after its final checkpoint: a stop request's savepoint (and a
+        request that came too late for the final checkpoint, the same one)."""
+        if self.request is not None and final_checkpoint:
             self._answer(final_checkpoint)
+
+    def abandon(self, why: str) -> None:
+        """The run ends without a savepoint for the open request: answer it with why."""
+        if self.request is not None:
+            body = {"id": self.request["id"], "error": why}
+            self.request = None
+            self.store.write_job_file(self.job, RESULT, json.dumps(body).encode())
 
     def _answer(self, checkpoint_id: int) -> None:
         request, self.request, self.checkpoint = self.request, None, None
@@ -246,7 +315,11 @@ class SavepointRequests:
         try:
             manifest = self.store.load(self.job, checkpoint_id)
             answer["path"] = write_savepoint(
-                self.store, manifest, path=request.get("path"), stop=bool(request.get("stop"))
+                self.store,
+                manifest,
+                path=request.get("path"),
+                stop=bool(request.get("stop")),
+                each_file=self.runner.lease.renew,
             )
             self.runner._say(f"savepoint of checkpoint {checkpoint_id}: {answer['path']}")
         except Exception as exc:  # the command waits for an answer: give it the cause

@@ -96,7 +96,7 @@ def test_a_savepoint_restores_into_changed_code_after_its_checkpoints_are_delete
     assert len(read_jsonl(env["OUTPUT_DIR"])) == FIRST
 
     # The checkpoints go (retention, a lost disk): the savepoint is kept apart.
-    job_dir = Path(path.removeprefix("file://")).parents[2] / env["JOB_NAME"]
+    job_dir = Path(first.store.url.removeprefix("file://")) / env["JOB_NAME"]
     for chk in job_dir.glob("chk-*"):
         shutil.rmtree(chk)
     assert SnapshotStore(first.store.url).latest_completed(env["JOB_NAME"]) is None
@@ -157,7 +157,7 @@ def test_a_savepoint_of_a_running_job_restores_after_later_checkpoints_are_delet
     assert not thread.is_alive()
     saved = int(path.rsplit("sp-", 1)[1])
     assert store.completed_ids(env["JOB_NAME"])[-1] > saved  # later checkpoints...
-    job_dir = Path(path.removeprefix("file://")).parents[2] / env["JOB_NAME"]
+    job_dir = Path(first.store.url.removeprefix("file://")) / env["JOB_NAME"]
     for chk in job_dir.glob("chk-*"):
         shutil.rmtree(chk)  # ... deleted
 

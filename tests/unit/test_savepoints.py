@@ -39,12 +39,12 @@ def test_a_savepoint_restores_after_its_checkpoint_was_deleted(tmp_path: Path) -
     assert marker["checkpoint_id"] == 7 and marker["stop"] is True
     store.delete_job(JOB)  # every checkpoint and job file (eosflow reset), not the savepoints
     assert store.latest_completed(JOB) is None
-    assert restore_savepoint(store, JOB, path) == 7
+    assert restore_savepoint(store, JOB, path) == (7, True)
     latest = store.latest_completed(JOB)
     assert latest is not None and latest.checkpoint_id == 7
     assert store.read_task_snapshot(latest.tasks["src.1"]) == {"count": {"u": 42}, "task": "src.1"}
     # the checkpoint is still there: restoring again changes nothing
-    assert restore_savepoint(store, JOB, path) == 7
+    assert restore_savepoint(store, JOB, path) == (7, False)
 
 
 def test_a_savepoint_elsewhere_restores_into_the_store(tmp_path: Path) -> None:
@@ -52,7 +52,7 @@ def test_a_savepoint_elsewhere_restores_into_the_store(tmp_path: Path) -> None:
     _checkpoint(store, 3, 1)
     path = write_savepoint(store, store.load(JOB, 3), path=str(tmp_path / "elsewhere"))
     other = SnapshotStore((tmp_path / "other-store").as_uri())
-    assert restore_savepoint(other, JOB, path) == 3
+    assert restore_savepoint(other, JOB, path) == (3, True)
     assert other.completed_ids(JOB) == [3]
 
 
@@ -69,7 +69,7 @@ def test_restores_that_would_not_be_the_jobs_newest_state_are_refused(tmp_path: 
     store.write_job_file(JOB, LAST_CHECKPOINT, b"6")  # 6 committed output, then was deleted
     with pytest.raises(ConfigError, match="--allow-rewind"):
         restore_savepoint(store, JOB, path)
-    assert restore_savepoint(store, JOB, path, allow_rewind=True) == 5
+    assert restore_savepoint(store, JOB, path, allow_rewind=True) == (5, True)
     coordinator = CheckpointCoordinator(store, JOB, ["src.0", "src.1"], interval_s=1.0)
     assert coordinator.next_id == 7  # ids never go back: sinks key output by checkpoint id
 
@@ -109,4 +109,45 @@ def test_the_savepoint_command_copies_a_stopped_jobs_newest_checkpoint(
     path = out.strip().splitlines()[-1]
     assert path.endswith("sp-0000000005")
     store.delete_job(JOB)
-    assert restore_savepoint(store, JOB, path) == 5
+    assert restore_savepoint(store, JOB, path) == (5, True)
+
+
+def test_a_reset_job_restores_a_savepoint_only_into_its_own_checkpoint_and_ids_go_on(
+    tmp_path: Path,
+) -> None:
+    """Regressions (review): a new run's checkpoint with the savepoint's id was taken for the
+    savepoint's; after a reset, ids started again below the savepoint's newest."""
+    store = _store(tmp_path)
+    _checkpoint(store, 5, 1)
+    _checkpoint(store, 6, 2)
+    path = write_savepoint(store, store.load(JOB, 5))
+    store.delete_job(JOB)  # eosflow reset
+    _checkpoint(store, 5, 99)  # a new run of the job, up to the same id
+    with pytest.raises(ConfigError, match="is not savepoint"):
+        restore_savepoint(store, JOB, path)
+    store.delete_job(JOB)
+    assert restore_savepoint(store, JOB, path, allow_rewind=True) == (5, True)
+    coordinator = CheckpointCoordinator(store, JOB, ["src.0", "src.1"], interval_s=1.0)
+    assert coordinator.next_id == 7  # after 6, the newest the job had when it was saved
+
+
+def test_an_unaligned_checkpoint_is_not_a_savepoint(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    handle = store.write_task_snapshot(JOB, 2, "src.0", {})
+    store.complete(JOB, 2, {"src.0": handle}, {"aligned": False})
+    with pytest.raises(ConfigError, match="is unaligned"):
+        write_savepoint(store, store.load(JOB, 2))
+
+
+def test_the_default_savepoint_of_a_jobs_own_store_is_outside_the_job_directory(
+    tmp_path: Path,
+) -> None:
+    """Regression (review): the default store lives in the job's directory, which
+    ``eosflow reset`` deletes, and the savepoints went with it."""
+    from processor.runtime.job import default_snapshot_url
+    from processor.runtime.savepoints import default_path
+
+    store = SnapshotStore(default_snapshot_url(JOB, str(tmp_path / "state")))
+    assert default_path(store, JOB, 3) == (tmp_path / "state").resolve().as_uri() + (
+        f"/savepoints/{JOB}/sp-0000000003"
+    )
