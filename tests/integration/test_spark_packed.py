@@ -112,6 +112,8 @@ def packed_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return archive
 
 
+@pytest.mark.slow  # 60 s with its packing: CI keeps under 30 minutes (the Spark runner stays
+# covered in CI by test_spark.py, the Spark sink crash tests and test_cli_run.py)
 def test_example_runs_on_a_standalone_cluster_from_a_packed_virtualenv(
     kafka_endpoint: tuple[str, str], tmp_path: Path, standalone: str, packed_env: Path
 ) -> None:
