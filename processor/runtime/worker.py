@@ -115,8 +115,37 @@ def _fault_hook(worker: int, faults: list[list[Any]], hold_dir: Path) -> Callabl
     return fault
 
 
+#: Python's cyclic GC thresholds in a worker (``EOSFLOW_GC_THRESHOLDS``: three ints, or
+#: ``default`` for Python's 700,10,10). A worker holds large containers (windows, sessions,
+#: records waiting in a join) while it allocates a tuple per record: at the default, young
+#: collections ran every 700 allocations and the full ones walked every held object, 20-30 %
+#: of a session or join worker's time. Measured in bench/RESULTS.md ("Joins and sessions").
+GC_THRESHOLDS = (100_000, 50, 1000)
+
+
+def tune_gc(environ: Any = os.environ) -> tuple[int, int, int]:
+    """Sets the worker's GC thresholds; returns them."""
+    import gc
+
+    text = environ.get("EOSFLOW_GC_THRESHOLDS", "")
+    if text == "default":
+        return gc.get_threshold()
+    try:
+        wanted = tuple(int(x) for x in text.split(",")) if text else GC_THRESHOLDS
+        if len(wanted) != 3 or min(wanted) < 1:
+            raise ValueError
+    except ValueError:
+        raise ConfigError(
+            f"EOSFLOW_GC_THRESHOLDS={text!r}: give three positive ints (e.g. 100000,50,1000) "
+            "or 'default'"
+        ) from None
+    gc.set_threshold(*wanted)
+    return gc.get_threshold()
+
+
 def run_worker(spec: dict[str, Any]) -> int:
     """Runs until the coordinator says stop (0) or goes away (1)."""
+    tune_gc()
     worker, parallelism = int(spec["worker"]), int(spec["workers"])
     flow = load_flow(spec["pipeline"])
     recovery = str(spec.get("recovery", "global"))

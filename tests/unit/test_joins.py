@@ -398,3 +398,20 @@ def test_durations_convert_to_exact_milliseconds() -> None:
         "j", clicks.map("m", str), lower=timedelta(milliseconds=-65526), upper=timedelta(0)
     ).step
     assert step.params["lower_ms"] == -65526
+
+
+def test_worker_gc_thresholds_are_tuned_and_can_be_set_back() -> None:
+    import gc
+
+    from processor.errors import ConfigError
+    from processor.runtime.worker import GC_THRESHOLDS, tune_gc
+
+    before = gc.get_threshold()
+    try:
+        assert tune_gc({}) == GC_THRESHOLDS
+        assert tune_gc({"EOSFLOW_GC_THRESHOLDS": "5000,20,30"}) == (5000, 20, 30)
+        assert tune_gc({"EOSFLOW_GC_THRESHOLDS": "default"}) == (5000, 20, 30)  # left as is
+        with pytest.raises(ConfigError, match="three positive ints"):
+            tune_gc({"EOSFLOW_GC_THRESHOLDS": "1,2"})
+    finally:
+        gc.set_threshold(*before)
