@@ -142,7 +142,8 @@ def test_a_savepoint_of_a_running_job_restores_after_later_checkpoints_are_delet
     key = lambda e: str(e["user"])  # noqa: E731
     produce_json(kafka_endpoint[0], env["CLICKS_TOPIC"], events, key=key)
     pipeline = str(PIPELINES / "versioned_total.py")
-    first = LocalRunner(pipeline, _options(tmp_path, env))
+    # Paced, so that the job commits output after the savepoint (3,000 clicks/s per worker).
+    first = LocalRunner(pipeline, _options(tmp_path, env, max_rate=3000.0))
     thread = threading.Thread(target=first.run)
     thread.start()
     deadline = time.monotonic() + 120
