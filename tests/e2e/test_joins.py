@@ -56,6 +56,16 @@ def _with_users(versions: list[Any], seed: int) -> Any:
     return produce
 
 
+def _table_run(pipeline: str, brokers: str, tmp: Path) -> tuple[ChaosRun, int, list[Any]]:
+    """``pipeline`` over the clicks and a user table, killed; outputs fired by the watermark
+    reach the sinks in bursts (BURST_FAULTS)."""
+    seed = chaos_seed()
+    versions = user_versions(RECORDS, seed=seed)
+    produce = _with_users(versions, seed)
+    run = _killed_run(pipeline, brokers, tmp, seed, produce=produce, faults=BURST_FAULTS)
+    return run, seed, versions
+
+
 def expected_plans(events: Iterator[dict[str, Any]], rows: RowsAt) -> Counter[bytes]:
     out: Counter[bytes] = Counter()
     for e in events:
@@ -69,12 +79,7 @@ def expected_plans(events: Iterator[dict[str, Any]], rows: RowsAt) -> Counter[by
 def test_clicks_join_their_users_plan_as_of_their_time_exactly_once_when_workers_are_killed(
     kafka_endpoint: tuple[str, str], tmp_path: Path
 ) -> None:
-    seed = chaos_seed()
-    versions = user_versions(RECORDS, seed=seed)
-    produce = _with_users(versions, seed)
-    run = _killed_run(
-        "join_users.py", kafka_endpoint[0], tmp_path, seed, produce=produce, faults=BURST_FAULTS
-    )
+    run, seed, versions = _table_run("join_users.py", kafka_endpoint[0], tmp_path)
     rows = RowsAt(versions)
     want = expected_plans(click_events(RECORDS, seed=seed), rows)
     # The table matters: clicks without a row (before the user's first row, or after its
@@ -119,12 +124,7 @@ def expected_table_join(events: Iterator[dict[str, Any]], versions: list[Any]) -
 def test_table_join_changelog_is_exactly_once_when_workers_are_killed(
     kafka_endpoint: tuple[str, str], tmp_path: Path
 ) -> None:
-    seed = chaos_seed()
-    versions = user_versions(RECORDS, seed=seed)
-    produce = _with_users(versions, seed)
-    run = _killed_run(
-        "table_join.py", kafka_endpoint[0], tmp_path, seed, produce=produce, faults=BURST_FAULTS
-    )
+    run, seed, versions = _table_run("table_join.py", kafka_endpoint[0], tmp_path)
     want = expected_table_join(click_events(RECORDS, seed=seed), versions)
     assert sum(1 for line in want if line.endswith(b",null]")) > 10, "no deletion joined"
     assert_exactly_once(want, run.output, seed=seed)

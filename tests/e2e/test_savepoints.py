@@ -48,6 +48,26 @@ def _expected(seed: int, version_2_from: int = FIRST) -> Counter[bytes]:
     return out
 
 
+def _job(
+    brokers: str, tmp: Path, name: str, *, work_us: int
+) -> tuple[int, dict[str, str], list[dict[str, Any]]]:
+    """A seed, the job's environment (its own job name, topic and output), and the clicks."""
+    seed = chaos_seed()
+    run_id = uuid.uuid4().hex[:8]
+    env = {
+        "JOB_NAME": f"{name}-{run_id}",
+        "CLICKS_TOPIC": f"{name}-clicks-{run_id}",
+        "OUTPUT_DIR": str(tmp / "output"),
+        "EOSFLOW_KAFKA_BROKERS": brokers,
+        "WORK_US": str(work_us),
+    }
+    return seed, env, list(click_events(FIRST + LATER, seed=seed))
+
+
+def _key(event: dict[str, Any]) -> str:
+    return str(event["user"])
+
+
 def _committed(env: dict[str, str]) -> int:
     return len(read_jsonl(env["OUTPUT_DIR"])) if Path(env["OUTPUT_DIR"]).exists() else 0
 
@@ -68,18 +88,8 @@ def _options(tmp: Path, env: dict[str, str], **kw: Any) -> RunOptions:
 def test_a_savepoint_restores_into_changed_code_after_its_checkpoints_are_deleted(
     kafka_endpoint: tuple[str, str], tmp_path: Path
 ) -> None:
-    seed = chaos_seed()
-    run_id = uuid.uuid4().hex[:8]
-    env = {
-        "JOB_NAME": f"savepoint-{run_id}",
-        "CLICKS_TOPIC": f"savepoint-clicks-{run_id}",
-        "OUTPUT_DIR": str(tmp_path / "output"),
-        "EOSFLOW_KAFKA_BROKERS": kafka_endpoint[0],
-        "WORK_US": "100",
-    }
-    events = list(click_events(FIRST + LATER, seed=seed))
-    key = lambda e: str(e["user"])  # noqa: E731
-    produce_json(kafka_endpoint[0], env["CLICKS_TOPIC"], events[:FIRST], key=key)
+    seed, env, events = _job(kafka_endpoint[0], tmp_path, "savepoint", work_us=100)
+    produce_json(kafka_endpoint[0], env["CLICKS_TOPIC"], events[:FIRST], key=_key)
     pipeline = str(PIPELINES / "versioned_total.py")
 
     # Version 1 runs until stopped: a savepoint with --stop once every click is committed.
@@ -102,7 +112,7 @@ def test_a_savepoint_restores_into_changed_code_after_its_checkpoints_are_delete
     assert SnapshotStore(first.store.url).latest_completed(env["JOB_NAME"]) is None
 
     # Version 2 restores it, reads the clicks written since, and is killed on the way.
-    produce_json(kafka_endpoint[0], env["CLICKS_TOPIC"], events[FIRST:], key=key)
+    produce_json(kafka_endpoint[0], env["CLICKS_TOPIC"], events[FIRST:], key=_key)
     faults = [Fault(0, 1, "after-completion-before-commit", 1), Fault(1, 0, "mid-alignment", 1)]
     second = LocalRunner(
         pipeline,
@@ -129,18 +139,8 @@ def test_a_savepoint_of_a_running_job_restores_after_later_checkpoints_are_delet
     committed again), refused without --allow-rewind; with it, the state is restored and the
     file sink refuses to repeat the output of the later checkpoints. Either way the committed
     output stays every click's running total exactly once."""
-    seed = chaos_seed()
-    run_id = uuid.uuid4().hex[:8]
-    env = {
-        "JOB_NAME": f"savepoint-run-{run_id}",
-        "CLICKS_TOPIC": f"savepoint-run-clicks-{run_id}",
-        "OUTPUT_DIR": str(tmp_path / "output"),
-        "EOSFLOW_KAFKA_BROKERS": kafka_endpoint[0],
-        "WORK_US": "200",
-    }
-    events = list(click_events(FIRST + LATER, seed=seed))
-    key = lambda e: str(e["user"])  # noqa: E731
-    produce_json(kafka_endpoint[0], env["CLICKS_TOPIC"], events, key=key)
+    seed, env, events = _job(kafka_endpoint[0], tmp_path, "savepoint-run", work_us=200)
+    produce_json(kafka_endpoint[0], env["CLICKS_TOPIC"], events, key=_key)
     pipeline = str(PIPELINES / "versioned_total.py")
     # Paced, so that the job commits output after the savepoint (3,000 clicks/s per worker).
     first = LocalRunner(pipeline, _options(tmp_path, env, max_rate=3000.0))

@@ -415,3 +415,29 @@ def test_worker_gc_thresholds_are_tuned_and_can_be_set_back() -> None:
             tune_gc({"EOSFLOW_GC_THRESHOLDS": "1,2"})
     finally:
         gc.set_threshold(*before)
+
+
+def test_a_tables_tombstones_are_read_whatever_the_table_feeds(tmp_path: Path) -> None:
+    """Regression: the tombstone rule (no decoding, the Kafka timestamp) was tied to the tables
+    that may leave the watermark; a table feeding a table join had its tombstones skipped as
+    bad records (its timestamp function ran on None), and deleted rows lived on."""
+    from processor.runtime.task import Task
+    from tests.unit.test_task import ListSink, Log, Msg, Reader, _env
+
+    class Keyed(Msg):
+        def key(self) -> bytes:  # type: ignore[override]
+            return b"u1"
+
+        def timestamp(self) -> tuple[int, int]:
+            return (1, 40)
+
+    flow = Dataflow("job")
+    users = flow.table("users", "users", timestamp=lambda row: 10)
+    users.join("j", flow.table("plans", "plans")).sink("out", ListSink())
+    plan = compile_flow(flow, 1)
+    log = Log()
+    task = Task(_env(tmp_path, log, plan, reader=Reader(log)), plan.stage_of("j"), 0)
+    task.open(None, {"users": 1, "plans": 1})
+    task._source_batch([Keyed(("users", 0), 0, b"row", None), Keyed(("users", 0), 1, None, None)])
+    assert task.bad_records == 0
+    assert task.ops["j"].sides[0].rows == {"u1": [(10, b"row"), (40, None)]}

@@ -220,16 +220,18 @@ class TaskBase:
         # topic -> (the value serde's ``deserialize`` or None, timestamp function, lag, message
         # key decoder or None)
         self.source_params: dict[str, tuple[Any, Any, int, Any]] = {}
-        #: table sources that only feed temporal joins' table side: caught up, they leave the
-        #: watermark (Dataflow.table; runtime.joins.joined_as_table_only)
-        self.table_topics: set[str] = set()
+        self.table_topics: set[str] = set()  # sources read as tables (Dataflow.table)
+        #: the tables that only feed temporal joins' table side: caught up, they leave the
+        #: watermark (runtime.joins.joined_as_table_only)
+        self.quiet_tables: set[str] = set()
         for name in stage.sources:
             p = steps[name].params
             decode = p["serde"].deserialize if p["serde"] is not None else None
             if p.get("table"):  # a tombstone (null value) deletes the row: not decoded
                 decode = _table_decode(decode)
+                self.table_topics.add(p["topic"])
                 if joined_as_table_only(steps, name):  # may leave the watermark when quiet
-                    self.table_topics.add(p["topic"])
+                    self.quiet_tables.add(p["topic"])
             self.source_params[p["topic"]] = (
                 decode,
                 p["timestamp"],

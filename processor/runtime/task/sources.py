@@ -129,7 +129,7 @@ class SourceInputs(ChannelInputs):
         if now - self._last_wm_emit < _WATERMARK_EVERY_S or not self.max_ts:
             return
         self._last_wm_emit = now
-        if not self.table_topics:
+        if not self.quiet_tables:
             self._advance_watermark(min(self.max_ts.values()))
             return
         # A table's partition that caught up with its end does not hold the watermark back:
@@ -139,6 +139,6 @@ class SourceInputs(ChannelInputs):
         live = [
             ts
             for tp, ts in self.max_ts.items()
-            if tp[0] not in self.table_topics or lag.get(tp, 1) > 0
+            if tp[0] not in self.quiet_tables or lag.get(tp, 1) > 0
         ]
         self._advance_watermark(min(live) if live else MAX_WATERMARK - 1)
