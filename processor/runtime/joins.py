@@ -14,7 +14,8 @@ key on both sides.
   version valid at ``t`` if still held, else the oldest held).
 * :class:`TableJoin`, ``table.join(name, other_table)``: the changelog of the joined table. When
   the watermark passes a timestamp at which either side changed for a key, the joined row at that
-  timestamp is emitted (``None``: the row is gone; emitted once, after a row).
+  timestamp is emitted (``None``: the row is gone; emitted once, after a row). A change behind
+  the watermark emits the joined row as it is then, at the watermark plus 1 ms.
 * :class:`IntervalJoin`, ``a.interval_join(name, b, lower=, upper=)``: every pair of a key's
   records with ``a.ts + lower <= b.ts <= a.ts + upper``, emitted when the second of the two
   arrives, at ``max(a.ts, b.ts)``; each side's records are held until the watermark shows that no
@@ -254,8 +255,13 @@ class TableJoin(_TwoInputs):
         # The row is a fact even when the joiner raises on it (the joined row then goes to
         # the dead letters, and the table keeps the row).
         self.sides[side].put(k, t, row)
-        if t <= self.watermark:  # a late change: the joined row now, at its time
-            return self._emit(k, t)
+        if t <= self.watermark:
+            # A late change: the rows emitted for the times it covers stand (the versions
+            # they were joined from are pruned); the joined row as it is now is emitted just
+            # after the watermark, "from now on" (review: emitting it at its own time joined
+            # it with versions that were not valid then).
+            now = self.watermark + 1
+            return self._emit(k, now)
         self._seq += 1
         heapq.heappush(self._changes, (t, self._seq, k))
         return []

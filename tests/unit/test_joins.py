@@ -441,3 +441,15 @@ def test_a_tables_tombstones_are_read_whatever_the_table_feeds(tmp_path: Path) -
     task._source_batch([Keyed(("users", 0), 0, b"row", None), Keyed(("users", 0), 1, None, None)])
     assert task.bad_records == 0
     assert task.ops["j"].sides[0].rows == {"u1": [(10, b"row"), (40, None)]}
+
+
+def test_a_late_table_change_emits_the_joined_row_from_now_on() -> None:
+    """Regression (review): a late change was joined at its own time with versions that were
+    not valid then (the older ones pruned)."""
+    op = _table_join()
+    a, b = _sides(op)
+    a.process([("k", "L1", 10)])
+    b.process([("k", "R1", 10)])
+    a.process([("k", "L2", 15)])
+    assert op.on_watermark(20) == [("k", ["L1", "R1"], 10), ("k", ["L2", "R1"], 15)]
+    assert b.process([("k", "R2", 12)]) == [("k", ["L2", "R2"], 21)]
