@@ -25,9 +25,15 @@ from processor.snapshot.store import SnapshotHandle, SnapshotStore
 #: The newest checkpoint id the job ever completed (processor.runtime.savepoints reads it).
 LAST_CHECKPOINT = "_LAST_CHECKPOINT"
 
-__all__ = ["CheckpointCoordinator", "CheckpointEvent", "CheckpointStats"]
+__all__ = ["CheckpointCoordinator", "CheckpointEvent", "CheckpointStats", "last_checkpoint"]
 
 log = logging.getLogger(__name__)
+
+
+def last_checkpoint(store: SnapshotStore, job: str) -> int:
+    """The newest checkpoint id ``job`` ever completed (0: none), deleted ones included."""
+    raw = store.read_job_file(job, LAST_CHECKPOINT)
+    return int(raw) if raw else 0
 
 
 @dataclass
@@ -127,8 +133,7 @@ class CheckpointCoordinator:
         self.stats = CheckpointStats(last_completed=latest.checkpoint_id if latest else 0)
         # Ids never go back, even past deleted checkpoints (a savepoint restored after them):
         # sinks key their output by checkpoint id.
-        ever = store.read_job_file(job, LAST_CHECKPOINT)
-        newest = max(store.newest_checkpoint_id(job), int(ever) if ever else 0)
+        newest = max(store.newest_checkpoint_id(job), last_checkpoint(store, job))
         self.next_id = max(newest, self.stats.last_completed) + 1
         self._next_due = clock() + (interval_s or 0.0)
 

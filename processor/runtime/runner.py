@@ -412,8 +412,7 @@ class Runner(RunnerLifecycle):
             port = self.server.address[1]
             self.advertised = (self.advertise or self.bind[0], port)
             self._spawn_all(counts, ends)
-            savepoints = SavepointRequests(self)
-            self.savepoints = savepoints
+            self.savepoints = savepoints = SavepointRequests(self)
             while True:
                 self.lease.renew()
                 self._pump()

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from fsspec.core import url_to_fs
 
 from processor.errors import ConfigError
-from processor.runtime.coordinator import LAST_CHECKPOINT
+from processor.runtime.coordinator import LAST_CHECKPOINT, last_checkpoint
 from processor.snapshot.store import MANIFEST, Manifest, SnapshotHandle, SnapshotStore
 
 if TYPE_CHECKING:
@@ -51,7 +51,6 @@ __all__ = [
     "REQUEST",
     "RESULT",
     "SavepointRequests",
-    "last_checkpoint",
     "request_savepoint",
     "restore_savepoint",
     "write_savepoint",
@@ -63,11 +62,6 @@ REQUEST = "_SAVEPOINT_REQUEST"
 RESULT = "_SAVEPOINT_RESULT"
 _MARKER = "_SAVEPOINT"
 _POLL_S = 0.5
-
-
-def last_checkpoint(store: SnapshotStore, job: str) -> int:
-    raw = store.read_job_file(job, LAST_CHECKPOINT)
-    return int(raw) if raw else 0
 
 
 def default_path(store: SnapshotStore, job: str, checkpoint_id: int) -> str:
@@ -116,8 +110,8 @@ def write_savepoint(
         dst_fs.pipe_file(f"{root}/{name}", src_fs.cat_file(handle.path))
         if each_file is not None:
             each_file()
-    chk_dir = next(iter(manifest.tasks.values())).path.rsplit("/", 1)[0]
-    dst_fs.pipe_file(f"{root}/{MANIFEST}", src_fs.cat_file(f"{chk_dir}/{MANIFEST}"))
+    manifest_path = f"{store.checkpoint_dir(job, chk)}/{MANIFEST}"
+    dst_fs.pipe_file(f"{root}/{MANIFEST}", src_fs.cat_file(manifest_path))
     marker = {
         "job": job,
         "checkpoint_id": chk,

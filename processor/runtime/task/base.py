@@ -340,7 +340,6 @@ class TaskBase:
         lineage = self.lineage
         if self.loop is not None:
             self.loop.iteration = 0  # what a watermark fires starts its own loop count
-        self._index = False  # a user function failing in on_watermark: no origin to name
         for name, op in self.ops.items():  # the stage's steps in order (and the replay check)
             fired = op.on_watermark(wm)
             op.n_out += len(fired)
