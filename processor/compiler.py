@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 
 from processor.dataflow import Dataflow, Sliding, Step
 from processor.errors import DefinitionError
-from processor.wire import channel_topic_name
+from processor.wire import channel_topic_name, default_key_groups, route_table
 
 __all__ = ["HASHED", "Edge", "Plan", "Stage", "compile_flow"]
 
@@ -105,6 +105,13 @@ class Plan:
     #: partition count must stay as it was at the job's first start, and the topics of one
     #: group must have equal counts (:func:`processor.runtime.topics.check_keyed_sources`).
     copartitioned: tuple[tuple[str, ...], ...] = ()
+    #: The job's key-group count ``G``: a keyed record goes to the owner of key group
+    #: ``crc32(key) % G`` (:func:`processor.wire.owner_of`); fixed for the job's life (its
+    #: ``_TOPOLOGY`` file), so that a change of parallelism moves whole key groups.
+    key_groups: int = 128
+    #: The job's shape epoch: one more after each change of parallelism. The channel topics of
+    #: each epoch are new topics (their partition count is ``P*P``).
+    epoch: int = 0
 
     @property
     def job(self) -> str:
@@ -180,7 +187,10 @@ class Plan:
 
     def describe(self) -> str:
         """A readable summary (``eosflow run --explain``)."""
-        lines = [f"job {self.job!r}, parallelism {self.parallelism}"]
+        lines = [
+            f"job {self.job!r}, parallelism {self.parallelism}, key groups {self.key_groups}"
+            + (f", shape epoch {self.epoch}" if self.epoch else "")
+        ]
         for s in self.stages:
             kind = f"sources {list(s.sources)}" if s.sources else "channel inputs"
             lines.append(f"  stage {s.name!r} ({kind}): {' -> '.join(s.steps)}")
@@ -217,8 +227,19 @@ class _Stages:
         return root
 
 
-def compile_flow(flow: Dataflow, parallelism: int, *, combine: bool = True) -> Plan:
+def compile_flow(
+    flow: Dataflow,
+    parallelism: int,
+    *,
+    combine: bool = True,
+    key_groups: int | None = None,
+    epoch: int = 0,
+) -> Plan:
     """Turns ``flow`` into stages and channel edges.
+
+    ``key_groups`` (default :func:`processor.wire.default_key_groups` of ``parallelism``) and
+    ``epoch``: the job's topology (:mod:`processor.runtime.topology`), from its ``_TOPOLOGY``
+    file; the defaults are a new job's.
 
     ``combine=False``: no combiner before shuffles (local recovery needs it: a combiner's
     partials depend on batch boundaries, so a restarted worker could not re-emit the same
@@ -297,8 +318,10 @@ def compile_flow(flow: Dataflow, parallelism: int, *, combine: bool = True) -> P
     for step in steps.values():  # loop feedback: a forward channel back to the head
         if step.kind == "iterate":
             channel_edges.append((step.params["feedback"], step.name, False))
-    plan = _build(flow, parallelism, stages, stage_of, channel_edges, combine=combine)
-    return replace(plan, copartitioned=tuple(sorted(copartitioned)))
+    groups = default_key_groups(parallelism) if key_groups is None else key_groups
+    route_table(parallelism, groups)  # refuses a parallelism above the key groups
+    plan = _build(flow, parallelism, stages, stage_of, channel_edges, combine=combine, epoch=epoch)
+    return replace(plan, copartitioned=tuple(sorted(copartitioned)), key_groups=groups)
 
 
 def _union_partitioning(schemes: list[Partitioning]) -> Partitioning:
@@ -375,6 +398,7 @@ def _build(
     channel_edges: list[tuple[str, str, bool]],
     *,
     combine: bool,
+    epoch: int,
 ) -> Plan:
     steps = flow.steps
     members: dict[int, list[str]] = {}
@@ -415,7 +439,7 @@ def _build(
         )
         edges.append(
             Edge(
-                topic=channel_topic_name(flow.name, src, dst),
+                topic=channel_topic_name(flow.name, src, dst, epoch),
                 src_step=src,
                 dst_step=dst,
                 src_stage=names[stages.find(stage_of[src])],
@@ -443,7 +467,7 @@ def _build(
     for stage in out:
         if stage.sources and stage.inputs:
             raise DefinitionError(f"internal: stage {stage.name!r} mixes sources and channels")
-    return Plan(flow=flow, parallelism=parallelism, stages=tuple(out))
+    return Plan(flow=flow, parallelism=parallelism, stages=tuple(out), epoch=epoch)
 
 
 def _back_edges(sources: list[str], edges: list[tuple[str, str]]) -> set[int]:

@@ -78,6 +78,10 @@ class SinkContext:
             ``recover`` and ``fault("mid-sink-commit")`` inside ``commit`` once the output is
             visible but before its own bookkeeping is done, so tests can kill it there (a
             no-op outside tests).
+        epoch: the job's shape epoch: 0 until its parallelism first changes, one more at each
+            change (:mod:`processor.runtime.rescale`). State a writer keys by ``subtask`` outside
+            the snapshot (a dedup step's IDs in Redis) must also be keyed by the epoch, since
+            subtask ``i`` of a new shape is not subtask ``i`` of the old one.
     """
 
     job: str
@@ -88,6 +92,7 @@ class SinkContext:
     checkpoint_interval: float | None = None
     snapshot_url: str | None = None
     fault: Callable[[str], None] = field(default=lambda point: None, repr=False, compare=False)
+    epoch: int = 0
 
 
 @runtime_checkable

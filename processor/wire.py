@@ -49,6 +49,7 @@ Invariants:
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 import struct
 import zlib
@@ -75,9 +76,16 @@ __all__ = [
     "channel_partitions_for",
     "channel_topic_name",
     "decode_control",
+    "default_key_groups",
     "encode_control",
     "job_topic_prefix",
+    "key_group",
+    "key_group_range",
+    "key_owner",
     "key_to_downstream",
+    "owner_of",
+    "route_table",
+    "shared_keys",
     "source_partitions_for",
     "upstream_of",
 ]
@@ -301,6 +309,84 @@ def key_to_downstream(key: bytes, downstream_parallelism: int) -> int:
     return zlib.crc32(key) % downstream_parallelism
 
 
+# --- key groups (rescaling) -------------------------------------------------------------------
+
+#: The fewest key groups a job gets (Flink's ``DEFAULT_LOWER_BOUND_MAX_PARALLELISM``).
+MIN_KEY_GROUPS = 128
+#: The most key groups a job may have (and so the highest parallelism of a keyed stage).
+MAX_KEY_GROUPS = 32768
+
+
+def default_key_groups(parallelism: int) -> int:
+    """The key-group count of a new job started at ``parallelism``: at least 128, else the
+    power of two at or above ``1.5 * parallelism`` (Flink's ``computeDefaultMaxParallelism``)."""
+    want = parallelism + parallelism // 2
+    return min(max(MIN_KEY_GROUPS, 1 << max(0, want - 1).bit_length()), MAX_KEY_GROUPS)
+
+
+def key_group(key: bytes, key_groups: int) -> int:
+    """The key group of a keyed record's key bytes: ``crc32(key) mod G`` (see
+    :func:`key_to_downstream` for why CRC-32). Fixed for the job's life: the unit that moves
+    between subtasks when the parallelism changes."""
+    return zlib.crc32(key) % key_groups
+
+
+def owner_of(group: int, parallelism: int, key_groups: int) -> int:
+    """The subtask that owns key group ``group``: ``group * P // G``, so that each subtask owns a
+    contiguous range of groups (Flink's ``computeOperatorIndexForKeyGroup``)."""
+    return group * parallelism // key_groups
+
+
+def key_group_range(subtask: int, parallelism: int, key_groups: int) -> range:
+    """The key groups subtask ``subtask`` owns: ``[ceil(i*G/P), ceil((i+1)*G/P))``."""
+    _check_index("subtask", subtask, parallelism, "parallelism")
+    first = -(-subtask * key_groups // parallelism)
+    end = -(-(subtask + 1) * key_groups // parallelism)
+    return range(first, end)
+
+
+def route_table(parallelism: int, key_groups: int) -> list[int]:
+    """Key group -> owning subtask, for the hot path (``table[crc32(key) % G]``).
+
+    Raises:
+        ConfigError: ``parallelism`` is above the key-group count.
+    """
+    if key_groups < 1 or parallelism < 1:
+        raise ConfigError(
+            f"need key_groups >= 1 and parallelism >= 1, got {key_groups}, {parallelism}"
+        )
+    if parallelism > key_groups:
+        raise ConfigError(
+            f"parallelism {parallelism} is above the job's {key_groups} key groups: a key group "
+            "is the unit of placement, so no more subtasks than key groups can own keys"
+        )
+    return [owner_of(g, parallelism, key_groups) for g in range(key_groups)]
+
+
+def key_owner(key: bytes, parallelism: int, key_groups: int) -> int:
+    """The subtask that owns ``key`` (key bytes as the channels hash them)."""
+    return owner_of(zlib.crc32(key) % key_groups, parallelism, key_groups)
+
+
+def shared_keys(
+    old_parallelism: int, old_groups: int, new_parallelism: int, new_groups: int
+) -> list[set[int]]:
+    """For each new subtask, the old subtasks that may hold keys it owns after a change of
+    parallelism (and possibly of the key-group count): ``found[i]`` is every old owner of a key
+    whose new owner is ``i``. With the key-group count kept these are the old subtasks whose
+    ranges overlap ``i``'s; otherwise the CRC residues modulo ``lcm(G_old, G_new)`` decide (all
+    old subtasks when that is above a million)."""
+    found: list[set[int]] = [set() for _ in range(new_parallelism)]
+    period = math.lcm(old_groups, new_groups)
+    if period > 1_000_000:
+        return [set(range(old_parallelism)) for _ in range(new_parallelism)]
+    for r in range(period):
+        found[owner_of(r % new_groups, new_parallelism, new_groups)].add(
+            owner_of(r % old_groups, old_parallelism, old_groups)
+        )
+    return found
+
+
 _CLEAN = re.compile(r"[a-z0-9-]+")
 _UNSAFE = re.compile(r"[^a-zA-Z0-9-]+")
 _HASH_HEX = 12
@@ -321,7 +407,7 @@ def job_topic_prefix(job: str) -> str:
     return f"eosflow.{job}."
 
 
-def channel_topic_name(job: str, edge_from: str, edge_to: str) -> str:
+def channel_topic_name(job: str, edge_from: str, edge_to: str, epoch: int = 0) -> str:
     """Name of the internal topic of the edge ``edge_from -> edge_to`` of ``job``.
 
     ``eosflow.<job>.<from>.<to>`` when all three are kebab-case (``[a-z0-9-]``); otherwise the
@@ -331,9 +417,19 @@ def channel_topic_name(job: str, edge_from: str, edge_to: str) -> str:
     distinct names, also under Kafka's rule that ``.`` and ``_`` collide, and under
     case-insensitive broker file systems.
 
+    ``epoch``: the job's shape epoch (one more after each change of parallelism, whose
+    channels have another partition count): ``.r<epoch>`` is appended from epoch 1 on, and the
+    epoch is hashed with the parts when the name is hashed.
+
     Raises:
         ConfigError: a part is empty.
     """
+    if epoch:
+        name = channel_topic_name(job, edge_from, edge_to)
+        tail = f".r{epoch}"
+        if len(name) + len(tail) <= MAX_TOPIC_NAME_LENGTH and name.count(".") == 3:
+            return name + tail
+        return channel_topic_name(job, edge_from, f"{edge_to}\x00{epoch}")
     for what, part in (("job", job), ("edge_from", edge_from), ("edge_to", edge_to)):
         if not part:
             raise ConfigError(f"{what} must be a non-empty name to build a channel topic name")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import zlib
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from itertools import repeat
@@ -22,7 +23,7 @@ from processor.wire import (
     Watermark,
     channel_partition,
     encode_control,
-    key_to_downstream,
+    route_table,
 )
 
 __all__ = ["ChannelOut", "Lineage", "Loop", "TaskEnv"]
@@ -127,6 +128,7 @@ class ChannelOut(Operator):
         lineage: Lineage | None = None,
         tag: int = 0,
         loop: Loop | None = None,
+        key_groups: int = 128,
     ) -> None:
         self.name = f"->{edge.topic}"
         self.children = []
@@ -134,6 +136,9 @@ class ChannelOut(Operator):
         self.topic = edge.topic
         self.writer = writer
         self.parallelism = parallelism
+        #: key group -> downstream subtask (processor.wire.route_table)
+        self.route = route_table(parallelism, key_groups)
+        self.key_groups = key_groups
         base = subtask * parallelism
         self.partitions = (
             [base + d for d in range(parallelism)]
@@ -167,11 +172,10 @@ class ChannelOut(Operator):
             return self._write_tagged(batch, repeat(self.loop.iteration))
         topic, dumps = self.topic, orjson.dumps
         if self.shuffle:
-            base, n = self.partitions[0], self.parallelism
+            base, route, G, crc = self.partitions[0], self.route, self.key_groups, zlib.crc32
             records = [
                 (
-                    base
-                    + key_to_downstream(r[0].encode() if type(r[0]) is str else dumps(r[0]), n),
+                    base + route[crc(r[0].encode() if type(r[0]) is str else dumps(r[0])) % G],
                     dumps(r),
                 )
                 for r in batch
@@ -197,11 +201,12 @@ class ChannelOut(Operator):
         """Writes ``[key, value, ts, tag]`` records: a record ID (local recovery) or an
         iteration count (a channel inside a loop)."""
         dumps = orjson.dumps
-        base, count = self.partitions[0], self.parallelism
+        base = self.partitions[0]
         if self.shuffle:
+            route, G, crc = self.route, self.key_groups, zlib.crc32
             records = [
                 (
-                    base + key_to_downstream(k.encode() if type(k) is str else dumps(k), count),
+                    base + route[crc(k.encode() if type(k) is str else dumps(k)) % G],
                     dumps((k, v, t, tag)),
                 )
                 for (k, v, t), tag in zip(batch, tags, strict=False)

@@ -187,6 +187,7 @@ class TaskBase:
                 lineage=self.lineage,
                 tag=tag,
                 loop=self.loop,
+                key_groups=plan.key_groups,
             )
             self.outputs.append(out)
             head: Operator = out
@@ -250,6 +251,7 @@ class TaskBase:
             checkpoint_interval=env.checkpoint_interval,
             snapshot_url=env.store.url,
             fault=env.fault,
+            epoch=self.plan.epoch,
         )
 
     def input_partitions(self, source_counts: dict[str, int]) -> list[TP]:
