@@ -214,6 +214,10 @@ class KafkaTransport:
             TopicSpec(name, n, INTERNAL_TOPIC_CONFIG) for name, n in partitions.items()
         )
 
+    def delete_topics(self, names: Iterable[str]) -> None:
+        """Deletes topics (an old shape's channels after a rescale); a missing one is fine."""
+        self._admin.delete_topics(names)
+
     def purge_supported(self) -> bool:
         """Whether the broker deletes records on request (probed once per process; Tansu
         does not)."""

@@ -45,6 +45,7 @@ from processor.runtime.lifecycle import RunnerLifecycle, same_cause
 from processor.runtime.metrics import JobMetrics
 from processor.runtime.pipeline import load_flow, load_object
 from processor.runtime.preflight import check_local_recovery, extra_environ, preflight
+from processor.runtime.rescale import prepare_shape
 from processor.runtime.savepoints import SavepointRequests, restore_savepoint, undo_restore
 from processor.runtime.state_map import STATE_KEY, check_state, state_layout
 from processor.runtime.topics import (
@@ -156,6 +157,8 @@ class Runner(RunnerLifecycle):
             "pipeline": self.pipeline,
             "worker": i,
             "workers": self.options.workers,
+            "key_groups": self.plan.key_groups,
+            "epoch": self.plan.epoch,
             "generation": self.generation,
             "token": self.token,
             "fingerprint": self.plan.fingerprint(),
@@ -346,6 +349,11 @@ class Runner(RunnerLifecycle):
 
     # -- main loop -------------------------------------------------------------------------------
 
+    def _checkpoint_metadata(self) -> dict[str, Any]:
+        p = self.plan
+        topology = {"parallelism": p.parallelism, "key_groups": p.key_groups, "epoch": p.epoch}
+        return {STATE_KEY: state_layout(p), "topology": topology}
+
     def _interval(self) -> float | None:
         return None if self.options.mode == "none" else self.options.checkpoint_interval
 
@@ -373,6 +381,16 @@ class Runner(RunnerLifecycle):
                 if restored is not None and restored[1]:  # refused: the copy must not stay
                     undo_restore(self.store, self.job, restored[0])
                 raise
+            # Compiled with the job's topology; rescaled first if --workers changed it.
+            self.plan, latest = prepare_shape(
+                self.plan,
+                self.store,
+                transport,
+                latest,
+                recovery=o.recovery,
+                metadata=self._checkpoint_metadata(),
+                checkpoint_interval=self._interval(),
+            )
             counts, ends = prepare_topics(
                 self.plan, transport, until_idle=self.options.until_idle, run_dir=self.dir
             )
@@ -397,7 +415,7 @@ class Runner(RunnerLifecycle):
                 timeout_s=self.options.checkpoint_timeout,
                 keep=self.options.keep_checkpoints,
                 observer=self.metrics.on_checkpoint,
-                metadata={STATE_KEY: state_layout(self.plan)},
+                metadata=self._checkpoint_metadata(),
                 aligned=self.options.mode != "unaligned",
             )
             address = self.options.metrics_address()

@@ -130,44 +130,28 @@ def check_keyed_sources(plan: Plan, store: SnapshotStore, counts: dict[str, int]
 
 
 def check_graph(plan: Plan, restored_tasks: list[str]) -> None:
-    """The plan's tasks must be the tasks whose state the checkpoint to restore holds.
+    """The plan's stages must be the stages whose state the checkpoint to restore holds.
 
-    * The same parallelism: a subtask's snapshot holds the positions of the partitions it
-      read and the keyed state of the keys in them, which cannot be redistributed yet. A job
-      without channel topics (whose partition counts refuse another parallelism when they
-      are created) was not stopped before, and re-read moved partitions from the start.
-    * The same stages: a shuffle added or removed (``keyed=`` toggled on a source, a
-      ``key_by`` added) moves a stateful step to another task, where its state would not be
-      found; a stage added (even a new branch) has no snapshot to start from and no start
-      positions (the workers failed on it with a ``KeyError``); a stage removed would drop
-      its state. Changing a running job's graph is a migration (savepoints, issue 24).
+    A shuffle added or removed (``keyed=`` toggled on a source, a ``key_by`` added) moves a
+    stateful step to another task, where its state would not be found; a stage added (even a
+    new branch) has no snapshot to start from and no start positions (the workers failed on it
+    with a ``KeyError``); a stage removed would drop its state. Changing a running job's graph
+    is a migration. (Another parallelism is a rescale: :mod:`processor.runtime.rescale`.)
 
     Raises:
-        ConfigError: naming the parallelisms, or the tasks added and removed.
+        ConfigError: naming the stages added and removed.
     """
     if not restored_tasks:
         return
-    before = 1 + max(int(t.rpartition(".")[2]) for t in restored_tasks)
-    if before != plan.parallelism:
-        raise ConfigError(
-            f"job {plan.job!r} ran with {before} worker(s) (its last checkpoint holds "
-            f"{before} subtasks per stage) and is started with {plan.parallelism}: each "
-            "subtask's checkpoint holds the positions and keyed state of the partitions it "
-            "read, so they cannot be redistributed (yet). Start it with "
-            f"--workers {before}, or under a new job name (starting over)"
-        )
-    now = set(plan.task_names())
-    gone, added = sorted(set(restored_tasks) - now), sorted(now - set(restored_tasks))
+    before = {t.rpartition(".")[0] for t in restored_tasks}
+    now = {s.name for s in plan.stages}
+    gone, added = sorted(before - now), sorted(now - before)
     if gone or added:
         raise ConfigError(
             f"job {plan.job!r}: its stages changed since its last checkpoint (stages no longer "
-            f"there: {_stages(gone) or 'none'}; new stages: {_stages(added) or 'none'}). A "
+            f"there: {gone or 'none'}; new stages: {added or 'none'}). A "
             "shuffle added or removed (e.g. keyed= changed on a source, a key_by added) moves "
             "stateful steps between tasks, and a new stage has no snapshot to start from, so "
             "restoring would lose or misplace state. Run the pipeline as it was, or under a "
             f"new job name (starting over); `eosflow run PIPELINE --explain` shows the stages"
         )
-
-
-def _stages(tasks: list[str]) -> list[str]:
-    return sorted({t.rpartition(".")[0] for t in tasks})

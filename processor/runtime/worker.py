@@ -149,7 +149,13 @@ def run_worker(spec: dict[str, Any]) -> int:
     worker, parallelism = int(spec["worker"]), int(spec["workers"])
     flow = load_flow(spec["pipeline"])
     recovery = str(spec.get("recovery", "global"))
-    plan = compile_flow(flow, parallelism, combine=recovery != "local")
+    plan = compile_flow(
+        flow,
+        parallelism,
+        combine=recovery != "local",
+        key_groups=spec.get("key_groups"),
+        epoch=int(spec.get("epoch", 0)),
+    )
     wanted = spec.get("fingerprint")
     if wanted is not None and plan.fingerprint() != wanted:
         raise ConfigError(

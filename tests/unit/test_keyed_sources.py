@@ -21,6 +21,7 @@ from processor.contracts import SinkContext
 from processor.dataflow import Dataflow, KeyedStream, Stream
 from processor.errors import ConfigError, DefinitionError, DeserializationError
 from processor.runtime.local import LocalRunner, RunOptions
+from processor.runtime.rescale import Topology, check_rescalable, current_topology
 from processor.runtime.task import Task
 from processor.runtime.task.base import message_key_decoder
 from processor.runtime.topics import KEYED_FILE, check_graph, check_keyed_sources
@@ -309,13 +310,20 @@ def test_start_is_refused_when_a_task_of_the_checkpoint_is_gone(store: SnapshotS
 
 
 @pytest.mark.parametrize("workers", [1, 3])
-def test_start_is_refused_when_the_parallelism_differs_from_the_checkpoint(
+def test_another_parallelism_is_refused_for_keyed_sources_read_without_a_shuffle(
     store: SnapshotStore, workers: int
 ) -> None:
+    """Their keyed state sits where Kafka's partitioner put each key, not by key group: a
+    rescale (processor.runtime.rescale) cannot move it. The stages are unchanged, so the graph
+    check passes; the rescale check names the keyed sources and the way out."""
     tasks = _checkpoint(store, _keyed_total(2))
-    with pytest.raises(ConfigError, match=r"ran with 2 worker\(s\)") as info:
-        check_graph(_keyed_total(workers), tasks)
-    assert f"started with {workers}" in str(info.value)
+    check_graph(_keyed_total(workers), tasks)
+    latest = store.latest_completed(JOB)
+    assert latest is not None
+    old = current_topology(store, JOB, latest)
+    assert old == Topology(2, 2, 0)  # a checkpoint without a topology: crc32 % P routing
+    with pytest.raises(ConfigError, match=r"keyed steps read keyed sources") as info:
+        check_rescalable(_keyed_total(workers), latest, old, "global")
     assert "--workers 2" in str(info.value)
 
 

@@ -1,0 +1,438 @@
+"""Changing a job's parallelism: its topology, and the checkpoint of the new shape.
+
+A job's **topology** is its parallelism ``P``, its key-group count ``G`` (a keyed record goes
+to the owner of key group ``crc32(key) % G``, :func:`processor.wire.owner_of`) and its shape
+epoch (one more at each change of ``P``; the channel topics of each epoch are new topics, since
+their partition count is ``P*P``). Every manifest records it (metadata ``topology``); a job
+without a completed checkpoint keeps it in the job file ``_TOPOLOGY``; a checkpoint written
+before key groups existed is read as ``G = P`` (``crc32 % P`` is ``owner_of`` with ``G = P``).
+
+When ``eosflow run --workers N`` finds the job's last checkpoint at another parallelism, the
+runner rescales it *before any worker starts* (:func:`rescale`), in this order:
+
+1. **Refuse** what cannot move (:func:`check_rescalable`): an unaligned checkpoint or channels
+   still recovering (records in flight in the old channels), a loop, keyed sources read without
+   a shuffle (their state sits where Kafka's partitioner put the key), local recovery, more
+   workers than key groups.
+2. **Settle the old shape's sinks** (:func:`processor.runtime.settle.settle_old_shape`): every
+   committer of every old subtask recovers what the checkpoint holds for it (commit, or
+   re-publish) and cleans its orphans, so that no old transaction is open and no pending output
+   is left when the new writers start. Idempotent: a crash here repeats it.
+3. **Write the checkpoint of the new shape**, id ``C + 1``: for each new subtask ``i`` of each
+   stage, the source partitions ``p % N == i`` with their offsets and event-time maxima, and
+   each stateful step's state for the keys ``i`` owns, merged from the old subtasks that may
+   hold them (:func:`processor.wire.shared_keys`; :mod:`processor.runtime.rescale_state`,
+   dedup IDs by :func:`processor.runtime.dedup_step.merge_dedup_states`). The new channel
+   topics start at their end, with every barrier seen (nothing to replay). The manifest is
+   written last: a crash before it leaves checkpoint ``C`` the latest, and the rescale repeats.
+4. Delete the old epoch's channel topics (best effort: nothing reads them any more).
+
+This is a stop-and-restore rescale, as Flink's from a savepoint: the runner (the Spark driver)
+reads every snapshot once, so its memory bounds the state it can move (docs/engine.md,
+"Changing the parallelism").
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from processor.compiler import Plan, compile_flow
+from processor.errors import ConfigError
+from processor.snapshot.store import Manifest, SnapshotHandle, SnapshotStore
+from processor.wire import default_key_groups, key_owner, shared_keys
+
+__all__ = [
+    "TOPOLOGY_FILE",
+    "Topology",
+    "check_rescalable",
+    "current_topology",
+    "prepare_shape",
+    "rescale",
+    "runner_fault",
+]
+
+log = logging.getLogger(__name__)
+
+#: The job file holding the topology of a job that has no completed checkpoint yet.
+TOPOLOGY_FILE = "_TOPOLOGY"
+
+_DEDUP_KINDS = ("dedup", "keyed-dedup")
+
+
+@dataclass(frozen=True)
+class Topology:
+    """See the module docstring."""
+
+    parallelism: int
+    key_groups: int
+    epoch: int = 0
+
+    def as_json(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def _subtask(task: str) -> int:
+    return int(task.rpartition(".")[2])
+
+
+def current_topology(store: SnapshotStore, job: str, latest: Manifest | None) -> Topology | None:
+    """The topology the job last ran with (``None``: a new job)."""
+    if latest is not None:
+        recorded = latest.metadata.get("topology")
+        if recorded:
+            return Topology(**recorded)
+        if latest.tasks:  # written before key groups: crc32 % P is owner_of with G = P
+            before = 1 + max(_subtask(t) for t in latest.tasks)
+            return Topology(before, before, 0)
+    raw = store.read_job_file(job, TOPOLOGY_FILE)
+    return Topology(**json.loads(raw)) if raw else None
+
+
+def new_topology(old: Topology | None, parallelism: int, *, legacy: bool = False) -> Topology:
+    """The topology of a start at ``parallelism``: the old one if unchanged; a new job's key
+    groups; or, for a change, the next epoch with the same key groups (another count when the
+    new parallelism is above it, or the job predates key groups)."""
+    if old is None:
+        return Topology(parallelism, default_key_groups(parallelism), 0)
+    if old.parallelism == parallelism:
+        return old
+    groups = old.key_groups
+    if legacy or parallelism > groups:
+        groups = max(default_key_groups(parallelism), groups)
+    return Topology(parallelism, groups, old.epoch + 1)
+
+
+def check_rescalable(plan: Plan, latest: Manifest, old: Topology, recovery: str) -> None:
+    """Refuses a change of parallelism that would lose or misplace state (the module
+    docstring, step 1), with a message that says what to do instead."""
+    job, N = plan.job, plan.parallelism
+    how = f"Run it with --workers {old.parallelism}, or under a new job name (starting over)"
+    if latest.metadata.get("aligned") is False:
+        raise ConfigError(
+            f"job {job!r}: its last checkpoint ({latest.checkpoint_id}) is unaligned, so its "
+            "channels hold records in flight that cannot move to the channels of "
+            f"{N} workers. Take an aligned one first: `eosflow savepoint {job} --stop` (or "
+            f"stop the job with Ctrl-C: the final checkpoint is aligned), then start it with "
+            f"--workers {N}"
+        )
+    if int(latest.metadata.get("loop_log", 0)) > 0 or plan.cyclic:
+        raise ConfigError(
+            f"job {job!r} has a loop (iterate): records in flight on its back-edge cannot be "
+            f"re-routed to another parallelism yet. {how}"
+        )
+    if plan.copartitioned:
+        raise ConfigError(
+            f"job {job!r}: keyed steps read keyed sources {list(plan.copartitioned)} without a "
+            "shuffle, so their state sits where Kafka's partitioner put each key, not by key "
+            f"group, and cannot be redistributed. {how}; or key_by(...) after the source "
+            "(a shuffle) in a new job"
+        )
+    if recovery == "local":
+        raise ConfigError(
+            f"job {job!r}: change the parallelism with --recovery global (a worker restarted "
+            "alone would restore the old shape); switch back to local recovery afterwards"
+        )
+
+
+def _stage_states(states: dict[str, dict[str, Any]], stage: str) -> dict[int, dict[str, Any]]:
+    return {_subtask(t): s for t, s in states.items() if t.rpartition(".")[0] == stage}
+
+
+def _merge_operators(
+    olds: list[dict[str, Any]],
+    keep: Callable[[Any], bool],
+    dedup_prefix: Callable[[str, int], str],
+    old_subtasks: list[int],
+) -> tuple[dict[str, Any], dict[str, str]]:
+
+    names = sorted({n for s in olds for n in s["operators"]})
+    kinds: dict[str, str] = {}
+    for s in olds:
+        kinds.update(s.get("kinds", {}))
+    operators: dict[str, Any] = {}
+    for name in names:
+        kind = kinds.get(name)
+        if kind is None:
+            raise ConfigError(
+                f"step {name!r}: its checkpoint does not say what kind of state it holds (a "
+                "checkpoint of an older eosflow): restore it at its old parallelism once, so "
+                "that a newer checkpoint records it, then change the parallelism"
+            )
+        if kind in _DEDUP_KINDS:
+            from processor.runtime.dedup_step import merge_dedup_states
+
+            operators[name] = merge_dedup_states(
+                [
+                    (dedup_prefix(name, sub), s["operators"][name])
+                    for sub, s in zip(old_subtasks, olds, strict=True)
+                    if name in s["operators"]
+                ]
+            )
+        else:
+            from processor.runtime.rescale_state import redistribute
+
+            operators[name] = redistribute(
+                kind, [s["operators"][name] for s in olds if name in s["operators"]], keep
+            )
+    return operators, kinds
+
+
+def new_states(
+    plan: Plan,
+    old: Topology,
+    states: dict[str, dict[str, Any]],
+    *,
+    checkpoint_id: int,
+    generation: int,
+    channel_starts: dict[tuple[str, int], int],
+) -> dict[str, dict[str, Any]]:
+    """The snapshot of every task of ``plan`` (the new shape), from the old tasks' ``states``
+    (the module docstring, step 3). Pure: no I/O."""
+    N, G = plan.parallelism, plan.key_groups
+    owners = shared_keys(old.parallelism, old.key_groups, N, G)
+    out: dict[str, dict[str, Any]] = {}
+    for stage in plan.stages:
+        by_sub = _stage_states(states, stage.name)
+        for i in range(N):
+            task = stage.task(i)
+            subs = sorted(s for s in owners[i] if s in by_sub)
+            if stage.sources:  # every old source task: partitions move by p % N
+                subs = sorted(by_sub)
+            olds = [by_sub[s] for s in subs]
+
+            def keep(key: Any, i: int = i) -> bool:
+                from processor.runtime.rescale_state import key_bytes
+
+                return key_owner(key_bytes(key), N, G) == i
+
+            def prefix(step: str, sub: int) -> str:
+                from processor.runtime.dedup_step import dedup_prefix
+
+                return dedup_prefix(plan.job, step, sub, old.epoch)
+
+            operators, kinds = _merge_operators(olds, keep, prefix, subs)
+            positions: dict[Any, int] = {}
+            max_ts: dict[Any, int] = {}
+            if stage.sources:
+                for s in olds:
+                    for tp, offset in s["positions"].items():
+                        if tp[1] % N == i:
+                            positions[tp] = offset
+                    for tp, ts in s["max_ts"].items():
+                        if tp[1] % N == i:
+                            max_ts[tp] = ts
+            inputs = [tp for tp in channel_starts if _reads(plan, stage.name, i, tp)]
+            for tp in inputs:
+                positions[tp] = channel_starts[tp]
+            watermarks = [s["watermark"] for s in olds]
+            out[task] = {
+                "task": task,
+                "checkpoint": checkpoint_id,
+                "generation": generation,
+                "positions": positions,
+                "barrier_seen": sorted(inputs),  # nothing to replay: new, empty channels
+                "channel_wm": {},
+                "max_ts": max_ts,
+                "watermark": min(watermarks) if watermarks else None,
+                "operators": operators,
+                "kinds": {n: k for n, k in kinds.items() if n in operators},
+                "sinks": {},  # settled before (step 2)
+                "recovering": {},
+            }
+    return out
+
+
+def _reads(plan: Plan, stage: str, subtask: int, tp: tuple[str, int]) -> bool:
+    N = plan.parallelism
+    for s in plan.stages:
+        if s.name != stage:
+            continue
+        for edge in s.inputs:
+            if edge.topic != tp[0]:
+                continue
+            if edge.shuffle:
+                return tp[1] % N == subtask
+            return tp[1] == subtask * N + subtask
+    return False
+
+
+def channel_partitions(plan: Plan) -> list[tuple[str, int]]:
+    """Every channel partition of ``plan`` that a task reads."""
+    N = plan.parallelism
+    tps: list[tuple[str, int]] = []
+    for edge in plan.edges:
+        if edge.shuffle:
+            tps += [(edge.topic, p) for p in range(N * N)]
+        else:
+            tps += [(edge.topic, i * N + i) for i in range(N)]
+    return tps
+
+
+def rescale(
+    plan: Plan,
+    old: Topology,
+    store: SnapshotStore,
+    transport: Any,
+    latest: Manifest,
+    *,
+    metadata: dict[str, Any],
+    settle: Callable[[dict[str, dict[str, Any]], int], int],
+    fault: Callable[[str], None] = lambda point: None,
+) -> Manifest:
+    """Writes checkpoint ``latest + 1`` of ``plan``'s shape (the module docstring); returns its
+    manifest. ``settle(states, generation)`` settles the old shape's sinks."""
+    from processor.runtime.coordinator import LAST_CHECKPOINT, last_checkpoint
+
+    job = plan.job
+    started = time.monotonic()
+    states = {t: store.read_task_snapshot(h) for t, h in latest.tasks.items()}
+    for task, state in states.items():
+        if state.get("recovering"):
+            raise ConfigError(
+                f"job {job!r}: task {task} of checkpoint {latest.checkpoint_id} was still "
+                "replaying channels of an unaligned checkpoint; take an aligned one first "
+                f"(`eosflow savepoint {job} --stop`), then change the parallelism"
+            )
+    generation = store.next_generation(job)
+    settled = settle(states, generation)
+    fault("after-settle-before-rewrite")
+    transport.ensure_topics({e.topic: plan.parallelism**2 for e in plan.edges})
+    tps = channel_partitions(plan)
+    starts = transport.end_offsets(tps) if tps else {}
+    chk = (
+        max(latest.checkpoint_id, store.newest_checkpoint_id(job), last_checkpoint(store, job)) + 1
+    )
+    built = new_states(
+        plan, old, states, checkpoint_id=chk, generation=generation, channel_starts=starts
+    )
+    handles: dict[str, SnapshotHandle] = {
+        task: store.write_task_snapshot(job, chk, task, state, incarnation=generation)
+        for task, state in built.items()
+    }
+    store.write_job_file(job, LAST_CHECKPOINT, str(chk).encode())
+    store.complete(
+        job,
+        chk,
+        handles,
+        {
+            **metadata,
+            "generation": generation,
+            "duration_ms": int((time.monotonic() - started) * 1000),
+            "loop_log": 0,
+            "aligned": True,
+            "rescaled_from": {
+                "checkpoint": latest.checkpoint_id,
+                "topology": old.as_json(),
+                "settled": settled,
+            },
+        },
+    )
+    log.info(
+        "rescaled job=%s from checkpoint=%d (%d workers, epoch %d) to checkpoint=%d "
+        "(%d workers, epoch %d, key groups %d) settled=%d in %.2fs",
+        job, latest.checkpoint_id, old.parallelism, old.epoch, chk, plan.parallelism,
+        plan.epoch, plan.key_groups, settled, time.monotonic() - started,
+    )  # fmt: skip
+    old_plan = compile_flow(plan.flow, old.parallelism, key_groups=old.key_groups, epoch=old.epoch)
+    gone = sorted({e.topic for e in old_plan.edges} - {e.topic for e in plan.edges})
+    delete = getattr(transport, "delete_topics", None)
+    if gone and delete is not None:
+        try:
+            delete(gone)
+        except Exception as exc:  # the new shape never reads them: only space is lost
+            log.warning("could not delete the old channel topics %s: %s", gone, exc)
+    return store.load(job, chk)
+
+
+def runner_fault(point: str) -> None:
+    """Crash-test hook: SIGKILLs the runner itself at ``point`` when the environment variable
+    ``EOSFLOW_RUNNER_FAULT`` names it (a no-op otherwise)."""
+    if os.environ.get("EOSFLOW_RUNNER_FAULT") == point:
+        log.warning("runner fault %s: SIGKILL", point)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def prepare_shape(
+    plan: Plan,
+    store: SnapshotStore,
+    transport: Any,
+    latest: Manifest | None,
+    *,
+    recovery: str,
+    metadata: dict[str, Any],
+    checkpoint_interval: float | None,
+) -> tuple[Plan, Manifest | None]:
+    """The plan of this start, compiled with the job's topology, and the checkpoint to restore:
+    rescaled first when the parallelism changed (see the module docstring). Records the
+    topology for a job without a completed checkpoint."""
+    from processor.runtime.settle import record_parallelism, settle_old_shape
+
+    job, N = plan.job, plan.parallelism
+    old = current_topology(store, job, latest)
+    legacy = latest is not None and not latest.metadata.get("topology")
+    topo = new_topology(old, N, legacy=legacy)
+    plan = compile_flow(
+        plan.flow,
+        N,
+        combine=recovery != "local",
+        key_groups=topo.key_groups,
+        epoch=topo.epoch,
+    )
+    if old is not None and old.parallelism != N:
+        old_plan = compile_flow(
+            plan.flow, old.parallelism, key_groups=old.key_groups, epoch=old.epoch
+        )
+
+        def settle(states: dict[str, dict[str, Any]], generation: int) -> int:
+            runner_fault("before-settle")
+            return settle_old_shape(
+                plan.flow,
+                states,
+                parallelism=old.parallelism,
+                stage_names=[s.name for s in old_plan.stages],
+                epoch=old.epoch,
+                generation=generation,
+                snapshot_url=store.url,
+                checkpoint_interval=checkpoint_interval,
+                fault=runner_fault,
+            )
+
+        if latest is None:  # never checkpointed: only the old writers' orphans to clean
+            settle({t: {"sinks": {}} for t in old_plan.task_names()}, store.next_generation(job))
+            _restart_channels(plan, store, transport)
+        else:
+            check_rescalable(plan, latest, old, recovery)
+            meta = {**metadata, "topology": topo.as_json()}
+            latest = rescale(
+                plan, old, store, transport, latest, metadata=meta, settle=settle,
+                fault=runner_fault,
+            )  # fmt: skip
+            runner_fault("after-rescale-before-spawn")
+    record_parallelism(store, job, N)
+    store.write_job_file(job, TOPOLOGY_FILE, json.dumps(topo.as_json()).encode())
+    return plan, latest
+
+
+def _restart_channels(plan: Plan, store: SnapshotStore, transport: Any) -> None:
+    """A job that never completed a checkpoint changes shape: its recorded fresh-start
+    positions (``_START``) keep the sources' and name the new channels at their ends."""
+    from processor.runtime.topics import START_FILE
+
+    saved = store.read_job_file(plan.job, START_FILE)
+    if saved is None:
+        return
+    channels = {e.topic for e in plan.edges}
+    transport.ensure_topics({t: plan.parallelism**2 for t in channels})
+    sources = {s.params["topic"] for s in plan.flow.steps.values() if s.kind == "source"}
+    kept = [entry for entry in json.loads(saved) if entry[0] in sources]
+    tps = channel_partitions(plan)
+    found = transport.end_offsets(tps) if tps else {}
+    kept += [[t, p, found[(t, p)]] for t, p in tps]
+    store.write_job_file(plan.job, START_FILE, json.dumps(kept).encode())

@@ -1,0 +1,215 @@
+"""Key groups and the rewrite of a checkpoint into another parallelism (issue 24): the wire
+math (ranges, owners, which old subtasks may hold a new subtask's keys), the job's topology,
+the refusals, and how source positions and channels move (processor.runtime.rescale)."""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from processor.compiler import compile_flow
+from processor.dataflow import Dataflow
+from processor.errors import ConfigError
+from processor.runtime.rescale import (
+    TOPOLOGY_FILE,
+    Topology,
+    channel_partitions,
+    check_rescalable,
+    current_topology,
+    new_states,
+    new_topology,
+)
+from processor.snapshot.store import SnapshotStore
+from processor.wire import (
+    default_key_groups,
+    key_group_range,
+    key_owner,
+    key_to_downstream,
+    owner_of,
+    route_table,
+    shared_keys,
+)
+
+JOB = "rescale-unit"
+
+
+# -- key groups ------------------------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 300), st.data())
+def test_key_group_ranges_are_contiguous_cover_every_group_and_agree_with_the_owner(
+    groups: int, data: st.DataObject
+) -> None:
+    parallelism = data.draw(st.integers(1, groups))
+    ranges = [key_group_range(i, parallelism, groups) for i in range(parallelism)]
+    assert [g for r in ranges for g in r] == list(range(groups))  # contiguous, in order
+    assert all(len(r) >= 1 for r in ranges)  # no subtask without keys
+    for i, r in enumerate(ranges):
+        assert {owner_of(g, parallelism, groups) for g in r} == {i}
+    assert route_table(parallelism, groups) == [
+        owner_of(g, parallelism, groups) for g in range(groups)
+    ]
+
+
+def test_key_groups_default_to_128_and_grow_with_the_parallelism() -> None:
+    assert [default_key_groups(p) for p in (1, 2, 64, 85, 86, 200, 30000)] == [
+        128, 128, 128, 128, 256, 512, 32768,
+    ]  # fmt: skip
+    with pytest.raises(ConfigError, match="above the job's 4 key groups"):
+        route_table(5, 4)
+
+
+@given(st.binary(max_size=40), st.integers(1, 16))
+def test_a_job_without_key_groups_routes_as_before_when_it_has_as_many_as_subtasks(
+    key: bytes, parallelism: int
+) -> None:
+    """A checkpoint written before key groups is read as G = P: crc32 % P is the old route."""
+    assert key_owner(key, parallelism, parallelism) == key_to_downstream(key, parallelism)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.integers(1, 6), st.sampled_from([4, 8, 128, 6]), st.integers(1, 6),
+    st.sampled_from([4, 8, 128, 256]), st.lists(st.binary(max_size=12), max_size=300),
+)  # fmt: skip
+def test_every_key_of_a_new_subtask_was_held_by_one_of_its_shared_old_subtasks(
+    p_old: int, g_old: int, p_new: int, g_new: int, keys: list[bytes]
+) -> None:
+    if p_old > g_old or p_new > g_new:
+        return
+    shared = shared_keys(p_old, g_old, p_new, g_new)
+    for key in keys:
+        assert key_owner(key, p_old, g_old) in shared[key_owner(key, p_new, g_new)]
+    if g_old == g_new:  # ranges: only the overlapping old subtasks
+        for i, olds in enumerate(shared):
+            mine = set(key_group_range(i, p_new, g_new))
+            assert olds == {s for s in range(p_old) if mine & set(key_group_range(s, p_old, g_old))}
+
+
+# -- topology --------------------------------------------------------------------------------
+
+
+def _flow(*, shuffle: bool = True) -> Dataflow:
+    flow = Dataflow(JOB)
+    clicks = flow.source("clicks", "clicks")
+    if shuffle:
+        clicks.key_by("by-user", lambda c: c["user"]).aggregate(
+            "totals", init=lambda: 0, add=lambda a, c: a + 1
+        ).sink("out", _NoSink())
+    else:
+        clicks.map("tag", lambda c: c).sink("out", _NoSink())
+    return flow
+
+
+class _NoSink:
+    def open(self, ctx: Any) -> Any:  # never opened here
+        raise AssertionError
+
+
+def _complete(store: SnapshotStore, tasks: dict[str, dict[str, Any]], **meta: Any) -> Any:
+    handles = {t: store.write_task_snapshot(JOB, 7, t, s) for t, s in tasks.items()}
+    store.complete(JOB, 7, handles, {"generation": 3, **meta})
+    return store.latest_completed(JOB)
+
+
+def test_the_topology_comes_from_the_manifest_then_the_job_file_then_legacy_task_names(
+    tmp_path: Any,
+) -> None:
+    store = SnapshotStore(tmp_path.as_uri())
+    assert current_topology(store, JOB, None) is None
+    store.write_job_file(JOB, TOPOLOGY_FILE, b'{"parallelism": 2, "key_groups": 128, "epoch": 1}')
+    assert current_topology(store, JOB, None) == Topology(2, 128, 1)
+    legacy = _complete(store, {"clicks.0": {}, "clicks.1": {}, "clicks.2": {}})
+    assert current_topology(store, JOB, legacy) == Topology(3, 3, 0)
+    topo = {"parallelism": 3, "key_groups": 256, "epoch": 2}
+    recorded = SnapshotStore((tmp_path / "b").as_uri())
+    manifest = _complete(recorded, {"clicks.0": {}}, topology=topo)
+    assert current_topology(recorded, JOB, manifest) == Topology(3, 256, 2)
+
+
+def test_a_new_shape_keeps_the_key_groups_and_takes_the_next_epoch() -> None:
+    assert new_topology(None, 3) == Topology(3, 128, 0)
+    assert new_topology(Topology(2, 128, 0), 2) == Topology(2, 128, 0)
+    assert new_topology(Topology(2, 128, 0), 3) == Topology(3, 128, 1)
+    assert new_topology(Topology(2, 2, 0), 1, legacy=True) == Topology(1, 128, 1)
+    assert new_topology(Topology(2, 4, 3), 6) == Topology(6, 128, 4)
+
+
+def test_channel_topics_of_another_epoch_are_other_topics() -> None:
+    a = compile_flow(_flow(), 2)
+    b = compile_flow(_flow(), 3, key_groups=128, epoch=1)
+    assert [e.topic for e in a.edges] == [f"eosflow.{JOB}.by-user.totals"]
+    assert [e.topic for e in b.edges] == [f"eosflow.{JOB}.by-user.totals.r1"]
+    assert len(channel_partitions(b)) == 9
+
+
+# -- refusals --------------------------------------------------------------------------------
+
+
+def _manifest(tmp_path: Any, **meta: Any) -> Any:
+    store = SnapshotStore(tmp_path.as_uri())
+    plan = compile_flow(_flow(), 2)
+    return _complete(store, {t: {} for t in plan.task_names()}, **meta)
+
+
+def test_an_unaligned_checkpoint_is_refused_with_the_savepoint_command(tmp_path: Any) -> None:
+    latest = _manifest(tmp_path, aligned=False)
+    with pytest.raises(ConfigError, match=rf"eosflow savepoint {JOB} --stop"):
+        check_rescalable(compile_flow(_flow(), 3), latest, Topology(2, 128), "global")
+
+
+def test_local_recovery_is_refused_for_the_rescale(tmp_path: Any) -> None:
+    latest = _manifest(tmp_path, aligned=True)
+    with pytest.raises(ConfigError, match="--recovery global"):
+        check_rescalable(compile_flow(_flow(), 3), latest, Topology(2, 128), "local")
+    check_rescalable(compile_flow(_flow(), 3), latest, Topology(2, 128), "global")
+
+
+# -- the new snapshots -----------------------------------------------------------------------
+
+
+def _source_state(task: str, parts: list[int]) -> dict[str, Any]:
+    return {
+        "task": task,
+        "positions": {("clicks", p): 100 + p for p in parts},
+        "max_ts": {("clicks", p): 1000 + p for p in parts},
+        "watermark": 900,
+        "operators": {},
+        "sinks": {"out": [[7, {"x": 1}]]},
+    }
+
+
+@pytest.mark.parametrize(("p_old", "p_new"), [(2, 3), (3, 1), (1, 2), (4, 4)])
+def test_source_partitions_move_by_partition_and_channels_start_fresh(
+    p_old: int, p_new: int
+) -> None:
+    old = Topology(p_old, 128)
+    plan = compile_flow(_flow(), p_new, key_groups=128, epoch=1)
+    states: dict[str, dict[str, Any]] = {}
+    for s in range(p_old):
+        states[f"clicks.{s}"] = _source_state(f"clicks.{s}", list(range(s, 8, p_old)))
+        states[f"totals.{s}"] = {**_source_state(f"totals.{s}", []), "watermark": 800 + s}
+    starts = {tp: 5 for tp in channel_partitions(plan)}
+    built = new_states(plan, old, states, checkpoint_id=8, generation=4, channel_starts=starts)
+    assert sorted(built) == sorted(plan.task_names())
+    moved: dict[Any, int] = {}
+    for i in range(p_new):
+        source = built[f"clicks.{i}"]
+        assert {p for _t, p in source["positions"]} == set(range(i, 8, p_new))
+        assert source["max_ts"] == {tp: 900 + o for tp, o in source["positions"].items()}
+        assert source["sinks"] == {} and source["checkpoint"] == 8 and source["generation"] == 4
+        moved.update(source["positions"])
+        down = built[f"totals.{i}"]
+        reads = {tp for tp in down["positions"]}
+        topic = plan.edges[0].topic
+        assert reads == {(topic, u * p_new + i) for u in range(p_new)}
+        assert set(down["barrier_seen"]) == reads  # nothing to replay
+        assert set(down["positions"].values()) == {5}
+        assert down["watermark"] == min(800 + s for s in shared_keys(p_old, 128, p_new, 128)[i])
+    assert moved == {("clicks", p): 100 + p for p in range(8)}  # each partition exactly once
+    assert zlib.crc32(b"") == 0  # (the key bytes hashed are the channel's: see rescale_state)
