@@ -210,7 +210,7 @@ def test_inherited_prefixes_retire_after_the_horizon_and_the_sweep_deletes_the_r
 
 
 def test_an_inherited_prefix_that_lost_its_ids_is_refused_at_restore_and_in_a_lookup(
-    redis_url: str, job: str, client: Any
+    redis_url: str, job: str, client: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     old = Shape(redis_url, job, 2, 0, True)
     records = _records(800, seed=3, keyed=True)
@@ -229,7 +229,15 @@ def test_an_inherited_prefix_that_lost_its_ids_is_refused_at_restore_and_in_a_lo
     client.delete(*saved)  # lost while the new shape runs: the next lookup refuses
     with pytest.raises(RedisDataLost, match=old.prefixes[1]):
         new.feed(_copies(records))
+    with pytest.raises(RedisDataLost, match=old.prefixes[1]):  # and so does an idle checkpoint
+        new.ops[0].prepare(2)
     new.close()
+    monkeypatch.setenv("EOSFLOW_DEDUP_ON_LOST_IDS", "accept")
+    accepting = Shape(redis_url, job, 1, 1, True)
+    accepting.ops[0].restore(merged)  # logged; the copies whose IDs were lost pass once
+    passed = accepting.feed(_copies(records))
+    assert passed and len(passed) < len(records)  # old subtask 0's IDs are still found
+    accepting.close()
 
 
 def test_epoch_zero_keeps_the_prefix_of_jobs_that_never_changed_parallelism(
