@@ -8,6 +8,8 @@ Record-ID deduplication (DESIGN.md, "Record IDs and deduplication"; docs/dedup.m
 - :mod:`dedup.store`: the Redis ID store, one round trip per batch, failing closed.
 - :mod:`dedup.core`: :class:`Deduplicator`, filters in front of the store, agreeing with the
   restored checkpoint; watermark garbage collection.
+- :mod:`dedup.rescale`: the IDs across a change of the job's parallelism (a prefix per shape
+  epoch, merged states, inherited read-only prefixes, the sweep of retired ones).
 - :mod:`dedup.errors`: the library's errors (it imports nothing from the engine).
 - :mod:`dedup.consumer`: :class:`IdDedupConsumer`, exactly-once reading for services without
   the engine.
@@ -19,6 +21,13 @@ from dedup.consumer import IdDedupConsumer, sink_record_id
 from dedup.core import Deduplicator, DedupStats, MemoryIdStore
 from dedup.errors import DedupConfigError, DedupError, RedisUnavailable
 from dedup.ids import derived_id, emission_id, source_id, value_id
+from dedup.rescale import (
+    InheritingIdStore,
+    dedup_prefix,
+    merge_dedup_states,
+    referenced_prefixes,
+    sweep_retired,
+)
 from dedup.staged import DedupConsumer, StagedDeduplicator
 from dedup.store import RedisIdStore
 
@@ -29,13 +38,18 @@ __all__ = [
     "DedupStats",
     "Deduplicator",
     "IdDedupConsumer",
+    "InheritingIdStore",
     "MemoryIdStore",
     "RedisIdStore",
     "RedisUnavailable",
     "StagedDeduplicator",
+    "dedup_prefix",
     "derived_id",
     "emission_id",
+    "merge_dedup_states",
+    "referenced_prefixes",
     "sink_record_id",
     "source_id",
+    "sweep_retired",
     "value_id",
 ]

@@ -31,7 +31,7 @@ from typing import Any
 
 from rbloom import Bloom
 
-__all__ = ["BloomBuckets"]
+__all__ = ["BloomBuckets", "merge_snapshots"]
 
 log = logging.getLogger(__name__)
 
@@ -142,3 +142,51 @@ class BloomBuckets:
             self.buckets[start] = [Bloom.load_bytes(b, _HASH) for b in blobs]
             self.counts[start] = count
         self._reindex()
+
+
+def merge_snapshots(
+    snapshots: list[dict[int, Any]], *, expected_ids: int | None, drop_before: int, bucket_ms: int
+) -> dict[int, Any]:
+    """One :meth:`BloomBuckets.snapshot` holding every ID of ``snapshots`` (a change of
+    parallelism: several old subtasks' filters for one new subtask).
+
+    Per bucket, filters are OR-ed together while their IDs fit one filter (``expected_ids``):
+    an OR of Bloom filters of equal parameters is exactly the filter of the union of their IDs,
+    so it keeps the false-positive rate and has no false negatives. Filters that do not fit, or
+    whose parameters differ, stay separate (one more probe each, until their bucket ages out).
+    The least loaded filter comes last and takes the bucket's new IDs. Without
+    ``expected_ids`` (snapshots of an eosflow that did not save it) nothing is OR-ed.
+    Buckets wholly below ``drop_before`` are left out.
+    """
+    parts: dict[int, list[tuple[int, bytes]]] = {}  # bucket -> (IDs in the filter, filter)
+    for snapshot in snapshots:
+        for start, (count, blobs) in snapshot.items():
+            start, count = int(start), int(count)
+            if start + bucket_ms <= drop_before:
+                continue
+            cap = expected_ids or count
+            for j, blob in enumerate(blobs):  # filter j took IDs j*cap .. (j+1)*cap - 1
+                load = count if expected_ids is None else min(cap, count - j * cap)
+                parts.setdefault(start, []).append((max(load, 0), blob))
+    merged: dict[int, Any] = {}
+    for start, filters in parts.items():
+        if expected_ids is None:
+            merged[start] = [sum(n for n, _b in filters), [b for _n, b in filters]]
+            continue
+        bins: list[list[Any]] = []  # [IDs, Bloom]
+        for load, blob in sorted(filters, key=lambda part: -part[0]):
+            bloom = Bloom.load_bytes(blob, _HASH)
+            for slot in bins:
+                if slot[0] + load <= expected_ids:
+                    try:
+                        slot[1] |= bloom
+                    except ValueError:  # other size or rate: keep it apart
+                        continue
+                    slot[0] += load
+                    break
+            else:
+                bins.append([load, bloom])
+        bins.sort(key=lambda slot: -slot[0])
+        count = (len(bins) - 1) * expected_ids + bins[-1][0]
+        merged[start] = [count, [slot[1].save_bytes() for slot in bins]]
+    return merged

@@ -71,7 +71,8 @@ __all__ = ["DedupStats", "Deduplicator", "IdStore", "MemoryIdStore"]
 log = logging.getLogger(__name__)
 
 MIN_TS = -(2**63)
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: may hold ``inherited`` prefixes (dedup.rescale); 1 is read too
+_READS = (1, 2)
 LATE_POLICIES = ("drop", "pass")
 ON_LOST = ("fail", "accept")
 
@@ -402,12 +403,15 @@ class Deduplicator:
     # -- event time ------------------------------------------------------------------------------
 
     def advance(self, watermark: int) -> None:
-        """Event time reached ``watermark``: drop the filters of buckets past the horizon."""
+        """Event time reached ``watermark``: drop the filters of buckets past the horizon, and
+        stop reading inherited prefixes whose every bucket is past it (:mod:`dedup.rescale`)."""
         if watermark <= self.watermark:
             return
         self.watermark = watermark
         self.cutoff = max(self.cutoff, watermark - self.within_ms)
         self.filters.drop_before(self.cutoff)
+        if getattr(self.store, "inherited", None):
+            self.store.retire(self.cutoff, self.bucket_ms)  # type: ignore[attr-defined]
 
     # -- checkpoints -----------------------------------------------------------------------------
 
@@ -419,15 +423,17 @@ class Deduplicator:
             self._flush()
         else:
             watch = self._watch()
-            if watch:
+            if watch or getattr(self.store, "inherited", None):
                 self.store.verify(watch)
         self.prepared = checkpoint_id
         self._cutoff_at[checkpoint_id] = self.cutoff
 
     def snapshot(self) -> dict[str, Any]:
         assert not self.pending_set, "snapshot() without prepare(): IDs not in the store"
+        inherited: list[dict[str, Any]] = getattr(self.store, "inherited_state", list)()
         return {
-            "version": STATE_VERSION,
+            # 1 when nothing is inherited: an eosflow before dedup.rescale can restore it
+            "version": STATE_VERSION if inherited else 1,
             "lineage": {**self.lineage, self.run: self.prepared},
             "written": {**self.written, self.run: self.batches} if self.batches else self.written,
             "prepared": self.prepared,
@@ -435,7 +441,9 @@ class Deduplicator:
             "cutoff": self.cutoff,
             "bucket_ms": self.bucket_ms,
             "within_ms": self.within_ms,
+            "expected_ids": self.filters.expected_ids,
             "filters": self.filters.snapshot(),
+            **({"inherited": inherited} if inherited else {}),
         }
 
     def restore(self, state: dict[str, Any] | None) -> None:
@@ -450,11 +458,12 @@ class Deduplicator:
             self.lineage, self.prepared = {}, 0
             self.watermark = self.cutoff = MIN_TS
             self.filters.restore(None)
+            self._inherit([])
             return
-        if state.get("version") != STATE_VERSION:
+        if state.get("version") not in _READS:
             raise DedupConfigError(
                 f"dedup {self.name}: the checkpoint holds dedup state version "
-                f"{state.get('version')!r}, this eosflow reads version {STATE_VERSION}: run the "
+                f"{state.get('version')!r}, this eosflow reads versions {_READS}: run the "
                 "eosflow release that wrote it, or reset the job to start afresh"
             )
         for name, mine in (("bucket_ms", self.bucket_ms), ("within_ms", self.within_ms)):
@@ -473,6 +482,7 @@ class Deduplicator:
         # A snapshot of an eosflow before the write markers has none: nothing to check.
         self.written = {int(r): int(n) for r, n in state.get("written", {}).items()}
         self._check_restored()
+        self._inherit(state.get("inherited") or [])
         self._floor_cutoff()
 
     def _check_restored(self) -> None:
@@ -490,6 +500,21 @@ class Deduplicator:
                 self.name, exc,
             )  # fmt: skip
             self.written = {}
+
+    def _inherit(self, entries: list[dict[str, Any]]) -> None:
+        """The prefixes of older shapes this subtask reads (:mod:`dedup.rescale`): checked
+        now (one round trip), then read by every lookup."""
+        inherit = getattr(self.store, "inherit", None)
+        if inherit is None:
+            if entries:
+                raise DedupConfigError(
+                    f"dedup {self.name}: the checkpoint inherits ID stores of an older "
+                    f"parallelism, which {type(self.store).__name__} cannot read: use "
+                    "dedup.rescale.InheritingIdStore"
+                )
+            return
+        inherit(entries, on_lost=self.on_lost)
+        self.store.retire(self.cutoff, self.bucket_ms)  # type: ignore[attr-defined]
 
     def _floor_cutoff(self) -> None:
         """Stored buckets below the store's GC mark are gone (deleted after a newer checkpoint

@@ -7,8 +7,11 @@
 * **Per key** (``KeyedStream.dedup``): the ID is ``(key, id(value))``; records stay keyed.
 
 Each subtask owns a :class:`~dedup.core.Deduplicator` whose store prefix is
-``eosflow:<job>:dedup:<step>:<subtask>``: changing the job's parallelism moves IDs between
-subtasks and is a migration, as it is for keyed state.
+``eosflow:<job>:dedup:<step>:<subtask>`` in shape epoch 0 and
+``eosflow:<job>:dedup:<step>:e<epoch>.<subtask>`` after the parallelism changed
+(:func:`dedup.rescale.dedup_prefix`, ``SinkContext.epoch``). The IDs cannot be re-split by key,
+so after a change the restored state (:func:`dedup.rescale.merge_dedup_states`) names the old
+prefixes this subtask reads, read-only, until its horizon passes them.
 
 Failing ``id`` functions are data: with a dead-letter destination the record goes there with
 the cause (the others of the batch are checked as usual), without one the task fails.
@@ -27,7 +30,8 @@ from typing import Any
 
 from dedup.core import Deduplicator
 from dedup.ids import value_id
-from dedup.store import RedisIdStore, redis_client
+from dedup.rescale import InheritingIdStore, dedup_prefix
+from dedup.store import redis_client
 from processor.contracts import SinkContext
 from processor.dataflow import Step
 from processor.runtime.operators import Operator, Record
@@ -58,7 +62,9 @@ class DedupOperator(Operator):
     def open(self, ctx: SinkContext) -> None:
         p = self.params
         self._client = redis_client(p["redis_url"])
-        store = RedisIdStore(self._client, f"eosflow:{ctx.job}:dedup:{ctx.step}:{ctx.subtask}")
+        store = InheritingIdStore(
+            self._client, dedup_prefix(ctx.job, ctx.step, ctx.subtask, ctx.epoch)
+        )
         self.dedup = Deduplicator(
             store,
             within_ms=p["within_ms"],
