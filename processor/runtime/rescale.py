@@ -166,7 +166,7 @@ def _merge_operators(
                 "that a newer checkpoint records it, then change the parallelism"
             )
         if kind in _DEDUP_KINDS:
-            from processor.runtime.dedup_step import merge_dedup_states
+            from dedup.rescale import merge_dedup_states
 
             operators[name] = merge_dedup_states(
                 [
@@ -213,7 +213,7 @@ def new_states(
                 return key_owner(key_bytes(key), N, G) == i
 
             def prefix(step: str, sub: int) -> str:
-                from processor.runtime.dedup_step import dedup_prefix
+                from dedup.rescale import dedup_prefix
 
                 return dedup_prefix(plan.job, step, sub, old.epoch)
 
@@ -417,7 +417,50 @@ def prepare_shape(
             runner_fault("after-rescale-before-spawn")
     record_parallelism(store, job, N)
     store.write_job_file(job, TOPOLOGY_FILE, json.dumps(topo.as_json()).encode())
+    if plan.epoch:
+        sweep_dedup(plan, store)
     return plan, latest
+
+
+def sweep_dedup(plan: Plan, store: SnapshotStore) -> int:
+    """Deletes the Redis IDs of dedup steps that older shapes wrote and no retained checkpoint
+    needs any more (own prefixes of a checkpoint's shape, and the prefixes its states inherit:
+    :func:`dedup.rescale.referenced_prefixes`). Best effort: Redis down only delays it."""
+    from dedup.rescale import dedup_prefix, referenced_prefixes, sweep_retired
+    from dedup.store import redis_client
+
+    job = plan.job
+    steps = [s for s in plan.flow.steps.values() if s.kind == "dedup"]
+    if not steps:
+        return 0
+    stage_of = {n: st.name for st in plan.stages for n in st.steps}
+    keep: dict[str, set[str]] = {s.name: set() for s in steps}
+    for chk in store.completed_ids(job):
+        manifest = store.load(job, chk)
+        topo = current_topology(store, job, manifest)
+        assert topo is not None
+        for task, handle in manifest.tasks.items():
+            held = [n for n in keep if stage_of[n] == task.rpartition(".")[0]]
+            if not held:
+                continue
+            state = store.read_task_snapshot(handle)
+            for name in held:
+                keep[name].add(dedup_prefix(job, name, _subtask(task), topo.epoch))
+                op = state["operators"].get(name)
+                if op is not None:
+                    keep[name] |= referenced_prefixes(op)
+    deleted = 0
+    for step in steps:
+        try:
+            client = redis_client(step.params.get("redis_url"))
+            deleted += sweep_retired(client, job, step.name, keep[step.name], plan.epoch)
+        except Exception as exc:  # the next start tries again
+            log.warning(
+                "dedup %s: old IDs not swept (%s); the next start tries again", step.name, exc
+            )
+    if deleted:
+        log.info("dedup: deleted %d Redis keys of older shapes of job %s", deleted, job)
+    return deleted
 
 
 def _restart_channels(plan: Plan, store: SnapshotStore, transport: Any) -> None:
