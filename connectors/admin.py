@@ -80,9 +80,10 @@ class TopicAdmin:
     def broker_count(self) -> int:
         return len(self._admin.list_topics(timeout=self._timeout).brokers)
 
-    def ensure_topics(self, specs: Iterable[TopicSpec]) -> list[str]:
-        """Create the topics that do not exist; verify the partition count of those that do,
-        and give them the spec's topic configs (:meth:`ensure_config`).
+    def ensure_topics(self, specs: Iterable[TopicSpec], *, any_count: bool = False) -> list[str]:
+        """Create the topics that do not exist; verify the partition count of those that do
+        (unless ``any_count``: a topic that exists is accepted with any count), and give them
+        the spec's topic configs (:meth:`ensure_config`).
 
         Returns:
             The names of the topics this call created.
@@ -117,7 +118,7 @@ class TopicAdmin:
         visible = self._wait_visible([s.name for s in specs])
         for spec in specs:
             actual = visible[spec.name]
-            if actual != spec.partitions:
+            if actual != spec.partitions and not any_count:
                 raise ConfigError(
                     f"topic {spec.name!r} exists with {actual} partitions, expected "
                     f"{spec.partitions}. Its partitioning is fixed by the job's parallelism: "
@@ -216,10 +217,17 @@ class TopicAdmin:
         return {(tp.topic, tp.partition): f for tp, f in futures.items()}
 
     def ensure_topic(
-        self, name: str, partitions: int, config: Mapping[str, str] | None = None
+        self,
+        name: str,
+        partitions: int,
+        config: Mapping[str, str] | None = None,
+        *,
+        any_count: bool = False,
     ) -> bool:
-        """Create ``name`` if missing; True when this call created it."""
-        return bool(self.ensure_topics([TopicSpec(name, partitions, config or {})]))
+        """Create ``name`` if missing; True when this call created it (``any_count``: accept
+        an existing topic whatever its partition count)."""
+        spec = TopicSpec(name, partitions, config or {})
+        return bool(self.ensure_topics([spec], any_count=any_count))
 
     def _wait_visible(self, names: Iterable[str]) -> dict[str, int]:
         """Wait until metadata shows every partition with a leader; return the partition counts."""
