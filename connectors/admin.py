@@ -14,6 +14,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AlterConfigOpType,
     ConfigEntry,
     ConfigResource,
+    NewPartitions,
     NewTopic,
 )
 
@@ -228,6 +229,36 @@ class TopicAdmin:
         an existing topic whatever its partition count)."""
         spec = TopicSpec(name, partitions, config or {})
         return bool(self.ensure_topics([spec], any_count=any_count))
+
+    def grow_partitions(self, name: str, partitions: int) -> int:
+        """Give the existing topic ``name`` at least ``partitions`` partitions (CreatePartitions;
+        only for topics whose records are not placed by key, e.g. the commit markers).
+
+        Returns:
+            The partition count the broker reports afterwards: fewer than asked when it
+            refused (logged with its reason; the caller copes with fewer).
+        """
+        have = self._wait_visible([name])[name]
+        if have >= partitions:
+            return have
+        try:
+            for future in self._admin.create_partitions(
+                [NewPartitions(name, partitions)], request_timeout=self._timeout
+            ).values():
+                future.result()
+        except KafkaException as exc:
+            err = exc.args[0]
+            if err.code() != KafkaError.INVALID_PARTITIONS:  # not "another caller grew it"
+                log.warning(
+                    "topic=%s not grown from %d to %d partitions: %s", name, have, partitions, err
+                )
+                return have
+        deadline = time.monotonic() + self._timeout
+        while True:
+            have = self._wait_visible([name])[name]
+            if have >= partitions or time.monotonic() > deadline:
+                return have
+            time.sleep(0.05)
 
     def _wait_visible(self, names: Iterable[str]) -> dict[str, int]:
         """Wait until metadata shows every partition with a leader; return the partition counts."""

@@ -415,13 +415,16 @@ def committable_subtask(committable: Any) -> int:
 def _marker_partition(settings: KafkaSettings, topic: str, ctx: SinkContext) -> int:
     """The marker partition of ``ctx``'s subtask: ``subtask % partitions``.
 
-    The marker topic is created with the job's parallelism when missing, and accepted with any
-    partition count when it exists: a job restarted at another parallelism (issue 24) keeps the
-    topic its first shape created. Subtasks that share a partition are told apart by the
-    markers' headers (sink, subtask, epoch). Markers stay as long as the topic does: a rescue
-    of a retained checkpoint's pending epoch reads its marker (rescue.py); the broker's
-    retention could delete it.
+    The marker topic is created with the job's parallelism when missing, accepted with any
+    partition count when it exists (a job restarted at another parallelism keeps it, issue 24)
+    and grown to the parallelism when it has fewer partitions. Growing matters for liveness,
+    not correctness: subtasks that share a partition are told apart by the markers' headers
+    (sink, subtask, epoch), but a rescue reads the marker partition ``read_committed``, so
+    another subtask's open transaction there holds it back (up to its commit, or 120 s on a
+    broker that hides aborted records: rescue.py). Where the broker refuses to grow it, they
+    share. Markers stay as long as the topic does: a rescue of a retained checkpoint's pending
+    epoch reads its marker (rescue.py); the broker's retention could delete it.
     """
     admin = TopicAdmin(settings)
     admin.ensure_topic(topic, ctx.parallelism, INTERNAL_TOPIC_CONFIG, any_count=True)
-    return ctx.subtask % len(admin.partitions(topic))
+    return ctx.subtask % admin.grow_partitions(topic, ctx.parallelism)

@@ -41,7 +41,7 @@ from processor.errors import EosflowError
 from processor.runtime.settle import settle_old_shape
 from processor.snapshot.store import SnapshotStore
 from sinks.files import FileSink, read_jsonl
-from sinks.kafka import KafkaSink
+from sinks.kafka import KafkaSink, marker_topic, read_transaction_markers
 from sinks.postgres import PostgresSink
 from sinks.redis import RedisSink
 from tests.integration.test_sinks_kafka import read_topic
@@ -341,3 +341,23 @@ def test_output_is_exact_when_one_old_writer_is_settled_before_three_new_writers
     assert story.settle(flow_of(job, case.sink), states) == 1
     story.run_new_shape(case.sink)
     check(case, story)
+
+
+def test_kafka_marker_topic_of_the_old_shape_serves_the_new_one_when_parallelism_grows(
+    kafka_settings: KafkaSettings, broker_caps: Any, topic_name: str, job: str, url: str
+) -> None:
+    """The marker topic was created with the old parallelism and refused any other count: the
+    writers of the new shape failed to open (regression, issue 24). Now it is grown (or, where
+    the broker refuses, shared: subtask % count) and every marker names its own subtask."""
+    case = kafka_case(kafka_settings, topic_name, broker_caps)
+    story = Story(job, url, old=1, new=3, roles=["pending"])
+    states = story.run_old_shape(case.sink)
+    story.settle(flow_of(job, case.sink), states)
+    story.run_new_shape(case.sink)
+    check(case, story)
+    count = len(TopicAdmin(kafka_settings).partitions(marker_topic(job, "out")))
+    hides = bool(broker_caps.read_committed_hides_aborted)
+    markers = read_transaction_markers(kafka_settings, job, "out", read_committed=hides)
+    new = {(m["subtask"], m["partition"]) for m in markers if m["epoch"] == "3.0"}
+    assert new == {(i, i % count) for i in range(3)}
+    print(f"marker topic partitions after growing from 1 to 3: {count}")
