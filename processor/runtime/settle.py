@@ -95,7 +95,8 @@ def settle_old_shape(
         How many pending committables were handed to ``recover``.
 
     Raises:
-        DefinitionError: a task name that is not ``<stage>.<subtask>`` of the old shape.
+        DefinitionError: a task name that is not ``<stage>.<subtask>`` of the old shape, or
+            an old task without a state.
         EosflowError: one or more committers failed; the message names each one's sink, old
             subtask and checkpoints. Nothing is lost: call again (it is idempotent).
     """
@@ -157,12 +158,20 @@ def _units(
                 f"(stages {stage_names}, parallelism {parallelism}): cannot settle its sinks"
             )
         by_task[stage, int(index)] = state
+    missing = [f"{s}.{i}" for s in stage_names for i in range(parallelism) if (s, i) not in by_task]
+    if missing:  # its pending committables would never be committed: lost output
+        raise DefinitionError(
+            f"job {flow.name!r}: no snapshot state for old task(s) {', '.join(missing)} (stages "
+            f"{stage_names}, parallelism {parallelism}): cannot settle their sinks without "
+            "losing their pending output; pass the state of every task of the checkpoint"
+        )
     units: list[_Unit] = []
     sink_steps = {n: s.params["sink"] for n, s in flow.steps.items() if s.kind == "sink"}
     for i in range(parallelism):
         for name, sink in sink_steps.items():
             # A sink step lives in one stage; its pending sits in that stage's task i (none
             # holds it when the step had nothing pending: then only orphans are cleaned).
+            # Settled once per (step, subtask) whichever stage it is in.
             held = [s for s in stage_names if name in by_task.get((s, i), {}).get("sinks", {})]
             state = by_task.get((held[0], i), {}) if held else {}
             task = f"{held[0]}.{i}" if held else f"?.{i}"

@@ -99,9 +99,12 @@ def test_failure_names_sink_old_subtask_and_checkpoints_when_a_writer_fails() ->
     assert len(out.calls) == 2 and out.closed == 2  # the others settled; every writer closed
 
 
-def test_settle_refuses_when_a_task_is_not_of_the_old_shape() -> None:
+def test_settle_refuses_when_a_task_is_not_of_the_old_shape_or_has_no_state() -> None:
     with pytest.raises(DefinitionError, match=r"task 'src\.2' is not a task of the old shape"):
-        _settle(_flow(Recorder()), {"src.2": {"checkpoint": 7, "sinks": {}}})
+        _settle(_flow(Recorder()), {**STATES, "src.2": {"checkpoint": 7, "sinks": {}}})
+    partial = {k: v for k, v in STATES.items() if k != "double.1"}
+    with pytest.raises(DefinitionError, match=r"no snapshot state for old task\(s\) double\.1 "):
+        _settle(_flow(Recorder()), partial)
 
 
 def test_recorded_parallelism_keeps_the_highest_when_recorded_again(tmp_path: Path) -> None:
