@@ -14,6 +14,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AlterConfigOpType,
     ConfigEntry,
     ConfigResource,
+    NewPartitions,
     NewTopic,
 )
 
@@ -80,9 +81,10 @@ class TopicAdmin:
     def broker_count(self) -> int:
         return len(self._admin.list_topics(timeout=self._timeout).brokers)
 
-    def ensure_topics(self, specs: Iterable[TopicSpec]) -> list[str]:
-        """Create the topics that do not exist; verify the partition count of those that do,
-        and give them the spec's topic configs (:meth:`ensure_config`).
+    def ensure_topics(self, specs: Iterable[TopicSpec], *, any_count: bool = False) -> list[str]:
+        """Create the topics that do not exist; verify the partition count of those that do
+        (unless ``any_count``: a topic that exists is accepted with any count), and give them
+        the spec's topic configs (:meth:`ensure_config`).
 
         Returns:
             The names of the topics this call created.
@@ -117,7 +119,7 @@ class TopicAdmin:
         visible = self._wait_visible([s.name for s in specs])
         for spec in specs:
             actual = visible[spec.name]
-            if actual != spec.partitions:
+            if actual != spec.partitions and not any_count:
                 raise ConfigError(
                     f"topic {spec.name!r} exists with {actual} partitions, expected "
                     f"{spec.partitions}. Its partitioning is fixed by the job's parallelism: "
@@ -216,10 +218,47 @@ class TopicAdmin:
         return {(tp.topic, tp.partition): f for tp, f in futures.items()}
 
     def ensure_topic(
-        self, name: str, partitions: int, config: Mapping[str, str] | None = None
+        self,
+        name: str,
+        partitions: int,
+        config: Mapping[str, str] | None = None,
+        *,
+        any_count: bool = False,
     ) -> bool:
-        """Create ``name`` if missing; True when this call created it."""
-        return bool(self.ensure_topics([TopicSpec(name, partitions, config or {})]))
+        """Create ``name`` if missing; True when this call created it (``any_count``: accept
+        an existing topic whatever its partition count)."""
+        spec = TopicSpec(name, partitions, config or {})
+        return bool(self.ensure_topics([spec], any_count=any_count))
+
+    def grow_partitions(self, name: str, partitions: int) -> int:
+        """Give the existing topic ``name`` at least ``partitions`` partitions (CreatePartitions;
+        only for topics whose records are not placed by key, e.g. the commit markers).
+
+        Returns:
+            The partition count the broker reports afterwards: fewer than asked when it
+            refused (logged with its reason; the caller copes with fewer).
+        """
+        have = self._wait_visible([name])[name]
+        if have >= partitions:
+            return have
+        try:
+            for future in self._admin.create_partitions(
+                [NewPartitions(name, partitions)], request_timeout=self._timeout
+            ).values():
+                future.result()
+        except KafkaException as exc:
+            err = exc.args[0]
+            if err.code() != KafkaError.INVALID_PARTITIONS:  # not "another caller grew it"
+                log.warning(
+                    "topic=%s not grown from %d to %d partitions: %s", name, have, partitions, err
+                )
+                return have
+        deadline = time.monotonic() + self._timeout
+        while True:
+            have = self._wait_visible([name])[name]
+            if have >= partitions or time.monotonic() > deadline:
+                return have
+            time.sleep(0.05)
 
     def _wait_visible(self, names: Iterable[str]) -> dict[str, int]:
         """Wait until metadata shows every partition with a leader; return the partition counts."""

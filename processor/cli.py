@@ -250,10 +250,27 @@ def kafka_sinks(pipeline: str) -> tuple[str, list[Any]]:
     return flow.name, steps
 
 
-def _txn_list(args: argparse.Namespace) -> int:
-    from connectors import KafkaSettings
+def _job_store(job: str) -> Any:
+    """The job's snapshot store: the URL it last ran with, if recorded, else the default."""
     from processor.runtime.local import default_snapshot_url, job_dir
     from processor.snapshot.store import SnapshotStore
+
+    status_path = job_dir(job) / "status.json"
+    status = json.loads(status_path.read_text()) if status_path.exists() else {}
+    return SnapshotStore(status.get("snapshot_url") or default_snapshot_url(job))
+
+
+def _txn_subtasks(store: Any, job: str, workers: int) -> int:
+    """Sink subtasks whose transactional ids ``txn list|abort`` cover: ``--workers``, or more
+    when the job ran at a higher parallelism before a rescale (job file ``_SINK_SUBTASKS``):
+    the ids of removed subtasks exist on the broker too."""
+    from processor.runtime.settle import recorded_parallelism
+
+    return max(workers, recorded_parallelism(store, job))
+
+
+def _txn_list(args: argparse.Namespace) -> int:
+    from connectors import KafkaSettings
     from sinks.kafka import read_transaction_markers, transactional_ids
 
     job, steps = kafka_sinks(args.pipeline)
@@ -261,14 +278,13 @@ def _txn_list(args: argparse.Namespace) -> int:
         print(f"{args.pipeline}: no transactional Kafka sink", file=sys.stderr)
         return 1
     settings = KafkaSettings.from_env()
-    status_path = job_dir(job) / "status.json"  # the URL the job last ran with, if recorded
-    status = json.loads(status_path.read_text()) if status_path.exists() else {}
-    store = SnapshotStore(status.get("snapshot_url") or default_snapshot_url(job))
+    store = _job_store(job)
     latest = store.latest_completed(job)
+    subtasks = _txn_subtasks(store, job, args.workers)
     for step in steps:
         sink = step.params["sink"]
         print(f"sink {step.name!r} of job {job!r} -> topic {sink.topic!r}")
-        for subtask in range(args.workers):
+        for subtask in range(subtasks):
             ids = transactional_ids(sink.prefix, step.name, subtask, sink.pool_size)
             print(f"  subtask {subtask}: transactional ids {', '.join(ids)} (+ spare slots)")
         markers = read_transaction_markers(settings, job, step.name)
@@ -298,11 +314,12 @@ def _txn_abort(args: argparse.Namespace) -> int:
 
     job, steps = kafka_sinks(args.pipeline)
     if args.force:
-        cli_jobs.abort_transactions(steps, args.workers)
+        store = _job_store(job)
+        cli_jobs.abort_transactions(steps, _txn_subtasks(store, job, args.workers))
     else:
         try:  # held while aborting: a job started meanwhile would have its producers fenced
-            with cli_jobs.holding(job):
-                cli_jobs.abort_transactions(steps, args.workers)
+            with cli_jobs.holding(job) as store:
+                cli_jobs.abort_transactions(steps, _txn_subtasks(store, job, args.workers))
         except JobRunningError as exc:
             print(
                 f"eosflow: refusing to abort the transactions of job {job!r}: {exc}. Aborting "
@@ -503,7 +520,12 @@ def _parser() -> argparse.ArgumentParser:
     ):
         cmd = txn_sub.add_parser(name, help=text)
         cmd.add_argument("pipeline", help="the pipeline file of the job")
-        cmd.add_argument("--workers", type=int, default=2, help="the job's parallelism")
+        cmd.add_argument(
+            "--workers",
+            type=int,
+            default=2,
+            help="the job's parallelism (at least: the highest one recorded is used if larger)",
+        )
         if name == "list":
             cmd.add_argument("--last", type=int, default=20, help="markers to show")
         else:

@@ -240,8 +240,10 @@ def _reset(args: argparse.Namespace, store: SnapshotStore) -> bool:
             return False
     if args.pipeline:
         from processor.cli import kafka_sinks
+        from processor.runtime.settle import recorded_parallelism
 
-        abort_transactions(kafka_sinks(args.pipeline)[1], args.workers)
+        workers = max(args.workers, recorded_parallelism(store, job))
+        abort_transactions(kafka_sinks(args.pipeline)[1], workers)
     deleted = store.delete_job(job)
     print(f"deleted {deleted} checkpoints")
     if topics:

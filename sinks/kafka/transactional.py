@@ -7,8 +7,9 @@ slot, each with two headers: :data:`HEADER_SINK` and :data:`HEADER_ID`, which na
 subtask, the epoch and the record's place in it (two headers, not four: headers are the
 largest per-record cost of producing from Python, see bench/RESULTS.md). ``prepare`` writes
 a *marker* record for the epoch into the same transaction (topic
-``eosflow.<job>.<step>.txn-markers``, partition = subtask), flushes, and returns the
-committable: the transactional id, the epoch tag, the record count, the offset
+``eosflow.<job>.<step>.txn-markers``, partition = subtask modulo its partition count),
+flushes, and returns the committable: the transactional id, the subtask, the epoch tag, the
+record count, the offset
 range the transaction wrote in every partition and the marker's offset. ``commit`` commits
 the transaction. While it is prepared, the next epoch writes on another slot.
 
@@ -32,7 +33,7 @@ import orjson
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from connectors.admin import INTERNAL_TOPIC_CONFIG, TopicAdmin
-from connectors.config import create_producer, producer_config
+from connectors.config import KafkaSettings, create_producer, producer_config
 from connectors.errors import classify
 from connectors.transport import produce_waiting
 from processor.contracts import SinkContext
@@ -55,7 +56,7 @@ from sinks.kafka.rescue import epoch_committed, read_epoch, txn_header
 if TYPE_CHECKING:
     from sinks.kafka.sink import KafkaSink
 
-__all__ = ["KafkaSinkWriter"]
+__all__ = ["KafkaSinkWriter", "committable_subtask"]
 
 log = logging.getLogger(__name__)
 
@@ -82,10 +83,7 @@ class KafkaSinkWriter:
         self.sink_id = f"{ctx.job}/{ctx.step}".encode()
         self.subtask_b = str(ctx.subtask).encode()
         self.markers = marker_topic(ctx.job, ctx.step)
-        self.marker_partition = ctx.subtask
-        # Markers stay as long as the topic does: a rescue of a retained checkpoint's pending
-        # epoch reads its marker (rescue.py); the broker's retention could delete it.
-        TopicAdmin(self.settings).ensure_topic(self.markers, ctx.parallelism, INTERNAL_TOPIC_CONFIG)
+        self.marker_partition = _marker_partition(self.settings, self.markers, ctx)
         self.producers: dict[int, Producer] = {}
         self.busy: dict[int, str] = {}  # slot -> epoch tag of its open or prepared transaction
         self.began: dict[int, float] = {}  # slot -> when its transaction began (monotonic)
@@ -239,6 +237,7 @@ class KafkaSinkWriter:
             self._raise_delivery(f"preparing checkpoint {checkpoint_id}")
         committable = {
             "tid": self._tid(slot),
+            "subtask": self.ctx.subtask,  # whose epoch: a rescue matches headers against it
             "slot": slot,
             "epoch": self.tag,
             "count": self.seq,
@@ -251,17 +250,28 @@ class KafkaSinkWriter:
         return committable
 
     def _produce_marker(
-        self, producer: Producer, marker: bytes, tag: str, on_delivery: Callable[..., None]
+        self,
+        producer: Producer,
+        marker: bytes,
+        tag: str,
+        on_delivery: Callable[..., None],
+        *,
+        subtask: bytes | None = None,
+        partition: int | None = None,
     ) -> None:
         """The epoch's commit marker, inside the open transaction; its headers name (sink,
-        subtask, epoch), which is what :meth:`_marker_in` looks for."""
+        subtask, epoch), which is what :func:`~sinks.kafka.rescue.epoch_committed` looks for.
+        A re-published epoch's marker names the epoch's own subtask and goes to the partition
+        of its first marker (a later rescue reads from there)."""
+        subtask_b = self.subtask_b if subtask is None else subtask
         headers: Headers = [
             (HEADER_SINK, self.sink_id),
-            (HEADER_SUBTASK, self.subtask_b),
+            (HEADER_SUBTASK, subtask_b),
             (HEADER_EPOCH, tag.encode()),
         ]
         produce_waiting(
-            producer, self.markers, marker, self.subtask_b, partition=self.marker_partition,
+            producer, self.markers, marker, subtask_b,
+            partition=self.marker_partition if partition is None else partition,
             headers=headers, on_delivery=on_delivery,
         )  # fmt: skip
 
@@ -336,15 +346,19 @@ class KafkaSinkWriter:
     def _rescue(self, committable: Any, *, fresh: bool) -> None:
         """Publish the epoch of ``committable`` unless its marker says it committed."""
         slot, tag = int(committable["slot"]), str(committable["epoch"])
+        # The epoch's own subtask (the same as this writer's when the engine restores a task,
+        # or settles an old shape with its old context: processor.runtime.settle).
+        subtask = committable_subtask(committable)
+        subtask_b = str(subtask).encode()
         producer = self._producer(slot, fresh=fresh)
-        where = f"sink={self.ctx.step} subtask={self.ctx.subtask}"
-        if epoch_committed(self.settings, committable, self.sink_id, self.subtask_b, where):
+        where = f"sink={self.ctx.step} subtask={subtask}"
+        if epoch_committed(self.settings, committable, self.sink_id, subtask_b, where):
             return
-        records = read_epoch(self.settings, committable, self.ctx.subtask, self.sink_id)
+        records = read_epoch(self.settings, committable, subtask, self.sink_id)
         expected = int(committable["count"])
         if len(records) != expected:
             raise EosflowError(
-                f"sink {self.ctx.step}[{self.ctx.subtask}]: epoch {tag} held {expected} records "
+                f"sink {self.ctx.step}[{subtask}]: epoch {tag} held {expected} records "
                 f"but only {len(records)} are still in {committable['ranges']} (deleted by "
                 "retention?); its output cannot be re-published"
             )
@@ -355,8 +369,13 @@ class KafkaSinkWriter:
                 producer, topic, value, key, partition=partition, headers=headers, timestamp=ts,
                 on_delivery=self._delivered_rescue,
             )  # fmt: skip
-        marker = orjson.dumps({"epoch": tag, "republished": True, "count": expected})
-        self._produce_marker(producer, marker, tag, self._delivered_rescue)
+        marker = orjson.dumps(
+            {"subtask": subtask, "epoch": tag, "republished": True, "count": expected}
+        )
+        self._produce_marker(
+            producer, marker, tag, self._delivered_rescue, subtask=subtask_b,
+            partition=int(committable["marker"][1]),
+        )  # fmt: skip
         producer.flush(60)
         if self.errors:
             self._raise_delivery(f"re-publishing epoch {tag}")
@@ -366,7 +385,7 @@ class KafkaSinkWriter:
         self.republished += expected
         log.warning(
             "sink=%s subtask=%d re-published epoch=%s records=%d (its transaction had aborted)",
-            self.ctx.step, self.ctx.subtask, tag, expected,
+            self.ctx.step, subtask, tag, expected,
         )  # fmt: skip
 
     def _delivered_rescue(self, err: KafkaError | None, _msg: Any) -> None:
@@ -382,3 +401,30 @@ class KafkaSinkWriter:
                     log.warning("abort on close failed: %s", exc)
             producer.flush(10)
         self.producers.clear()
+
+
+def committable_subtask(committable: Any) -> int:
+    """The sink subtask whose epoch ``committable`` is: its ``subtask`` entry, or (committables
+    written before it existed) the subtask in its transactional id
+    ``<prefix>-<step>-<subtask>-<slot>``."""
+    if "subtask" in committable:
+        return int(committable["subtask"])
+    return int(str(committable["tid"]).rsplit("-", 2)[-2])
+
+
+def _marker_partition(settings: KafkaSettings, topic: str, ctx: SinkContext) -> int:
+    """The marker partition of ``ctx``'s subtask: ``subtask % partitions``.
+
+    The marker topic is created with the job's parallelism when missing, accepted with any
+    partition count when it exists (a job restarted at another parallelism keeps it, issue 24)
+    and grown to the parallelism when it has fewer partitions. Growing matters for liveness,
+    not correctness: subtasks that share a partition are told apart by the markers' headers
+    (sink, subtask, epoch), but a rescue reads the marker partition ``read_committed``, so
+    another subtask's open transaction there holds it back (up to its commit, or 120 s on a
+    broker that hides aborted records: rescue.py). Where the broker refuses to grow it, they
+    share. Markers stay as long as the topic does: a rescue of a retained checkpoint's pending
+    epoch reads its marker (rescue.py); the broker's retention could delete it.
+    """
+    admin = TopicAdmin(settings)
+    admin.ensure_topic(topic, ctx.parallelism, INTERNAL_TOPIC_CONFIG, any_count=True)
+    return ctx.subtask % admin.grow_partitions(topic, ctx.parallelism)

@@ -77,3 +77,37 @@ def test_the_marker_read_with_read_committed_decides_when_it_does_not_stall(
         asked = _reads(monkeypatch, hides=hides, answers=[False])
         assert _committed() is False
         assert asked == [True]
+
+
+def test_a_rescue_matches_the_subtask_of_the_committable_when_another_writer_settles_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Settling an old shape (issue 24): the marker and the records of an epoch carry the
+    subtask that wrote it; the rescue matched them against the rescuing writer's subtask."""
+    from processor.contracts import SinkContext
+    from processor.errors import EosflowError
+    from sinks.kafka import transactional
+
+    asked: dict[str, Any] = {}
+
+    def committed(_s: Any, _c: Any, _sink: bytes, subtask: bytes, where: str) -> bool:
+        asked["marker"], asked["where"] = subtask, where
+        return False
+
+    def read(_s: Any, _c: Any, subtask: int, _sink: bytes) -> list[Any]:
+        asked["records"] = subtask
+        return []
+
+    monkeypatch.setattr(transactional, "epoch_committed", committed)
+    monkeypatch.setattr(transactional, "read_epoch", read)
+    writer = object.__new__(transactional.KafkaSinkWriter)
+    writer.ctx = SinkContext("job", "out", 0, 1, 1)
+    writer.settings = KafkaSettings(brokers="127.0.0.1:9")
+    writer.sink_id = b"job/out"
+    monkeypatch.setattr(writer, "_producer", lambda slot, fresh=False: None)
+    committable = {**COMMITTABLE, "tid": "p-out-2-1", "slot": 1, "count": 3, "ranges": []}
+    with pytest.raises(EosflowError, match=r"sink out\[2\]: epoch 1\.3 held 3 records"):
+        writer._rescue(committable, fresh=False)
+    assert asked == {"marker": b"2", "where": "sink=out subtask=2", "records": 2}
+    assert transactional.committable_subtask({**committable, "subtask": 5}) == 5
+    assert transactional.committable_subtask({"tid": "my-job-p-sink-step-12-3"}) == 12
