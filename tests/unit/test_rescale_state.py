@@ -219,17 +219,38 @@ def _keys(kind: str, state: Any) -> list[Any]:
     return rows + [e[2] for e in heap] + list(state.get("last", []))
 
 
-def _script(draw: Any, values: list[Any], processing: bool) -> list[Item]:
+keys = st.one_of(st.sampled_from(KEYS), st.sampled_from(KEYS[-3:]))  # half on 3 hot keys
+
+
+def _script(draw: Any, values: list[Any], processing: bool, min_size: int) -> list[Item]:
+    """Items with relative times (made absolute by :func:`_timed`): a record at the watermark
+    plus -10..30 ms (late at 0 or less), a watermark advanced by 0..20 ms, a processing time
+    advanced by 0..20 ms."""
     record = st.integers(0, len(values) - 1).flatmap(
         lambda side: st.tuples(
-            st.just("r"), st.just(side), st.sampled_from(KEYS), values[side], st.integers(0, 100)
+            st.just("r"), st.just(side), keys, values[side], st.integers(-10, 30)
         )
     )
-    items = [record, record, record, st.tuples(st.just("w"), st.integers(0, 110))]
+    items = [record, record, record, st.tuples(st.just("w"), st.integers(0, 20))]
     if processing:
-        items.append(st.tuples(st.just("p"), st.integers(0, 120)))
-    script: list[Item] = draw(st.lists(st.one_of(*items), max_size=30))
+        items.append(st.tuples(st.just("p"), st.integers(0, 20)))
+    script: list[Item] = draw(st.lists(st.one_of(*items), min_size=min_size, max_size=30))
     return script
+
+
+def _timed(script: list[Item]) -> list[Item]:
+    out: list[Item] = []
+    watermark = now = 0
+    for item in script:
+        if item[0] == "r":
+            out.append((*item[:4], max(0, watermark + item[4])))
+        elif item[0] == "w":
+            watermark += item[1]
+            out.append(("w", watermark))
+        else:
+            now += item[1]
+            out.append(("p", now))
+    return out
 
 
 def _on_time(script: list[Item]) -> list[Item]:
@@ -263,11 +284,11 @@ def test_rescaled_subtasks_give_the_output_of_one_operator_when_parallelism_chan
     groups = data.draw(st.sampled_from([4, 8, 128]), label="G")
     p_old = data.draw(st.integers(1, min(5, groups)), label="P_old")
     p_new = data.draw(st.integers(1, min(5, groups)), label="P_new")
-    xs = _script(data.draw, values, processing)
-    ys = [*_script(data.draw, values, processing), ("w", MAX_WATERMARK)]
+    cut = len(xs := _script(data.draw, values, processing, 8))
+    both = _timed(xs + _script(data.draw, values, processing, 0))
     if not late_ok:
-        both = _on_time(xs + ys)
-        xs, ys = both[: len(xs)], both[len(xs) :]
+        both = _on_time(both)
+    xs, ys = both[:cut], [*both[cut:], ("w", MAX_WATERMARK)]
 
     old = [build_operator(step) for _ in range(p_old)]
     got = _run(old, step.parents, xs, groups)
