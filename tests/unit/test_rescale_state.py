@@ -224,11 +224,11 @@ keys = st.one_of(st.sampled_from(KEYS), st.sampled_from(KEYS[-3:]))  # half on 3
 
 def _script(draw: Any, values: list[Any], processing: bool, min_size: int) -> list[Item]:
     """Items with relative times (made absolute by :func:`_timed`): a record at the watermark
-    plus -10..30 ms (late at 0 or less), a watermark advanced by 0..20 ms, a processing time
+    plus -25..30 ms (late at 0 or less), a watermark advanced by 0..20 ms, a processing time
     advanced by 0..20 ms."""
     record = st.integers(0, len(values) - 1).flatmap(
         lambda side: st.tuples(
-            st.just("r"), st.just(side), keys, values[side], st.integers(-10, 30)
+            st.just("r"), st.just(side), keys, values[side], st.integers(-25, 30)
         )
     )
     items = [record, record, record, st.tuples(st.just("w"), st.integers(0, 20))]
@@ -263,6 +263,12 @@ def _on_time(script: list[Item]) -> list[Item]:
             item = ("w", min(item[1], low))
         out.append(item)
     return out[::-1]
+
+
+def _event_time(op: Any) -> list[Any]:
+    """An operator's watermark and its tables' prune marks (what is not per key)."""
+    tables = [op.table] if hasattr(op, "table") else list(getattr(op, "sides", []))
+    return [getattr(op, "watermark", None), *(t.pruned_at for t in tables)]
 
 
 def _canon(records: list[Record]) -> Counter[Any]:
@@ -306,9 +312,13 @@ def test_rescaled_subtasks_give_the_output_of_one_operator_when_parallelism_chan
     assert Counter(map(repr, (k for op in new for k in _keys(kind, op.snapshot())))) == Counter(
         map(repr, (k for s in states for k in _keys(kind, s)))
     )
+    single = build_operator(step)
+    want = _run([single], step.parents, xs, groups)
+    # Every new subtask goes on at the job's event time (at an aligned barrier every subtask
+    # of a shuffled stage has the same one).
+    assert all(_event_time(op) == _event_time(single) for op in new)
     got += _run(new, step.parents, ys, groups)
-
-    want = _run([build_operator(step)], step.parents, xs + ys, groups)
+    want += _run([single], step.parents, ys, groups)
     assert _canon(got) == _canon(want)
 
 
