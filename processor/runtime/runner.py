@@ -253,15 +253,16 @@ class Runner(RunnerRecovery):
                     undo_restore(self.store, self.job, restored[0])
                 raise
             # Compiled with the job's topology; rescaled first if --workers changed it.
-            self.plan, latest = prepare_shape(
-                self.plan,
-                self.store,
-                transport,
-                latest,
-                recovery=o.recovery,
-                metadata=self._checkpoint_metadata(),
-                checkpoint_interval=self._interval(),
-            )
+            with extra_environ(o.environ):  # the old sinks open as the workers would
+                self.plan, latest = prepare_shape(
+                    self.plan,
+                    self.store,
+                    transport,
+                    latest,
+                    recovery=o.recovery,
+                    metadata=self._checkpoint_metadata(),
+                    checkpoint_interval=self._interval(),
+                )
             counts, ends = prepare_topics(
                 self.plan, transport, until_idle=self.options.until_idle, run_dir=self.dir
             )
