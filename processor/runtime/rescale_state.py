@@ -25,8 +25,12 @@ Rules, per piece of state:
   is exact there; taking the maximum would make records that are on time for the old owner
   late (dropped) in the new one. Stages whose subtasks may differ (forward-fed, keyed sources)
   need the per-key-group floor of the design note, not built here.
+* **Keyed-source stages** place keys by Kafka partition, not by key group: this module does not
+  care what ``keep`` means, so the runner gives such a stage a predicate by Kafka partition
+  (the key's ``murmur2`` partition, design note section 2, option (a)) or refuses the rescale.
 * **Counters** (``late_dropped``, ``expired``, ``fired``) and the ttl sweep mark are not in the
-  snapshots: they start at zero in every new operator, as after any restore.
+  snapshots: they start afresh in every new operator, as after any restore (a restored ttl
+  aggregate sweeps at its first watermark).
 
 Invariants:
     Keys are compared and hashed as the codec returns them; :func:`key_bytes` gives the bytes
@@ -38,6 +42,7 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from operator import itemgetter
 from typing import Any
 
 import orjson
@@ -89,9 +94,9 @@ def redistribute(kind: str, states: list[Any], keep: Keep) -> Any:
 
 def _aggregate(states: list[Any], keep: Keep) -> Any:
     # Without ttl a dict key -> acc; with ttl a list of [key, acc, touched] (a list tells the
-    # two apart in restore()). Every old subtask ran the same step, so the shapes agree; a dict
-    # among lists would be a subtask restored from before ttl: its keys get touched None,
-    # exactly what restore() gives them.
+    # two apart in restore()). Every old subtask ran the same step, so the shapes agree; should
+    # a dict come among lists, its keys get touched None, which is what restore() gives a key
+    # of a snapshot taken without ttl.
     if any(isinstance(s, list) for s in states):
         out: list[Any] = []
         for s in states:
@@ -115,7 +120,8 @@ def _window_aggregate(states: list[Any], keep: Keep) -> Any:
 
 def _session_aggregate(states: list[Any], keep: Keep) -> Any:
     # restore() rebuilds the heap of session ends from these, in this order.
-    return {"watermark": _watermark(states), "sessions": _keyed_pairs(states, keep, "sessions")}
+    sessions = [[k, [list(x) for x in ss]] for s in states for k, ss in s["sessions"] if keep(k)]
+    return {"watermark": _watermark(states), "sessions": sessions}
 
 
 def _versions(saved: Iterable[Any], keep: Keep) -> list[Any]:
@@ -157,22 +163,19 @@ def _interval_join(states: list[Any], keep: Keep) -> Any:
 def _process(states: list[Any], keep: Keep) -> Any:
     # Each old list of timers is in firing order (time, then registration); a stable sort of
     # their concatenation by time gives (time, old subtask, old order), and restore() numbers
-    # them in that order. Per key the order is the old one: a key's timers come from one state.
+    # them in that order. Only timers of different keys at one time can swap; a key's timers
+    # come from one state, in their old order (the sort keeps the snapshot's "firing order").
     timers: dict[str, list[list[Any]]] = {}
     for s in states:
         for kind, entries in s["timers"].items():
             timers.setdefault(kind, []).extend([t, k] for t, k in entries if keep(k))
     for entries in timers.values():
-        entries.sort(key=_first)
+        entries.sort(key=itemgetter(0))
     return {
         "watermark": _watermark(states),
         "state": [[k, v] for s in states for k, v in s["state"] if keep(k)],
         "timers": timers,
     }
-
-
-def _keyed_pairs(states: list[Any], keep: Keep, field: str) -> list[list[Any]]:
-    return [[k, [list(x) for x in xs]] for s in states for k, xs in s[field] if keep(k)]
 
 
 def _heap(states: list[Any], field: str, keep: Keep) -> list[tuple[Any, ...]]:
@@ -187,10 +190,6 @@ def _heap(states: list[Any], field: str, keep: Keep) -> list[tuple[Any, ...]]:
 
 def _watermark(states: list[Any]) -> Any:
     return min(s["watermark"] for s in states)
-
-
-def _first(entry: list[Any]) -> Any:
-    return entry[0]
 
 
 _MERGERS: dict[str, Callable[[list[Any], Keep], Any]] = {

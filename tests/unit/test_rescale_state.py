@@ -10,6 +10,7 @@ gives for ``xs + ys``, and every key must sit in exactly one new subtask, the on
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from collections.abc import Callable
 from datetime import timedelta
@@ -299,6 +300,7 @@ def test_rescaled_subtasks_give_the_output_of_one_operator_when_parallelism_chan
     old = [build_operator(step) for _ in range(p_old)]
     got = _run(old, step.parents, xs, groups)
     states = [_round_trip(op.snapshot()) for op in old]
+    untouched = copy.deepcopy(states)
     shared = shared_keys(p_old, groups, p_new, groups)
     new = []
     for i in range(p_new):
@@ -308,6 +310,7 @@ def test_rescaled_subtasks_give_the_output_of_one_operator_when_parallelism_chan
         new.append(op)
         held = _keys(kind, op.snapshot())
         assert all(_route(k, p_new, groups) == i for k in held), (i, held)
+    assert states == untouched  # each new subtask's merge reads the same old states
     # Nothing lost, nothing doubled: each key's entries are all in its new owner.
     assert Counter(map(repr, (k for op in new for k in _keys(kind, op.snapshot())))) == Counter(
         map(repr, (k for s in states for k in _keys(kind, s)))
