@@ -15,10 +15,15 @@ records went to another, breaks that order or restarts the count.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import random
+import signal
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -29,10 +34,12 @@ import pytest
 
 from connectors import KafkaSettings
 from connectors.admin import TopicAdmin
-from processor.runtime.job import default_snapshot_url
-from processor.runtime.local import Fault, LocalRunner, RunOptions
+from processor.runtime.job import default_snapshot_url, job_dir
+from processor.runtime.local import Fault, LocalRunner, RunOptions, RunResult
+from processor.runtime.savepoints import request_savepoint
+from processor.runtime.worker import hold_paths
 from processor.snapshot.store import SnapshotStore
-from processor.testing.chaos import Killer
+from processor.testing.chaos import Killer, input_read
 from tests.e2e.harness import (
     PIPELINES,
     assert_exactly_once,
@@ -73,6 +80,43 @@ def _runner_cli(env: dict[str, str], workers: int, fault: str) -> subprocess.Com
     )
 
 
+def _crashed_run(env: dict[str, str], tmp: Path, workers: int) -> None:
+    """``eosflow run --workers N`` SIGKILLed at two protocol points (a restart each), then,
+    in its third start, held in worker 1 after a checkpoint completed and before its commit,
+    where the whole job is SIGKILLed: the runner and every worker."""
+    holds = tmp / "holds"
+    faults = ["0:2:after-completion-before-commit:1", "1:0:mid-alignment:2",
+              "2:1:after-completion-before-commit:1:hold"]  # fmt: skip
+    argv = [sys.executable, "-m", "processor.cli", "run", PIPELINE, "--workers", str(workers),
+            "--checkpoint-interval", "0.5"]  # fmt: skip
+    for fault in faults:
+        argv += ["--fault", fault]
+    proc = subprocess.Popen(
+        argv,
+        env={**env, "EOSFLOW_FAULT_DIR": str(holds)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    reached, _release = hold_paths(holds, "after-completion-before-commit", 1)
+    deadline = time.monotonic() + 180
+    while not reached.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert reached.exists(), f"never held: {proc.poll()} {proc.stderr and proc.stderr.read()}"
+    pids = [json.loads(p.read_text())["pid"] for p in holds.glob("*.reached")]
+    status = json.loads(
+        (job_dir(env["JOB_NAME"], env["EOSFLOW_STATE_DIR"]) / "status.json").read_text()
+    )
+    pids += [w["pid"] for w in status.get("workers", []) if w.get("pid")]
+    proc.kill()  # the runner, then every worker: the whole job at once
+    for pid in set(pids):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait(30)
+    if proc.stderr is not None:
+        proc.stderr.close()
+
+
 def _phase(
     env: dict[str, str],
     tmp: Path,
@@ -82,13 +126,17 @@ def _phase(
     *,
     seed: int,
     produced: int,
+    last: bool = False,
 ) -> None:
-    """Runs the job until idle on ``workers``, SIGKILLed at ``faults`` and ``kills`` times at
-    random (by progress through the ``produced`` records written so far)."""
+    """Runs the job on ``workers``, SIGKILLed at ``faults`` and ``kills`` times at random (by
+    progress through the ``produced`` records written so far), until it has read everything
+    and every kill landed; then stops it with ``eosflow savepoint --stop`` (an aligned final
+    checkpoint, committed). ``last``: until idle instead (whose final watermark is the end of
+    time: the job could not take more input after it)."""
     options = RunOptions(
         workers=workers,
         checkpoint_interval=0.5,
-        until_idle=True,
+        until_idle=last,
         environ=env,
         state_dir=str(tmp / "state"),
         faults=faults,
@@ -101,10 +149,28 @@ def _phase(
     killer = Killer(
         job, kills=kills, start_after=len(faults), rng=random.Random(seed), records=produced
     )
-    killer.hold_final()
+    if last:
+        killer.hold_final()
     killer.start()
     try:
-        result = job.run()
+        if last:
+            result = job.run()
+        else:
+            results: list[RunResult] = []
+            thread = threading.Thread(target=lambda: results.append(job.run()))
+            thread.start()
+            deadline = time.monotonic() + 180
+            while thread.is_alive() and time.monotonic() < deadline:
+                read = input_read(job, produced)
+                landed = len(killer.done) == kills and job.restarts >= len(faults) + kills
+                if landed and read is not None and read >= 1.0:
+                    break
+                time.sleep(0.2)
+            request_savepoint(SnapshotStore(job.store.url), env["JOB_NAME"], stop=True,
+                              path=None, timeout=120)  # fmt: skip
+            thread.join(120)
+            assert results, "the job did not stop with its savepoint"
+            result = results[0]
     finally:
         killer.stop.set()
         killer.join(5)
@@ -177,15 +243,18 @@ def test_a_deduplicated_running_total_is_exactly_once_from_2_to_3_to_1_workers_u
     store = SnapshotStore(default_snapshot_url(env["JOB_NAME"], str(tmp_path / "state")))
     latest = store.latest_completed(env["JOB_NAME"])
     assert latest is not None and latest.metadata["topology"]["parallelism"] == 3
-    faults = [Fault(0, 2, "after-completion-before-commit", 1), Fault(1, 0, "mid-sink-recover", 1)]
-    _phase(env, tmp_path, 3, faults, 1, seed=seed + 1, produced=len(thirds[0]) + len(thirds[1]))
+    # 3 workers, killed at protocol points; then the whole job dies while a checkpoint is
+    # complete but not committed (worker 1 held there): its output is pending in the sinks.
+    _crashed_run(cli_env, tmp_path, 3)
 
-    # 3 -> 1, the runner killed after writing the checkpoint of 1 worker; then 1 worker, killed.
+    # 3 -> 1: the runner dies while settling that pending output, then after writing the
+    # checkpoint of 1 worker; then 1 worker runs to the end, killed at a protocol point.
     produce(thirds[2])
-    done = _runner_cli(cli_env, 1, "after-rescale-before-spawn")
-    assert done.returncode == -9, done.stderr[-3000:]
+    for point in ("mid-sink-recover", "after-rescale-before-spawn"):
+        done = _runner_cli(cli_env, 1, point)
+        assert done.returncode == -9, f"{point}: {done.returncode}\n{done.stderr[-3000:]}"
     last = [Fault(0, 0, "after-snapshot-before-ack", 2)]
-    _phase(env, tmp_path, 1, last, 0, seed=seed + 2, produced=len(events))
+    _phase(env, tmp_path, 1, last, 1, seed=seed + 2, produced=len(events), last=True)
 
     msgs = read_topic(kafka_settings, topic, committed=True, dedup=mode == "staged")
     got = Counter(canonical([m.key().decode(), orjson.loads(m.value())]) for m in msgs)
