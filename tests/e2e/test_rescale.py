@@ -36,6 +36,7 @@ from connectors import KafkaSettings
 from connectors.admin import TopicAdmin
 from processor.runtime.job import default_snapshot_url, job_dir
 from processor.runtime.local import Fault, LocalRunner, RunOptions, RunResult
+from processor.runtime.runner import Runner
 from processor.runtime.savepoints import request_savepoint
 from processor.runtime.worker import hold_paths
 from processor.snapshot.store import SnapshotStore
@@ -127,6 +128,7 @@ def _phase(
     seed: int,
     produced: int,
     last: bool = False,
+    runner: str = "local",
 ) -> None:
     """Runs the job on ``workers``, SIGKILLed at ``faults`` and ``kills`` times at random (by
     progress through the ``produced`` records written so far), until it has read everything
@@ -145,7 +147,13 @@ def _phase(
         max_backoff=0.5,
         metrics="off",
     )
-    job = LocalRunner(PIPELINE, options)
+    job: Runner
+    if runner == "spark":  # local[workers]: its master follows the parallelism
+        from processor.runtime.spark import SparkRunner
+
+        job = SparkRunner(PIPELINE, options)
+    else:
+        job = LocalRunner(PIPELINE, options)
     killer = Killer(
         job, kills=kills, start_after=len(faults), rng=random.Random(seed), records=produced
     )
@@ -192,28 +200,31 @@ def _in_order(msgs: list[Any]) -> list[str]:
     return sorted(wrong)
 
 
-def test_a_deduplicated_running_total_is_exactly_once_from_2_to_3_to_1_workers_under_kills(
+def _setup(
     kafka_endpoint: tuple[str, str],
     kafka_settings: KafkaSettings,
     broker_caps: Any,
     redis_url: str,
-    tmp_path: Path,
-) -> None:
+    tmp: Path,
+    name: str,
+) -> tuple[int, dict[str, str], dict[str, str], list[list[dict[str, Any]]], str, str]:
+    """A seed, the job's environment (and the CLI's), the input in three parts, the output
+    topic and the sink mode: transactional where read_committed hides aborted records, else
+    staged (Tansu shows aborted records)."""
     seed = chaos_seed()
     run_id = uuid.uuid4().hex[:8]
-    topic = f"rescale-out-{run_id}"
+    topic = f"{name}-out-{run_id}"
     TopicAdmin(kafka_settings).ensure_topic(topic, 3)
-    exact = broker_caps.read_committed_hides_aborted
-    mode = "transactional" if exact else "staged"  # Tansu shows aborted records: staged there
+    mode = "transactional" if broker_caps.read_committed_hides_aborted else "staged"
     env = {
-        "JOB_NAME": f"rescale-{run_id}",
-        "CLICKS_TOPIC": f"rescale-clicks-{run_id}",
+        "JOB_NAME": f"{name}-{run_id}",
+        "CLICKS_TOPIC": f"{name}-clicks-{run_id}",
         "OUTPUT_TOPIC": topic,
         "SINK_MODE": mode,
-        "TXN_PREFIX": f"rescale-{run_id}",
+        "TXN_PREFIX": f"{name}-{run_id}",
         "EOSFLOW_KAFKA_BROKERS": kafka_endpoint[0],
         "EOSFLOW_REDIS_URL": redis_url,
-        "EOSFLOW_STATE_DIR": str(tmp_path / "state"),
+        "EOSFLOW_STATE_DIR": str(tmp / "state"),
         "DEDUP_FP_RATE": "0.4",  # many Bloom hits: Redis (and inherited IDs) decide them
         "DEDUP_EXPECTED_IDS": "2000",
         "WORK_US": "100",
@@ -222,11 +233,37 @@ def test_a_deduplicated_running_total_is_exactly_once_from_2_to_3_to_1_workers_u
     cli_env.update(env)
     events = list(with_duplicates(click_events(RECORDS, seed=seed), 0.10, seed=seed))
     assert len(events) > RECORDS * 1.08
-    thirds = [events[: len(events) // 3], events[len(events) // 3 : 2 * len(events) // 3]]
-    thirds.append(events[2 * len(events) // 3 :])
+    n = len(events)
+    thirds = [events[: n // 3], events[n // 3 : 2 * n // 3], events[2 * n // 3 :]]
+    return seed, env, cli_env, thirds, topic, mode
+
+
+def _produce(brokers: str, env: dict[str, str], part: list[dict[str, Any]]) -> None:
+    produce_json(brokers, env["CLICKS_TOPIC"], part, key=lambda e: str(e["user"]))
+
+
+def _check_output(kafka_settings: KafkaSettings, topic: str, mode: str, seed: int) -> None:
+    """Every distinct click's running total exactly once, and per user in order 1..n."""
+    msgs = read_topic(kafka_settings, topic, committed=True, dedup=mode == "staged")
+    got = Counter(canonical([m.key().decode(), orjson.loads(m.value())]) for m in msgs)
+    want = expected_running_totals(click_events(RECORDS, seed=seed))
+    assert_exactly_once(want, got, seed=seed)
+    assert not _in_order(msgs), f"seed={seed}: users out of order: {_in_order(msgs)[:5]}"
+
+
+def test_a_deduplicated_running_total_is_exactly_once_from_2_to_3_to_1_workers_under_kills(
+    kafka_endpoint: tuple[str, str],
+    kafka_settings: KafkaSettings,
+    broker_caps: Any,
+    redis_url: str,
+    tmp_path: Path,
+) -> None:
+    seed, env, cli_env, thirds, topic, mode = _setup(
+        kafka_endpoint, kafka_settings, broker_caps, redis_url, tmp_path, "rescale"
+    )
 
     def produce(part: list[dict[str, Any]]) -> None:
-        produce_json(kafka_endpoint[0], env["CLICKS_TOPIC"], part, key=lambda e: str(e["user"]))
+        _produce(kafka_endpoint[0], env, part)
 
     # 2 workers.
     produce(thirds[0])
@@ -254,10 +291,35 @@ def test_a_deduplicated_running_total_is_exactly_once_from_2_to_3_to_1_workers_u
         done = _runner_cli(cli_env, 1, point)
         assert done.returncode == -9, f"{point}: {done.returncode}\n{done.stderr[-3000:]}"
     last = [Fault(0, 0, "after-snapshot-before-ack", 2)]
-    _phase(env, tmp_path, 1, last, 1, seed=seed + 2, produced=len(events), last=True)
+    _phase(env, tmp_path, 1, last, 1, seed=seed + 2, produced=sum(map(len, thirds)), last=True)
 
-    msgs = read_topic(kafka_settings, topic, committed=True, dedup=mode == "staged")
-    got = Counter(canonical([m.key().decode(), orjson.loads(m.value())]) for m in msgs)
-    want = expected_running_totals(click_events(RECORDS, seed=seed))
-    assert_exactly_once(want, got, seed=seed)
-    assert not _in_order(msgs), f"seed={seed}: users out of order: {_in_order(msgs)[:5]}"
+    _check_output(kafka_settings, topic, mode, seed)
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_deduplicated_running_total_is_exactly_once_from_2_to_3_to_1_spark_workers(
+    kafka_endpoint: tuple[str, str],
+    kafka_settings: KafkaSettings,
+    broker_caps: Any,
+    redis_url: str,
+    tmp_path: Path,
+) -> None:
+    """The same job on the Spark runner (the rescale runs in the driver; each shape is one
+    barrier job of N tasks): 2 workers stopped with a savepoint, 3 stopped with a savepoint,
+    then 1 until idle, a worker SIGKILLed at a protocol point in each. Slow-marked: three Spark
+    starts (7-9 s each) do not fit CI's budget; the local-runner test covers the runner kills."""
+    seed, env, _cli_env, thirds, topic, mode = _setup(
+        kafka_endpoint, kafka_settings, broker_caps, redis_url, tmp_path, "rescale-spark"
+    )
+    produced = 0
+    for workers, part, fault, last in (
+        (2, thirds[0], Fault(0, 1, "mid-alignment", 2), False),
+        (3, thirds[1], Fault(0, 2, "after-completion-before-commit", 1), False),
+        (1, thirds[2], Fault(0, 0, "after-snapshot-before-ack", 2), True),
+    ):
+        _produce(kafka_endpoint[0], env, part)
+        produced += len(part)
+        _phase(env, tmp_path, workers, [fault], 0, seed=seed, produced=produced, last=last,
+               runner="spark")  # fmt: skip
+    _check_output(kafka_settings, topic, mode, seed)
