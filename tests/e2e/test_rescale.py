@@ -41,6 +41,7 @@ from processor.runtime.savepoints import request_savepoint
 from processor.runtime.worker import hold_paths
 from processor.snapshot.store import SnapshotStore
 from processor.testing.chaos import Killer, input_read
+from tests.e2e.cli import committed_output, eosflow, job_env, wait_status
 from tests.e2e.harness import (
     PIPELINES,
     assert_exactly_once,
@@ -323,3 +324,46 @@ def test_a_deduplicated_running_total_is_exactly_once_from_2_to_3_to_1_spark_wor
         _phase(env, tmp_path, workers, [fault], 0, seed=seed, produced=produced, last=last,
                runner="spark")  # fmt: skip
     _check_output(kafka_settings, topic, mode, seed)
+
+
+def test_a_job_that_never_completed_a_checkpoint_starts_at_another_parallelism(
+    kafka_endpoint: tuple[str, str], tmp_path: Path
+) -> None:
+    """A job SIGKILLed before its first checkpoint (2 workers, checkpoints 10 minutes apart) is
+    started with 3: no state to move, but the old writers' orphans are cleaned, the recorded
+    start positions name the new channels, and the output is every click's running total
+    exactly once (the killed run committed nothing)."""
+    seed = chaos_seed()
+    env = job_env(kafka_endpoint[0], tmp_path, "rescale-fresh", WORK_US="100")
+    events = list(click_events(4_000, seed=seed))
+    produce_json(kafka_endpoint[0], env["CLICKS_TOPIC"], events, key=lambda e: str(e["user"]))
+    pipeline = str(PIPELINES / "versioned_total.py")
+    argv = eosflow("run", pipeline, "--workers", "2", "--checkpoint-interval", "10m",
+                   "--checkpoint-timeout", "2m")  # fmt: skip
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    wait_status(env, lambda s: s.get("state") == "running" and all(
+        w["connected"] for w in s["workers"]))  # fmt: skip
+    time.sleep(2)  # records in flight in the channels of 2 workers
+    status = json.loads(
+        (job_dir(env["JOB_NAME"], env["EOSFLOW_STATE_DIR"]) / "status.json").read_text()
+    )
+    proc.kill()
+    for worker in status.get("workers", []):
+        with contextlib.suppress(ProcessLookupError, TypeError):
+            os.kill(worker["pid"], signal.SIGKILL)
+    proc.wait(30)
+    assert proc.stderr is not None
+    proc.stderr.close()
+    store = SnapshotStore(default_snapshot_url(env["JOB_NAME"], env["EOSFLOW_STATE_DIR"]))
+    assert store.latest_completed(env["JOB_NAME"]) is None
+    done = subprocess.run(
+        eosflow("run", pipeline, "--workers", "3", "--until-idle", "--checkpoint-interval", "0.5"),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    topology = json.loads(store.read_job_file(env["JOB_NAME"], "_TOPOLOGY") or b"{}")
+    assert topology == {"parallelism": 3, "key_groups": 128, "epoch": 1}
+    assert_exactly_once(expected_running_totals(iter(events)), committed_output(env), seed=seed)
