@@ -105,12 +105,17 @@ def _crashed_run(env: dict[str, str], tmp: Path, workers: int) -> None:
     while not reached.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)
     assert reached.exists(), f"never held: {proc.poll()} {proc.stderr and proc.stderr.read()}"
-    pids = [json.loads(p.read_text())["pid"] for p in holds.glob("*.reached")]
+    _kill_job(proc, env, [json.loads(p.read_text())["pid"] for p in holds.glob("*.reached")])
+
+
+def _kill_job(proc: subprocess.Popen[Any], env: dict[str, str], pids: list[int]) -> None:
+    """SIGKILLs the whole job at once: the runner ``proc``, then every worker (``pids`` and
+    those its status file names)."""
     status = json.loads(
         (job_dir(env["JOB_NAME"], env["EOSFLOW_STATE_DIR"]) / "status.json").read_text()
     )
-    pids += [w["pid"] for w in status.get("workers", []) if w.get("pid")]
-    proc.kill()  # the runner, then every worker: the whole job at once
+    pids = pids + [w["pid"] for w in status.get("workers", []) if w.get("pid")]
+    proc.kill()
     for pid in set(pids):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -344,16 +349,7 @@ def test_a_job_that_never_completed_a_checkpoint_starts_at_another_parallelism(
     wait_status(env, lambda s: s.get("state") == "running" and all(
         w["connected"] for w in s["workers"]))  # fmt: skip
     time.sleep(2)  # records in flight in the channels of 2 workers
-    status = json.loads(
-        (job_dir(env["JOB_NAME"], env["EOSFLOW_STATE_DIR"]) / "status.json").read_text()
-    )
-    proc.kill()
-    for worker in status.get("workers", []):
-        with contextlib.suppress(ProcessLookupError, TypeError):
-            os.kill(worker["pid"], signal.SIGKILL)
-    proc.wait(30)
-    assert proc.stderr is not None
-    proc.stderr.close()
+    _kill_job(proc, env, [])
     store = SnapshotStore(default_snapshot_url(env["JOB_NAME"], env["EOSFLOW_STATE_DIR"]))
     assert store.latest_completed(env["JOB_NAME"]) is None
     done = subprocess.run(
