@@ -214,6 +214,10 @@ class KafkaTransport:
             TopicSpec(name, n, INTERNAL_TOPIC_CONFIG) for name, n in partitions.items()
         )
 
+    def list_topics(self, prefix: str = "") -> list[str]:
+        """The cluster's topics whose names start with ``prefix``."""
+        return self._admin.list_topics(prefix)
+
     def delete_topics(self, names: Iterable[str]) -> None:
         """Deletes topics (an old shape's channels after a rescale); a missing one is fine."""
         self._admin.delete_topics(names)

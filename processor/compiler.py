@@ -6,7 +6,7 @@ Rules (DESIGN.md, "Execution model"):
   ``filter``, ``flat_map``, ``key_by`` and ``sink`` stay in their parent's stage.
 * **Shuffles.** A keyed aggregation (or ``process`` step) whose input is not already partitioned
   by its key starts a new stage; the edge is a channel topic of ``P x P`` partitions, key-routed
-  with :func:`processor.wire.key_to_downstream`. An aggregation over the output of another
+  with :func:`processor.wire.key_owner` (key groups). An aggregation over the output of another
   aggregation (same key, nothing re-keyed in between) needs no shuffle and is fused. A ``dedup``
   is placed the same way; a global one (unkeyed stream) always shuffles, keyed by the record ID.
 * **Partial combining.** A windowed aggregation with a ``merge`` function (``count``, ``reduce``,
@@ -41,7 +41,7 @@ from processor.wire import channel_topic_name, default_key_groups, route_table
 
 __all__ = ["HASHED", "Edge", "Plan", "Stage", "compile_flow"]
 
-#: The partitioning of a shuffle's output (:func:`processor.wire.key_to_downstream`).
+#: The partitioning of a shuffle's output (by key group: :func:`processor.wire.key_owner`).
 HASHED = "hashed"
 #: ``None``, :data:`HASHED`, or the keyed source topics a stream is partitioned like.
 Partitioning = frozenset[str] | str | None
@@ -106,8 +106,9 @@ class Plan:
     #: group must have equal counts (:func:`processor.runtime.topics.check_keyed_sources`).
     copartitioned: tuple[tuple[str, ...], ...] = ()
     #: The job's key-group count ``G``: a keyed record goes to the owner of key group
-    #: ``crc32(key) % G`` (:func:`processor.wire.owner_of`); fixed for the job's life (its
-    #: ``_TOPOLOGY`` file), so that a change of parallelism moves whole key groups.
+    #: ``crc32(key) % G`` (:func:`processor.wire.owner_of`); chosen at the job's first start
+    #: and kept by a change of parallelism, which moves whole key groups (a larger count only
+    #: when the new parallelism is above it: :mod:`processor.runtime.rescale`).
     key_groups: int = 128
     #: The job's shape epoch: one more after each change of parallelism. The channel topics of
     #: each epoch are new topics (their partition count is ``P*P``).
@@ -238,7 +239,7 @@ def compile_flow(
     """Turns ``flow`` into stages and channel edges.
 
     ``key_groups`` (default :func:`processor.wire.default_key_groups` of ``parallelism``) and
-    ``epoch``: the job's topology (:mod:`processor.runtime.topology`), from its ``_TOPOLOGY``
+    ``epoch``: the job's topology (:mod:`processor.runtime.rescale`), from its ``_TOPOLOGY``
     file; the defaults are a new job's.
 
     ``combine=False``: no combiner before shuffles (local recovery needs it: a combiner's

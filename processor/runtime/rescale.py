@@ -12,8 +12,8 @@ runner rescales it *before any worker starts* (:func:`rescale`), in this order:
 
 1. **Refuse** what cannot move (:func:`check_rescalable`): an unaligned checkpoint or channels
    still recovering (records in flight in the old channels), a loop, keyed sources read without
-   a shuffle (their state sits where Kafka's partitioner put the key), local recovery, more
-   workers than key groups.
+   a shuffle (their state sits where Kafka's partitioner put the key), local recovery. (More
+   workers than key groups take a larger key-group count: state is re-placed from its keys.)
 2. **Settle the old shape's sinks** (:func:`processor.runtime.settle.settle_old_shape`): every
    committer of every old subtask recovers what the checkpoint holds for it (commit, or
    re-publish) and cleans its orphans, so that no old transaction is open and no pending output
@@ -22,7 +22,7 @@ runner rescales it *before any worker starts* (:func:`rescale`), in this order:
    stage, the source partitions ``p % N == i`` with their offsets and event-time maxima, and
    each stateful step's state for the keys ``i`` owns, merged from the old subtasks that may
    hold them (:func:`processor.wire.shared_keys`; :mod:`processor.runtime.rescale_state`,
-   dedup IDs by :func:`processor.runtime.dedup_step.merge_dedup_states`). The new channel
+   dedup IDs by :func:`dedup.rescale.merge_dedup_states`). The new channel
    topics start at their end, with every barrier seen (nothing to replay). The manifest is
    written last: a crash before it leaves checkpoint ``C`` the latest, and the rescale repeats.
 4. Delete the old epoch's channel topics (best effort: nothing reads them any more).
@@ -46,12 +46,19 @@ from typing import Any
 from processor.compiler import Plan, compile_flow
 from processor.errors import ConfigError
 from processor.snapshot.store import Manifest, SnapshotHandle, SnapshotStore
-from processor.wire import default_key_groups, key_owner, shared_keys
+from processor.wire import (
+    MIN_KEY_GROUPS,
+    default_key_groups,
+    job_topic_prefix,
+    key_owner,
+    shared_keys,
+)
 
 __all__ = [
     "TOPOLOGY_FILE",
     "Topology",
     "check_rescalable",
+    "check_shape",
     "current_topology",
     "prepare_shape",
     "rescale",
@@ -62,6 +69,9 @@ log = logging.getLogger(__name__)
 
 #: The job file holding the topology of a job that has no completed checkpoint yet.
 TOPOLOGY_FILE = "_TOPOLOGY"
+#: The job file holding the newest shape epoch the job ever started: written before any topic
+#: of that epoch is created, so that no two shapes share a channel topic or a dedup prefix.
+EPOCH_FILE = "_EPOCH"
 
 _DEDUP_KINDS = ("dedup", "keyed-dedup")
 
@@ -95,18 +105,28 @@ def current_topology(store: SnapshotStore, job: str, latest: Manifest | None) ->
     return Topology(**json.loads(raw)) if raw else None
 
 
-def new_topology(old: Topology | None, parallelism: int, *, legacy: bool = False) -> Topology:
+def new_topology(
+    old: Topology | None, parallelism: int, *, legacy: bool = False, highest: int = 0
+) -> Topology:
     """The topology of a start at ``parallelism``: the old one if unchanged; a new job's key
-    groups; or, for a change, the next epoch with the same key groups (another count when the
-    new parallelism is above it, or the job predates key groups)."""
+    groups; or, for a change (another parallelism, or a checkpoint of an older shape than the
+    newest the job ever ran, ``highest``), the next epoch after every one the job used, with
+    the same key groups (the default count when the new parallelism is above it, when the old
+    count is below the default: a job from before key groups, with ``G = P``)."""
     if old is None:
         return Topology(parallelism, default_key_groups(parallelism), 0)
-    if old.parallelism == parallelism:
+    if old.parallelism == parallelism and old.epoch >= highest:
         return old
     groups = old.key_groups
-    if legacy or parallelism > groups:
+    if legacy or parallelism > groups or groups < MIN_KEY_GROUPS:
         groups = max(default_key_groups(parallelism), groups)
-    return Topology(parallelism, groups, old.epoch + 1)
+    return Topology(parallelism, groups, max(old.epoch, highest) + 1)
+
+
+def highest_epoch(store: SnapshotStore, job: str) -> int:
+    """The newest shape epoch the job ever started (job file ``_EPOCH``; 0 without one)."""
+    raw = store.read_job_file(job, EPOCH_FILE)
+    return int(raw) if raw else 0
 
 
 def check_rescalable(plan: Plan, latest: Manifest, old: Topology, recovery: str) -> None:
@@ -124,7 +144,7 @@ def check_rescalable(plan: Plan, latest: Manifest, old: Topology, recovery: str)
         )
     if int(latest.metadata.get("loop_log", 0)) > 0 or plan.cyclic:
         raise ConfigError(
-            f"job {job!r} has a loop (iterate): records in flight on its back-edge cannot be "
+            f"job {job!r} has a loop (iterate): records its back-edge may hold cannot be "
             f"re-routed to another parallelism yet. {how}"
         )
     if plan.copartitioned:
@@ -152,7 +172,9 @@ def _merge_operators(
     old_subtasks: list[int],
 ) -> tuple[dict[str, Any], dict[str, str]]:
 
-    names = sorted({n for s in olds for n in s["operators"]})
+    # A local-recovery replay check (``~replay-<stage>``) describes the old channels: the new
+    # shape reads new ones, so it starts without one.
+    names = sorted({n for s in olds for n in s["operators"] if not n.startswith("~replay-")})
     kinds: dict[str, str] = {}
     for s in olds:
         kinds.update(s.get("kinds", {}))
@@ -275,6 +297,27 @@ def channel_partitions(plan: Plan) -> list[tuple[str, int]]:
     return tps
 
 
+def _check_channels_done(
+    plan: Plan, old: Topology, states: dict[str, dict[str, Any]], checkpoint_id: int
+) -> None:
+    """Every old task saw the barrier on each of its channels (an aligned checkpoint): nothing
+    of the old channels is in flight. A checkpoint from before manifests said whether they were
+    aligned is checked here."""
+    old_plan = compile_flow(plan.flow, old.parallelism, key_groups=old.key_groups, epoch=old.epoch)
+    tps = channel_partitions(old_plan)
+    for task, state in states.items():
+        stage, sub = task.rpartition(".")[0], _subtask(task)
+        inputs = {tp for tp in tps if _reads(old_plan, stage, sub, tp)}
+        missing = inputs - {tuple(tp) for tp in state.get("barrier_seen", ())}
+        if missing:
+            raise ConfigError(
+                f"job {plan.job!r}: task {task} of checkpoint {checkpoint_id} had not seen the "
+                f"barrier on {len(missing)} channel(s) (an unaligned checkpoint): their records "
+                f"in flight cannot move to another parallelism. Take an aligned one first: "
+                f"`eosflow savepoint {plan.job} --stop`, then change the parallelism"
+            )
+
+
 def rescale(
     plan: Plan,
     old: Topology,
@@ -300,6 +343,9 @@ def rescale(
                 "replaying channels of an unaligned checkpoint; take an aligned one first "
                 f"(`eosflow savepoint {job} --stop`), then change the parallelism"
             )
+    _check_channels_done(plan, old, states, latest.checkpoint_id)
+    # Everything that can refuse runs before the old sinks are settled (a dry run of the merge).
+    new_states(plan, old, states, checkpoint_id=0, generation=0, channel_starts={})
     generation = store.next_generation(job)
     settled = settle(states, generation)
     fault("after-settle-before-rewrite")
@@ -340,15 +386,27 @@ def rescale(
         job, latest.checkpoint_id, old.parallelism, old.epoch, chk, plan.parallelism,
         plan.epoch, plan.key_groups, settled, time.monotonic() - started,
     )  # fmt: skip
-    old_plan = compile_flow(plan.flow, old.parallelism, key_groups=old.key_groups, epoch=old.epoch)
-    gone = sorted({e.topic for e in old_plan.edges} - {e.topic for e in plan.edges})
-    delete = getattr(transport, "delete_topics", None)
-    if gone and delete is not None:
-        try:
-            delete(gone)
-        except Exception as exc:  # the new shape never reads them: only space is lost
-            log.warning("could not delete the old channel topics %s: %s", gone, exc)
     return store.load(job, chk)
+
+
+def check_shape(plan: Plan, store: SnapshotStore, latest: Manifest | None) -> None:
+    """A restart restores a checkpoint of the shape it runs (the newest one was unreadable and
+    an older shape's is the newest left, say): otherwise the job must be started again, which
+    rescales it.
+
+    Raises:
+        ConfigError: naming both shapes.
+    """
+    found = current_topology(store, plan.job, latest) if latest is not None else None
+    if found is None:
+        return
+    if (found.parallelism, found.epoch) != (plan.parallelism, plan.epoch):
+        raise ConfigError(
+            f"job {plan.job!r}: the newest readable checkpoint ({latest and latest.checkpoint_id}"
+            f") was taken with {found.parallelism} workers (shape epoch {found.epoch}), and this "
+            f"run has {plan.parallelism} (epoch {plan.epoch}): start the job again (eosflow "
+            "run), which rescales that checkpoint"
+        )
 
 
 def runner_fault(point: str) -> None:
@@ -377,7 +435,8 @@ def prepare_shape(
     job, N = plan.job, plan.parallelism
     old = current_topology(store, job, latest)
     legacy = latest is not None and not latest.metadata.get("topology")
-    topo = new_topology(old, N, legacy=legacy)
+    highest = highest_epoch(store, job)
+    topo = new_topology(old, N, legacy=legacy, highest=highest)
     plan = compile_flow(
         plan.flow,
         N,
@@ -385,7 +444,9 @@ def prepare_shape(
         key_groups=topo.key_groups,
         epoch=topo.epoch,
     )
-    if old is not None and old.parallelism != N:
+    if old is not None and topo != old:
+        # Before any topic of the new epoch exists: a crash from here on never reuses it.
+        store.write_job_file(job, EPOCH_FILE, str(topo.epoch).encode())
         old_plan = compile_flow(
             plan.flow, old.parallelism, key_groups=old.key_groups, epoch=old.epoch
         )
@@ -415,26 +476,75 @@ def prepare_shape(
                 fault=runner_fault,
             )  # fmt: skip
             runner_fault("after-rescale-before-spawn")
-    record_parallelism(store, job, N)
+    record_parallelism(store, job, max(N, old.parallelism if old else N))
     store.write_job_file(job, TOPOLOGY_FILE, json.dumps(topo.as_json()).encode())
     if plan.epoch:
+        _delete_other_epochs(plan, transport, max(highest, plan.epoch))
         sweep_dedup(plan, store)
     return plan, latest
+
+
+def _delete_other_epochs(plan: Plan, transport: Any, highest: int) -> None:
+    """Deletes the channel topics of every other shape epoch of the job (best effort): a
+    checkpoint of an older shape is always rewritten into a new epoch before it runs, so no
+    start reads them again, and an interrupted rescale may have left some behind."""
+    delete = getattr(transport, "delete_topics", None)
+    if delete is None:
+        return
+    mine = {e.topic for e in plan.edges}
+    names: set[str] = set()
+    for epoch in range(highest + 1):
+        if epoch != plan.epoch:
+            shape = compile_flow(plan.flow, 1, key_groups=plan.key_groups, epoch=epoch)
+            names |= {e.topic for e in shape.edges} - mine
+    try:
+        listed = getattr(transport, "list_topics", None)
+        if listed is not None:
+            names &= set(listed(job_topic_prefix(plan.job)))
+        if names:
+            delete(sorted(names))
+            log.info("deleted the channel topics of older shapes: %s", sorted(names))
+    except Exception as exc:  # the next start tries again
+        log.warning("could not delete the channel topics of older shapes %s: %s", names, exc)
 
 
 def sweep_dedup(plan: Plan, store: SnapshotStore) -> int:
     """Deletes the Redis IDs of dedup steps that older shapes wrote and no retained checkpoint
     needs any more (own prefixes of a checkpoint's shape, and the prefixes its states inherit:
     :func:`dedup.rescale.referenced_prefixes`). Best effort: Redis down only delays it."""
-    from dedup.rescale import dedup_prefix, referenced_prefixes, sweep_retired
+    from dedup.rescale import sweep_retired
     from dedup.store import redis_client
 
     job = plan.job
     steps = [s for s in plan.flow.steps.values() if s.kind == "dedup"]
     if not steps:
         return 0
+    try:
+        keep = _referenced_prefixes(plan, store, [s.name for s in steps])
+    except Exception as exc:  # an unreadable checkpoint: delete nothing rather than too much
+        log.warning("dedup: old IDs not swept (a retained checkpoint is unreadable: %s)", exc)
+        return 0
+    deleted = 0
+    for step in steps:
+        try:
+            client = redis_client(step.params.get("redis_url"))
+            deleted += sweep_retired(client, job, step.name, keep[step.name], plan.epoch)
+        except Exception as exc:  # the next start tries again
+            log.warning(
+                "dedup %s: old IDs not swept (%s); the next start tries again", step.name, exc
+            )
+    if deleted:
+        log.info("dedup: deleted %d Redis keys of older shapes of job %s", deleted, job)
+    return deleted
+
+
+def _referenced_prefixes(plan: Plan, store: SnapshotStore, names: list[str]) -> dict[str, set[str]]:
+    """Dedup step -> the Redis prefixes the retained checkpoints need (own and inherited)."""
+    from dedup.rescale import dedup_prefix, referenced_prefixes
+
+    job = plan.job
     stage_of = {n: st.name for st in plan.stages for n in st.steps}
-    keep: dict[str, set[str]] = {s.name: set() for s in steps}
+    keep: dict[str, set[str]] = {n: set() for n in names}
     for chk in store.completed_ids(job):
         manifest = store.load(job, chk)
         topo = current_topology(store, job, manifest)
@@ -449,18 +559,7 @@ def sweep_dedup(plan: Plan, store: SnapshotStore) -> int:
                 op = state["operators"].get(name)
                 if op is not None:
                     keep[name] |= referenced_prefixes(op)
-    deleted = 0
-    for step in steps:
-        try:
-            client = redis_client(step.params.get("redis_url"))
-            deleted += sweep_retired(client, job, step.name, keep[step.name], plan.epoch)
-        except Exception as exc:  # the next start tries again
-            log.warning(
-                "dedup %s: old IDs not swept (%s); the next start tries again", step.name, exc
-            )
-    if deleted:
-        log.info("dedup: deleted %d Redis keys of older shapes of job %s", deleted, job)
-    return deleted
+    return keep
 
 
 def _restart_channels(plan: Plan, store: SnapshotStore, transport: Any) -> None:

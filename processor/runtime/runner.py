@@ -44,7 +44,7 @@ from processor.runtime.metrics import JobMetrics
 from processor.runtime.pipeline import load_flow, load_object
 from processor.runtime.preflight import check_local_recovery, extra_environ, preflight
 from processor.runtime.recovery import RunnerRecovery
-from processor.runtime.rescale import prepare_shape
+from processor.runtime.rescale import check_shape, prepare_shape
 from processor.runtime.savepoints import SavepointRequests, restore_savepoint, undo_restore
 from processor.runtime.state_map import STATE_KEY, check_state, state_layout
 from processor.runtime.topics import (
@@ -188,6 +188,7 @@ class Runner(RunnerRecovery):
         self.generation = self.store.next_generation(self.job)
         self.coordinator.start_generation(self.generation)
         latest = self.store.latest_completed(self.job)
+        check_shape(self.plan, self.store, latest)
         restore = latest.checkpoint_id if latest else 0
         specs = [self._spec(i, restore, counts, ends) for i in range(self.options.workers)]
         self.workers = [WorkerHandle(i) for i in range(self.options.workers)]
@@ -248,21 +249,21 @@ class Runner(RunnerRecovery):
                 check_graph(self.plan, list(latest.tasks) if latest is not None else [])
                 # renamed or removed stateful steps (runtime.state_map)
                 check_state(self.plan, self.store, latest, o.map_state, o.allow_dropped_state)
+                # Compiled with the job's topology; rescaled first if --workers changed it.
+                with extra_environ(o.environ):  # the old sinks open as the workers would
+                    self.plan, latest = prepare_shape(
+                        self.plan,
+                        self.store,
+                        transport,
+                        latest,
+                        recovery=o.recovery,
+                        metadata=self._checkpoint_metadata(),
+                        checkpoint_interval=self._interval(),
+                    )
             except ConfigError:
                 if restored is not None and restored[1]:  # refused: the copy must not stay
                     undo_restore(self.store, self.job, restored[0])
                 raise
-            # Compiled with the job's topology; rescaled first if --workers changed it.
-            with extra_environ(o.environ):  # the old sinks open as the workers would
-                self.plan, latest = prepare_shape(
-                    self.plan,
-                    self.store,
-                    transport,
-                    latest,
-                    recovery=o.recovery,
-                    metadata=self._checkpoint_metadata(),
-                    checkpoint_interval=self._interval(),
-                )
             counts, ends = prepare_topics(
                 self.plan, transport, until_idle=self.options.until_idle, run_dir=self.dir
             )

@@ -213,3 +213,61 @@ def test_source_partitions_move_by_partition_and_channels_start_fresh(
         assert down["watermark"] == min(800 + s for s in shared_keys(p_old, 128, p_new, 128)[i])
     assert moved == {("clicks", p): 100 + p for p in range(8)}  # each partition exactly once
     assert zlib.crc32(b"") == 0  # (the key bytes hashed are the channel's: see rescale_state)
+
+
+def test_epochs_never_repeat_and_an_older_shape_is_rewritten_even_at_its_parallelism() -> None:
+    """A rescale killed after it created the topics of epoch 1, then a start at another
+    parallelism: epoch 2, not 1 again (its topics have another partition count). A savepoint of
+    epoch 0 restored after the job ran epoch 1, at its own parallelism: rewritten into epoch 2
+    (the channels of epoch 0 are gone)."""
+    assert new_topology(Topology(2, 128, 0), 4, highest=1) == Topology(4, 128, 2)
+    assert new_topology(Topology(2, 128, 0), 2, highest=1) == Topology(2, 128, 2)
+    assert new_topology(Topology(2, 128, 1), 2, highest=1) == Topology(2, 128, 1)
+
+
+def test_a_job_from_before_key_groups_takes_the_default_count_at_any_rescale() -> None:
+    """A checkpoint taken after the upgrade records G = P: a later change of parallelism still
+    moves it to the default count (4 -> 3 with G = 4 would give one subtask half the keys)."""
+    assert new_topology(Topology(4, 4, 0), 3) == Topology(3, 128, 1)
+    assert route_table(3, 4) == [0, 0, 1, 2]  # what it would have been
+
+
+def test_a_replay_check_of_local_recovery_is_not_carried_into_the_new_shape() -> None:
+    old = Topology(2, 128)
+    plan = compile_flow(_flow(), 3, key_groups=128, epoch=1)
+    states: dict[str, dict[str, Any]] = {}
+    for s in range(2):
+        states[f"clicks.{s}"] = _source_state(f"clicks.{s}", list(range(s, 8, 2)))
+        replay = {"operators": {"~replay-totals": {"ids": [1, 2]}}, "kinds": {}}
+        states[f"totals.{s}"] = {**_source_state(f"totals.{s}", []), **replay}
+    built = new_states(plan, old, states, checkpoint_id=8, generation=4, channel_starts={})
+    assert all(not s["operators"] for s in built.values())
+
+
+def test_a_checkpoint_whose_barriers_were_not_all_seen_is_refused(tmp_path: Any) -> None:
+    """A checkpoint from before manifests said whether they were aligned: its snapshots say."""
+    from processor.runtime.rescale import _check_channels_done
+
+    plan = compile_flow(_flow(), 3, key_groups=128, epoch=1)
+    old_plan = compile_flow(_flow(), 2)
+    topic = old_plan.edges[0].topic
+    seen = {f"totals.{s}": [(topic, u * 2 + s) for u in range(2)] for s in range(2)}
+    states = {t: {"barrier_seen": tps} for t, tps in seen.items()}
+    states.update({f"clicks.{s}": {"barrier_seen": []} for s in range(2)})
+    _check_channels_done(plan, Topology(2, 128), states, 5)
+    states["totals.1"]["barrier_seen"] = seen["totals.1"][:1]
+    with pytest.raises(
+        ConfigError, match=r"task totals.1 of checkpoint 5 had not seen the barrier"
+    ):
+        _check_channels_done(plan, Topology(2, 128), states, 5)
+
+
+def test_a_restart_refuses_a_checkpoint_of_another_shape(tmp_path: Any) -> None:
+    from processor.runtime.rescale import check_shape
+
+    store = SnapshotStore(tmp_path.as_uri())
+    topo = {"parallelism": 2, "key_groups": 128, "epoch": 0}
+    latest = _complete(store, {"clicks.0": {}, "clicks.1": {}}, topology=topo)
+    check_shape(compile_flow(_flow(), 2), store, latest)
+    with pytest.raises(ConfigError, match="start the job again"):
+        check_shape(compile_flow(_flow(), 3, epoch=1), store, latest)
