@@ -49,7 +49,6 @@ from processor.snapshot.store import Manifest, SnapshotHandle, SnapshotStore
 from processor.wire import (
     MIN_KEY_GROUPS,
     default_key_groups,
-    job_topic_prefix,
     key_owner,
     shared_keys,
 )
@@ -88,7 +87,8 @@ class Topology:
         return asdict(self)
 
 
-def _subtask(task: str) -> int:
+def subtask_of(task: str) -> int:
+    """The subtask index of a task name ``<stage>.<i>``."""
     return int(task.rpartition(".")[2])
 
 
@@ -99,7 +99,7 @@ def current_topology(store: SnapshotStore, job: str, latest: Manifest | None) ->
         if recorded:
             return Topology(**recorded)
         if latest.tasks:  # written before key groups: crc32 % P is owner_of with G = P
-            before = 1 + max(_subtask(t) for t in latest.tasks)
+            before = 1 + max(subtask_of(t) for t in latest.tasks)
             return Topology(before, before, 0)
     raw = store.read_job_file(job, TOPOLOGY_FILE)
     return Topology(**json.loads(raw)) if raw else None
@@ -162,7 +162,7 @@ def check_rescalable(plan: Plan, latest: Manifest, old: Topology, recovery: str)
 
 
 def _stage_states(states: dict[str, dict[str, Any]], stage: str) -> dict[int, dict[str, Any]]:
-    return {_subtask(t): s for t, s in states.items() if t.rpartition(".")[0] == stage}
+    return {subtask_of(t): s for t, s in states.items() if t.rpartition(".")[0] == stage}
 
 
 def _merge_operators(
@@ -306,7 +306,7 @@ def _check_channels_done(
     old_plan = compile_flow(plan.flow, old.parallelism, key_groups=old.key_groups, epoch=old.epoch)
     tps = channel_partitions(old_plan)
     for task, state in states.items():
-        stage, sub = task.rpartition(".")[0], _subtask(task)
+        stage, sub = task.rpartition(".")[0], subtask_of(task)
         inputs = {tp for tp in tps if _reads(old_plan, stage, sub, tp)}
         missing = inputs - {tuple(tp) for tp in state.get("barrier_seen", ())}
         if missing:
@@ -479,87 +479,11 @@ def prepare_shape(
     record_parallelism(store, job, max(N, old.parallelism if old else N))
     store.write_job_file(job, TOPOLOGY_FILE, json.dumps(topo.as_json()).encode())
     if plan.epoch:
-        _delete_other_epochs(plan, transport, max(highest, plan.epoch))
+        from processor.runtime.shape_gc import delete_other_epochs, sweep_dedup
+
+        delete_other_epochs(plan, transport, max(highest, plan.epoch))
         sweep_dedup(plan, store)
     return plan, latest
-
-
-def _delete_other_epochs(plan: Plan, transport: Any, highest: int) -> None:
-    """Deletes the channel topics of every other shape epoch of the job (best effort): a
-    checkpoint of an older shape is always rewritten into a new epoch before it runs, so no
-    start reads them again, and an interrupted rescale may have left some behind."""
-    delete = getattr(transport, "delete_topics", None)
-    if delete is None:
-        return
-    mine = {e.topic for e in plan.edges}
-    names: set[str] = set()
-    for epoch in range(highest + 1):
-        if epoch != plan.epoch:
-            shape = compile_flow(plan.flow, 1, key_groups=plan.key_groups, epoch=epoch)
-            names |= {e.topic for e in shape.edges} - mine
-    try:
-        listed = getattr(transport, "list_topics", None)
-        if listed is not None:
-            names &= set(listed(job_topic_prefix(plan.job)))
-        if names:
-            delete(sorted(names))
-            log.info("deleted the channel topics of older shapes: %s", sorted(names))
-    except Exception as exc:  # the next start tries again
-        log.warning("could not delete the channel topics of older shapes %s: %s", names, exc)
-
-
-def sweep_dedup(plan: Plan, store: SnapshotStore) -> int:
-    """Deletes the Redis IDs of dedup steps that older shapes wrote and no retained checkpoint
-    needs any more (own prefixes of a checkpoint's shape, and the prefixes its states inherit:
-    :func:`dedup.rescale.referenced_prefixes`). Best effort: Redis down only delays it."""
-    from dedup.rescale import sweep_retired
-    from dedup.store import redis_client
-
-    job = plan.job
-    steps = [s for s in plan.flow.steps.values() if s.kind == "dedup"]
-    if not steps:
-        return 0
-    try:
-        keep = _referenced_prefixes(plan, store, [s.name for s in steps])
-    except Exception as exc:  # an unreadable checkpoint: delete nothing rather than too much
-        log.warning("dedup: old IDs not swept (a retained checkpoint is unreadable: %s)", exc)
-        return 0
-    deleted = 0
-    for step in steps:
-        try:
-            client = redis_client(step.params.get("redis_url"))
-            deleted += sweep_retired(client, job, step.name, keep[step.name], plan.epoch)
-        except Exception as exc:  # the next start tries again
-            log.warning(
-                "dedup %s: old IDs not swept (%s); the next start tries again", step.name, exc
-            )
-    if deleted:
-        log.info("dedup: deleted %d Redis keys of older shapes of job %s", deleted, job)
-    return deleted
-
-
-def _referenced_prefixes(plan: Plan, store: SnapshotStore, names: list[str]) -> dict[str, set[str]]:
-    """Dedup step -> the Redis prefixes the retained checkpoints need (own and inherited)."""
-    from dedup.rescale import dedup_prefix, referenced_prefixes
-
-    job = plan.job
-    stage_of = {n: st.name for st in plan.stages for n in st.steps}
-    keep: dict[str, set[str]] = {n: set() for n in names}
-    for chk in store.completed_ids(job):
-        manifest = store.load(job, chk)
-        topo = current_topology(store, job, manifest)
-        assert topo is not None
-        for task, handle in manifest.tasks.items():
-            held = [n for n in keep if stage_of[n] == task.rpartition(".")[0]]
-            if not held:
-                continue
-            state = store.read_task_snapshot(handle)
-            for name in held:
-                keep[name].add(dedup_prefix(job, name, _subtask(task), topo.epoch))
-                op = state["operators"].get(name)
-                if op is not None:
-                    keep[name] |= referenced_prefixes(op)
-    return keep
 
 
 def _restart_channels(plan: Plan, store: SnapshotStore, transport: Any) -> None:
