@@ -46,6 +46,10 @@ RECORDS = 60_000
 # Many Bloom hits go to Redis (see test_dedup.py): copies of clicks read before the restored
 # checkpoint are decided there, not by the IDs the run still remembers.
 ENV = {"DEDUP_FP_RATE": "0.4", "DEDUP_EXPECTED_IDS": "2000", "DEDUP_BUCKET_S": "60"}
+# When a fault starts: the share of the input read and the checkpoints completed. Early enough
+# that the job cannot finish while Redis is away (at 0.6 and 4 the rest of the input took less
+# than the 5 s outage once in CI: "the outage missed the job").
+FAULT_AT = (0.35, 3)
 
 
 def _progressed(runner: Runner, share: float, checkpoints: int) -> bool:
@@ -76,7 +80,7 @@ class RedisFault:
 
     def __call__(self, runner: Runner) -> None:
         self.runner = runner
-        if not _wait(runner, 0.6, 4, self.stop):
+        if not _wait(runner, *FAULT_AT, self.stop):
             return
         kill_redis(self.server)
         time.sleep(self.down_s)
@@ -182,7 +186,7 @@ class RedisPartition(RedisFault):
 
     def __call__(self, runner: Runner) -> None:
         self.runner = runner
-        if not _wait(runner, 0.6, 4, self.stop):
+        if not _wait(runner, *FAULT_AT, self.stop):
             return
         self.proxy.black_hole(self.down_s)
         self.proxy.wait_healed(self.down_s + 30)
