@@ -71,6 +71,7 @@ def run_phase(
         environ=env,
         state_dir=state,
         metrics="off",
+        keep_checkpoints=1000,  # the rescaled checkpoint stays to be read back here
     )
     output = Path(env["OUTPUT_DIR"])
     before = max(_committed(output), default=0)
