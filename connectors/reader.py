@@ -4,7 +4,8 @@ eosflow never lets a consumer group decide who reads what: a source subtask read
 ``p mod P == subtask`` and a channel consumer reads its ``U`` channel partitions. This reader does
 exactly that: ``assign`` with explicit start offsets, batch ``consume``, ``seek``, ``pause`` and
 ``resume``, and it knows where every partition ended when it was opened, so a bounded run can tell
-when it has read everything (``reached_end``).
+when it has read everything (``reached_end``). A bounded run also gives it ``stop_at``: no record
+at or beyond a partition's stop offset is delivered, however much was appended since.
 
 Positions are tracked by the reader itself (offset after the last delivered record, raised by EOF
 events past transaction markers) because they are what a checkpoint records.
@@ -78,13 +79,22 @@ class PartitionReader:
         self._next: dict[TP, int] = {}
         self._end_at_open: dict[TP, int] = {}
         self._paused: set[TP] = set()
+        self._stop_at: dict[TP, int] = {}
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    def open(self, positions: Mapping[TP, int | None], *, start: str = "earliest") -> None:
+    def open(
+        self,
+        positions: Mapping[TP, int | None],
+        *,
+        start: str = "earliest",
+        stop_at: Mapping[TP, int] | None = None,
+    ) -> None:
         """Assign ``positions`` (``None``: the beginning, or the end with ``start="latest"``).
 
         Also records each partition's end offset at this moment (see :meth:`reached_end`).
+        ``stop_at``: a bounded run's end offsets; a partition in it delivers no record at or
+        beyond its offset, its position stops there, and it is paused once it got there.
         """
         if start not in ("earliest", "latest"):
             raise ValueError(f"start must be 'earliest' or 'latest', got {start!r}")
@@ -111,6 +121,10 @@ class PartitionReader:
             self._next[tp] = wanted
         self._consumer = create_consumer(self._config)
         self._consumer.assign([TopicPartition(t, p, o) for (t, p), o in self._next.items()])
+        self._stop_at = {tp: o for tp, o in (stop_at or {}).items() if tp in self._next}
+        done = [tp for tp, o in self._stop_at.items() if self._next[tp] >= o]
+        if done:
+            self.pause(done)
         log.debug("assigned partitions=%s ends=%s", self._next, self._end_at_open)
 
     def close(self) -> None:
@@ -164,6 +178,22 @@ class PartitionReader:
                 log.warning("%s: retriable error %s", where, err)
                 continue
             raise classify(err, context=where)
+        if self._stop_at:
+            return self._bounded(records)
+        return records
+
+    def _bounded(self, records: list[Message]) -> list[Message]:
+        """``records`` without those at or beyond their partition's stop offset; a partition
+        that reached it stops there and is paused (one pass over the partitions per batch, and
+        over the records only when a partition went past its stop)."""
+        nxt, stop_at = self._next, self._stop_at
+        over = {tp: stop for tp, stop in stop_at.items() if nxt[tp] > stop}
+        if over:
+            records = [m for m in records if _before(m, over)]
+            nxt.update(over)
+        done = [tp for tp, stop in stop_at.items() if nxt[tp] >= stop and tp not in self._paused]
+        if done:
+            self.pause(done)
         return records
 
     def _deleted_records(self, tp: TP, wanted: int, low: int, high: int) -> int:
@@ -268,3 +298,9 @@ class PartitionReader:
         if self._consumer is None:
             raise RuntimeError("PartitionReader is not open; call open(positions) first")
         return self._consumer
+
+
+def _before(m: Message, stops: Mapping[TP, int]) -> bool:
+    """``m`` is before its partition's stop offset (or its partition has none)."""
+    stop = stops.get((str(m.topic()), int(m.partition() or 0)))
+    return stop is None or int(m.offset() or 0) < stop

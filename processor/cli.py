@@ -180,6 +180,7 @@ def _run(args: argparse.Namespace) -> int:
             checkpoint_interval=args.checkpoint_interval,
             mode=args.mode,
             until_idle=args.until_idle,
+            drain=not args.no_drain,
             snapshot_url=args.snapshot_url,
             checkpoint_timeout=args.checkpoint_timeout,
             heartbeat_timeout=args.heartbeat_timeout,
@@ -398,7 +399,15 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--until-idle", action="store_true",
         help="stop once every source partition reached the end offset it had at start-up and "
-        "a final checkpoint committed",
+        "a final checkpoint committed; records appended meanwhile are left for the next run. "
+        "Every window and timer fires at the end (the watermark drains), so the job takes no "
+        "new input afterwards: see --no-drain",
+    )  # fmt: skip
+    run.add_argument(
+        "--no-drain", action="store_true",
+        help="with --until-idle: stop at the end offsets without draining the watermark, so "
+        "a later run (bounded or not) continues the job: open windows stay open, deduplication "
+        "keeps its IDs (a nightly batch)",
     )  # fmt: skip
     run.add_argument("--snapshot-url", help="fsspec URL for checkpoints (default: file:// under "
                      "$EOSFLOW_STATE_DIR/jobs/JOB)")  # fmt: skip

@@ -200,7 +200,15 @@ class Reader(Protocol):
         starting at the position given to ``open`` or ``seek``.
     """
 
-    def open(self, positions: Mapping[TP, int | None], *, start: str = "earliest") -> None: ...
+    def open(
+        self,
+        positions: Mapping[TP, int | None],
+        *,
+        start: str = "earliest",
+        stop_at: Mapping[TP, int] | None = None,
+    ) -> None:
+        """``stop_at``: a bounded run's end offsets, never read past (see the reader)."""
+
     def poll(self, max_records: int = 10_000, timeout: float = 0.1) -> list[Any]:
         """Up to ``max_records`` records (:class:`Message`), data and control alike."""
 

@@ -55,6 +55,7 @@ class TaskEnv:
         sink_generation: int | None = None,
         now_ms: Callable[[], int] | None = None,
         map_state: dict[str, str] | None = None,
+        drain: bool = True,
     ) -> None:
         self.plan = plan
         self.generation = generation
@@ -81,6 +82,8 @@ class TaskEnv:
         self.now_ms = now_ms or wall_clock_ms
         # ``--map-state OLD=NEW``: NEW restores the snapshot state of OLD (runtime.state_map).
         self.map_state = map_state or {}
+        # A bounded run's sources at their end: emit the maximum watermark (``--no-drain``: no).
+        self.drain = drain
 
 
 class Lineage:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from processor.runtime.drain import drained_metadata
 from processor.snapshot.store import SnapshotHandle, SnapshotStore
 
 #: The newest checkpoint id the job ever completed (processor.runtime.savepoints reads it).
@@ -44,6 +45,8 @@ class _Pending:
     loop_log: int = 0  # records on loop back-edges between the heads' snapshots and barrier
     alignment_s: float = 0.0  # the longest alignment of its tasks
     aligned: bool = True  # every barrier of it aligned (savepoints need it)
+    drained: list[list[Any]] = field(default_factory=list)  # drained sources' positions
+    event_time: bool = False  # some task keeps event-time state
 
 
 @dataclass
@@ -169,10 +172,13 @@ class CheckpointCoordinator:
         handle: SnapshotHandle,
         loop_log: int = 0,
         alignment_s: float = 0.0,
+        drained: tuple[list[list[Any]] | None, bool] = (None, False),
     ) -> bool:
         """Records an acknowledgement; True when it completed the checkpoint. ``loop_log``: the
         back-edge records a loop head logged for it (docs/iterations.md); ``alignment_s``: how
-        long the task aligned its inputs for it."""
+        long the task aligned its inputs for it; ``drained``: a source task's positions if its
+        snapshot had the drained watermark, and whether the task keeps event time (the
+        manifest's ``drained``: runtime.drain)."""
         pending = self.pending
         if pending is None or pending.checkpoint_id != checkpoint_id:
             log.debug("late ack checkpoint_id=%d task=%s ignored", checkpoint_id, task)
@@ -183,6 +189,8 @@ class CheckpointCoordinator:
         if task not in pending.acks:
             pending.loop_log += loop_log
             pending.alignment_s = max(pending.alignment_s, alignment_s)
+            pending.drained += drained[0] or []
+            pending.event_time |= drained[1]
         pending.acks[task] = handle
         if len(pending.acks) < len(self.tasks):
             return False
@@ -199,6 +207,7 @@ class CheckpointCoordinator:
                 "duration_ms": int(duration * 1000),
                 "loop_log": pending.loop_log,
                 "aligned": pending.aligned,
+                **drained_metadata(pending.drained, pending.event_time),
             },
         )
         self.pending = None

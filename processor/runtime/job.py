@@ -83,6 +83,11 @@ class RunOptions:
     checkpoint_interval: float = 1.0
     mode: str = "aligned"
     until_idle: bool = False
+    #: A bounded run (``until_idle``) ends with the maximum watermark: every window and timer
+    #: fires (Flink's ``--drain``), and the job cannot take new input after it. ``False``
+    #: (``--no-drain``): it stops at the end offsets with its watermark where the data put it,
+    #: so a later run continues it (docs/engine.md, "Bounded runs").
+    drain: bool = True
     snapshot_url: str | None = None
     checkpoint_timeout: float = 60.0
     #: A connected worker that sends nothing (not even its heartbeat, every second) for this

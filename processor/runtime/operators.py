@@ -141,6 +141,13 @@ class Operator:
         """Event time reached ``watermark``: what fires."""
         return []
 
+    @property
+    def event_time(self) -> bool:
+        """What the operator does depends on the watermark (windows, timers, expiry, the IDs
+        a ``dedup`` keeps): a drained watermark ends what it can take (docs/engine.md,
+        "Bounded runs")."""
+        return type(self).on_watermark is not Operator.on_watermark
+
     #: The operator has processing-time timers: the task calls :meth:`on_processing_time`.
     timed = False
 
@@ -298,6 +305,10 @@ class Aggregate(Operator):
         self.expired += expired
         self.touched[k] = t if expired or last is None or t > last else last
         return [(k, acc, t)]
+
+    @property
+    def event_time(self) -> bool:
+        return self.ttl is not None
 
     def on_watermark(self, watermark: int) -> list[Record]:
         ttl = self.ttl

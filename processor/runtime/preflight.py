@@ -74,6 +74,11 @@ def check_local_recovery(plan: Plan) -> None:
 
 def preflight(plan: Plan, options: RunOptions, interval: float | None) -> None:
     """Sinks check their configuration; ``dedup`` steps and local recovery check their Redis."""
+    if not options.drain and not options.until_idle:
+        raise ConfigError(
+            "--no-drain only applies to a bounded run: add --until-idle, or leave --no-drain "
+            "out (a job that runs until stopped never drains its watermark)"
+        )
     flow = plan.flow
     sinks = [s.params["sink"] for s in flow.steps.values() if s.kind == "sink"]
     if flow.dead_letter_sink is not None:

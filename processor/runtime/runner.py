@@ -30,6 +30,7 @@ from processor.compiler import Plan, compile_flow
 from processor.errors import ConfigError
 from processor.runtime.control import Connection, ControlServer
 from processor.runtime.coordinator import CheckpointCoordinator
+from processor.runtime.drain import check_drained
 from processor.runtime.job import (
     Fault,
     JobFailed,
@@ -163,6 +164,7 @@ class Runner(RunnerRecovery):
             "mode": "aligned" if self.options.mode == "none" else self.options.mode,
             "checkpoint_interval": self._interval(),
             "end_offsets": ends,
+            "drain": self.options.drain,
             "start_positions": self.starts,
             "purge": self.purge,
             "source_counts": counts,
@@ -249,6 +251,8 @@ class Runner(RunnerRecovery):
                 check_graph(self.plan, list(latest.tasks) if latest is not None else [])
                 # renamed or removed stateful steps (runtime.state_map)
                 check_state(self.plan, self.store, latest, o.map_state, o.allow_dropped_state)
+                # a bounded run's drained watermark takes no new input (runtime.drain)
+                check_drained(self.plan, latest, transport, until_idle=o.until_idle)
                 # Compiled with the job's topology; rescaled first if --workers changed it.
                 with extra_environ(o.environ):  # the old sinks open as the workers would
                     self.plan, latest = prepare_shape(
@@ -382,8 +386,10 @@ class Runner(RunnerRecovery):
             handle = SnapshotHandle(path, int(size), str(checksum))
             log_n = int(msg.get("log", 0))
             align = float(msg.get("align", 0.0))
-            if self.coordinator.on_ack(int(msg["chk"]), str(msg["task"]), handle, log_n, align):
-                self.server.broadcast({"t": "complete", "chk": int(msg["chk"])})
+            drained = (msg.get("drained"), bool(msg.get("event_time")))
+            chk_id, task_name = int(msg["chk"]), str(msg["task"])
+            if self.coordinator.on_ack(chk_id, task_name, handle, log_n, align, drained):
+                self.server.broadcast({"t": "complete", "chk": chk_id})
         elif kind == "decline":
             chk = self.coordinator.decline(int(msg["chk"]), str(msg["task"]), str(msg["reason"]))
             if chk is not None:

@@ -193,6 +193,7 @@ def run_worker(spec: dict[str, Any]) -> int:
         stale_through=int(spec.get("stale_through", 0)),
         sink_generation=spec.get("sink_generation"),
         map_state=dict(spec.get("map_state") or {}),
+        drain=bool(spec.get("drain", True)),
     )
     client.send(
         {
@@ -307,6 +308,9 @@ def send_acks(client: ControlClient, tasks: list[Task], fault: Callable[[str], N
                     "handle": [handle.path, handle.size, handle.checksum],
                     "log": task.loop_log.pop(chk, 0),  # a loop head's back-edge log
                     "align": round(task.alignment_of(chk), 6),  # metrics: alignment (s)
+                    # a drained source's positions, and whether this task keeps event time
+                    "drained": task.drained_at.pop(chk, None),
+                    "event_time": task.event_time,
                 }
             )
 

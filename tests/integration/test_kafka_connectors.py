@@ -173,6 +173,32 @@ def test_reader_reaches_the_end_when_transaction_markers_follow_the_last_record(
     assert reader.position((topic_name, 0)) == reader.end_offsets_at_open[(topic_name, 0)] >= 33
 
 
+def test_a_bounded_reader_delivers_nothing_at_or_past_its_stop_offsets_however_much_follows(
+    kafka_settings: KafkaSettings, topic_name: str
+) -> None:
+    """A bounded run reads up to the end offsets it had at start (``stop_at``): records
+    appended meanwhile are left for the next run, whichever batch they arrive in."""
+    TopicAdmin(kafka_settings).ensure_topic(topic_name, PARTITIONS)
+    _produce(kafka_settings, topic_name, [b"old-%d" % i for i in range(300)])
+    tps = [(topic_name, p) for p in range(PARTITIONS)]
+    ends = TopicAdmin(kafka_settings).end_offsets(tps)
+    stop = {**ends, (topic_name, 2): 40}  # a stop inside the data, too
+    _produce(kafka_settings, topic_name, [b"new-%d" % i for i in range(300)])
+    with PartitionReader(kafka_settings) as reader:
+        reader.open(dict.fromkeys(tps), stop_at=stop)
+        seen: list[Any] = []
+        deadline = time.monotonic() + 30
+        while reader.paused != set(tps):
+            assert time.monotonic() < deadline, f"never stopped: {reader.positions()}"
+            seen.extend(reader.poll(1000, 0.2))
+        seen.extend(reader.poll(1000, 0.5))  # nothing more, paused
+        assert reader.positions() == stop
+    got = collections.Counter(m.partition() for m in seen)
+    assert got == {0: 100, 1: 100, 2: 40}
+    assert all(m.value().startswith(b"old-") for m in seen)
+    assert all(m.offset() < stop[(m.topic(), m.partition())] for m in seen)
+
+
 def test_read_committed_reader_never_sees_aborted_records_when_the_broker_supports_it(
     kafka_settings: KafkaSettings, broker_caps: Any, topic_name: str
 ) -> None:

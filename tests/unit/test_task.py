@@ -72,9 +72,17 @@ class Reader:
         self.log = log
         self.next: dict[tuple[str, int], int] = {}
         self.paused: set[tuple[str, int]] = set()
+        self.stop_at: dict[tuple[str, int], int] = {}
 
-    def open(self, positions: Mapping[tuple[str, int], int | None], *, start: str = "") -> None:
+    def open(
+        self,
+        positions: Mapping[tuple[str, int], int | None],
+        *,
+        start: str = "",
+        stop_at: Mapping[tuple[str, int], int] | None = None,
+    ) -> None:
         self.next = {tp: (o or 0) for tp, o in positions.items()}
+        self.stop_at = dict(stop_at or {})
 
     def poll(self, max_records: int = 10_000, timeout: float = 0.0) -> list[Any]:
         out: list[Any] = []
@@ -82,9 +90,9 @@ class Reader:
             if tp in self.paused:
                 continue
             part = self.log.parts.get(tp, [])
-            batch = part[self.next[tp] :]
-            out += batch
-            self.next[tp] = len(part)
+            end = min(len(part), self.stop_at.get(tp, len(part)))
+            out += part[self.next[tp] : end]
+            self.next[tp] = max(self.next[tp], end)
         return out
 
     def pause(self, tps: Iterable[tuple[str, int]]) -> None:
@@ -153,8 +161,7 @@ def _env(tmp_path: Path, log: Log, plan: Any, reader: Reader | None = None, **kw
         store=SnapshotStore(tmp_path.as_uri()),
         uploads=ThreadPoolExecutor(1),
         fault=lambda _point: None,
-        end_offsets=None,
-        **{"generation": 1, "mode": "aligned", **kw},
+        **{"generation": 1, "mode": "aligned", "end_offsets": None, **kw},
     )
 
 

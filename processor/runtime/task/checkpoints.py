@@ -14,6 +14,7 @@ import time
 from concurrent.futures import Future
 from typing import Any
 
+from processor.runtime.operators import MAX_WATERMARK
 from processor.runtime.purge import PurgeFloor
 from processor.runtime.state_map import restore_sources, state_kind
 from processor.runtime.task.base import TP, TaskBase
@@ -133,6 +134,8 @@ class TaskCheckpoints(TaskBase):
             "recovering": {tp: [list(ph) for ph in self.phases[tp]] for tp in self.modes},
         }
         self.purge_floor.record(checkpoint_id, self.pos)
+        if self.is_source and self.watermark == MAX_WATERMARK:
+            self.drained_at[checkpoint_id] = [[t, p, self.pos[(t, p)]] for t, p in self.max_ts]
         env = self.env
         incarnation = env.sink_generation  # the generation, or this start under local recovery
         if env.mode == "sync":  # stop-the-world: serialize and upload in the task loop
@@ -159,6 +162,7 @@ class TaskCheckpoints(TaskBase):
             self.back_logging.clear()
         self.uploading.pop(checkpoint_id, None)
         self.uploaded.pop(checkpoint_id, None)
+        self.drained_at.pop(checkpoint_id, None)
         self.aligned.discard(checkpoint_id)
 
     def alignment_of(self, checkpoint_id: int) -> float:

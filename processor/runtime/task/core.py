@@ -70,7 +70,12 @@ class Task(SourceInputs):
         if self.is_source:
             starts = {self.plan.flow.steps[s].params["start"] for s in self.stage.sources}
             start = "latest" if starts == {"latest"} else "earliest"
-        self.reader.open(positions, start=start)
+        # A bounded run reads its sources up to the end offsets it had at start, never past
+        # them: what is appended meanwhile is left for the next run (docs/engine.md, "Bounded
+        # runs"), not read after the drain as late records.
+        ends = self.env.end_offsets if self.is_source else None
+        stop_at = {tp: ends[tp] for tp in tps if tp in ends} if ends is not None else None
+        self.reader.open(positions, start=start, stop_at=stop_at)
         self.pos = {tp: o for tp, o in self.reader.positions().items()}
         if self.replaying:  # replay the back-edge log before consuming the regular inputs
             self.held = [tp for tp in tps if tp not in self.back]

@@ -122,8 +122,9 @@ class SourceInputs(ChannelInputs):
         if self.env.end_offsets is not None and all(
             self.pos.get(tp, 0) >= self.env.end_offsets.get(tp, 0) for tp in self.max_ts
         ):
-            self.drained = True
-            self._advance_watermark(MAX_WATERMARK)
+            self.drained = True  # at the end: the runner takes the final checkpoint
+            if self.env.drain:
+                self._advance_watermark(MAX_WATERMARK)
             return
         now = self.env.clock()
         if now - self._last_wm_emit < _WATERMARK_EVERY_S or not self.max_ts:
