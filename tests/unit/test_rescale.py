@@ -11,13 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processor.compiler import compile_flow
+from processor.compiler import channel_inputs, channel_partitions, compile_flow
 from processor.dataflow import Dataflow
 from processor.errors import ConfigError
+from processor.runtime.channels import ChannelOut
 from processor.runtime.rescale import (
     TOPOLOGY_FILE,
     Topology,
-    channel_partitions,
     check_rescalable,
     current_topology,
     new_states,
@@ -146,6 +146,50 @@ def test_channel_topics_of_another_epoch_are_other_topics() -> None:
     assert [e.topic for e in a.edges] == [f"eosflow.{JOB}.by-user.totals"]
     assert [e.topic for e in b.edges] == [f"eosflow.{JOB}.by-user.totals.r1"]
     assert len(channel_partitions(b)) == 9
+
+
+def _mixed_flow() -> Dataflow:
+    """A shuffle into ``count``, then forward edges into ``mixed`` from two stages."""
+    flow = Dataflow(JOB)
+    clicks = flow.source("clicks", "clicks")
+    counted = clicks.key_by("by-user", lambda c: c["user"]).count("count")
+    counted.union("mixed", clicks.key_by("by-page", lambda c: c["page"])).sink("out", _NoSink())
+    return flow
+
+
+@pytest.mark.parametrize("parallelism", [1, 2, 3])
+def test_a_subtask_reads_the_channels_written_to_it_when_edges_shuffle_or_forward(
+    parallelism: int,
+) -> None:
+    """The layout the tasks read (TaskBase.input_partitions) and the rescale rewrites: subtask
+    ``i`` reads ``u*P + i`` of a shuffle from every upstream ``u``, and ``i*P + i`` of a
+    forward edge; each partition an upstream ChannelOut writes is read by one subtask."""
+    P = parallelism
+    plan = compile_flow(_mixed_flow(), P)
+    assert {e.shuffle for e in plan.edges} == {True, False}
+    writer: Any = object()  # never written to here
+    written = {
+        (e.topic, p)
+        for e in plan.edges
+        for u in range(P)
+        for p in ChannelOut(e, u, P, writer).partitions
+    }
+    read: list[tuple[str, int]] = []
+    for stage in plan.stages:
+        for i in range(P):
+            mine = channel_inputs(plan, stage, i)
+            assert mine == [
+                (e.topic, u * P + i if e.shuffle else i * P + i)
+                for e in stage.inputs
+                for u in (range(P) if e.shuffle else [i])
+            ]
+            read += mine
+    assert sorted(read) == sorted(set(read)) == sorted(written)
+    assert sorted(channel_partitions(plan)) == sorted(read)
+    if P == 3:
+        count, mixed = plan.stage_of("count"), plan.stage_of("mixed")
+        assert [p for _t, p in channel_inputs(plan, count, 1)] == [1, 4, 7]
+        assert [p for _t, p in channel_inputs(plan, mixed, 1)] == [4, 4]
 
 
 # -- refusals --------------------------------------------------------------------------------
