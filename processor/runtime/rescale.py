@@ -43,8 +43,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from processor.compiler import Plan, channel_inputs, channel_partitions, compile_flow
+from processor.compiler import Plan, channel_inputs, compile_flow
 from processor.errors import ConfigError
+from processor.runtime.topics import START_FILE, end_positions, ensure_channels
 from processor.snapshot.store import Manifest, SnapshotHandle, SnapshotStore
 from processor.wire import (
     MIN_KEY_GROUPS,
@@ -327,9 +328,8 @@ def rescale(
     generation = store.next_generation(job)
     settled = settle(states, generation)
     fault("after-settle-before-rewrite")
-    transport.ensure_topics({e.topic: plan.parallelism**2 for e in plan.edges})
-    tps = channel_partitions(plan)
-    starts = transport.end_offsets(tps) if tps else {}
+    ensure_channels(plan, transport)
+    starts = {(t, p): offset for t, p, offset in end_positions(plan, transport)}
     chk = (
         max(latest.checkpoint_id, store.newest_checkpoint_id(job), last_checkpoint(store, job)) + 1
     )
@@ -467,16 +467,11 @@ def prepare_shape(
 def _restart_channels(plan: Plan, store: SnapshotStore, transport: Any) -> None:
     """A job that never completed a checkpoint changes shape: its recorded fresh-start
     positions (``_START``) keep the sources' and name the new channels at their ends."""
-    from processor.runtime.topics import START_FILE
-
     saved = store.read_job_file(plan.job, START_FILE)
     if saved is None:
         return
-    channels = {e.topic for e in plan.edges}
-    transport.ensure_topics({t: plan.parallelism**2 for t in channels})
+    ensure_channels(plan, transport)
     sources = {s.params["topic"] for s in plan.flow.steps.values() if s.kind == "source"}
     kept = [entry for entry in json.loads(saved) if entry[0] in sources]
-    tps = channel_partitions(plan)
-    found = transport.end_offsets(tps) if tps else {}
-    kept += [[t, p, found[(t, p)]] for t, p in tps]
+    kept += end_positions(plan, transport)
     store.write_job_file(plan.job, START_FILE, json.dumps(kept).encode())
