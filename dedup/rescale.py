@@ -29,14 +29,13 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from dedup.buckets import merge_snapshots
 from dedup.errors import DedupConfigError, RedisDataLost
-from dedup.ids import ID_BYTES
-from dedup.store import RedisIdStore, lost_error, lost_writes, redis_where
+from dedup.store import RedisIdStore, Scope
 
 __all__ = [
     "InheritingIdStore",
@@ -262,12 +261,8 @@ class InheritingIdStore(RedisIdStore):
                 inh.written = {}
 
     def _check_markers(self, inh: _Inherited, markers: list[Any]) -> None:
-        if not inh.written:
-            return
-        stored = {r: int(m) for r, m in zip(inh.written, markers, strict=True) if m is not None}
-        lost = lost_writes(inh.written, stored)
-        if lost:
-            raise lost_error(redis_where(self.client), inh.prefix, lost)
+        if inh.written:
+            self._check_written(inh.prefix, inh.written, markers)
 
     def retire(self, cutoff_ms: int, bucket_ms: int) -> list[str]:
         """Stops reading the inherited prefixes whose every bucket is wholly below
@@ -294,51 +289,14 @@ class InheritingIdStore(RedisIdStore):
         checkpoint than the one an old subtask deleted buckets after)."""
         return max([super().deleted_below(), *(inh.mark for inh in self.inherited)])
 
-    def lookup(
-        self, buckets: Iterable[int], ids: list[int], watch: Mapping[int, int] | None = None
-    ) -> list[list[bytes]]:
-        """As :meth:`RedisIdStore.lookup`, in its own and every inherited prefix: one round
-        trip, and every inherited write marker is checked in it."""
-        if not self.inherited:
-            return super().lookup(buckets, ids, watch)
-        buckets = list(buckets)
-        found: list[list[bytes]] = [[] for _ in ids]
-        if not ids or not buckets:
-            return found
-        fields = [i.to_bytes(ID_BYTES, "little") for i in ids]
-        runs = list(watch or ())
-        plan = [(inh, sorted(set(buckets) & set(inh.buckets or ()))) for inh in self.inherited]
-
-        def run() -> list[Any]:
-            pipe = self.client.pipeline(transaction=False)
-            for bucket in buckets:
-                pipe.hmget(self._key(bucket), fields)
-            if runs:
-                pipe.hmget(self._written, runs)
-            for inh, held in plan:
-                for bucket in held:
-                    pipe.hmget(f"{inh.prefix}:b:{bucket}", fields)
-                if inh.written:
-                    pipe.hmget(f"{inh.prefix}:written", list(inh.written))
-            return list(pipe.execute())
-
-        replies = iter(self._call("lookup", run))
-        tables = [next(replies) for _ in buckets]
-        if runs:
-            markers = next(replies)
-            stored = {r: int(m) for r, m in zip(runs, markers, strict=True) if m is not None}
-            lost = lost_writes(watch or {}, stored)
-            if lost:
-                raise self._lost(lost)
-        for inh, held in plan:
-            tables += [next(replies) for _ in held]
-            if inh.written:
-                self._check_markers(inh, next(replies))
-        for values in tables:
-            for n, tag in enumerate(values):
-                if tag is not None:
-                    found[n].append(tag)
-        return found
+    def _scopes(self, buckets: list[int], watch: Mapping[int, int]) -> list[Scope]:
+        """Its own prefix, then every inherited one: the buckets of ``buckets`` it held, and
+        the write markers it must still hold (checked in the lookup's round trip)."""
+        wanted = set(buckets)
+        return super()._scopes(buckets, watch) + [
+            (inh.prefix, sorted(wanted & set(inh.buckets or ())), inh.written)
+            for inh in self.inherited
+        ]
 
     def verify(self, watch: Mapping[int, int]) -> None:
         """As :meth:`RedisIdStore.verify`, and the inherited write markers (one round trip)."""

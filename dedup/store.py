@@ -49,6 +49,7 @@ from dedup.ids import ID_BYTES
 __all__ = [
     "RedisIdStore",
     "RedisUnavailable",
+    "Scope",
     "Tag",
     "decode_tag",
     "encode_tag",
@@ -62,6 +63,8 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Tag = tuple[int, int]  # (run, epoch)
+#: A prefix a lookup reads: ``(prefix, its buckets to read, {run: batches} its markers must hold)``.
+Scope = tuple[str, list[int], Mapping[int, int]]
 _TAG = struct.Struct(">QQ")
 _RETRIABLE = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 
@@ -268,28 +271,41 @@ class RedisIdStore:
         if not ids or not buckets:
             return found
         fields = [i.to_bytes(ID_BYTES, "little") for i in ids]
-        runs = list(watch or ())
+        scopes = self._scopes(buckets, watch or {})
 
         def run() -> list[Any]:
             pipe = self.client.pipeline(transaction=False)
-            for bucket in buckets:
-                pipe.hmget(self._key(bucket), fields)
-            if runs:
-                pipe.hmget(self._written, runs)
+            for prefix, held, marks in scopes:
+                for bucket in held:
+                    pipe.hmget(f"{prefix}:b:{bucket}", fields)
+                if marks:
+                    pipe.hmget(f"{prefix}:written", list(marks))
             return list(pipe.execute())
 
-        replies = self._call("lookup", run)
-        if runs:
-            markers = replies.pop()
-            stored = {r: int(m) for r, m in zip(runs, markers, strict=True) if m is not None}
-            lost = lost_writes(watch or {}, stored)
-            if lost:
-                raise self._lost(lost)
-        for values in replies:
+        replies = iter(self._call("lookup", run))
+        tables: list[list[Any]] = []
+        for prefix, held, marks in scopes:
+            tables += [next(replies) for _ in held]
+            if marks:
+                self._check_written(prefix, marks, next(replies))
+        for values in tables:
             for n, tag in enumerate(values):
                 if tag is not None:
                     found[n].append(tag)
         return found
+
+    def _scopes(self, buckets: list[int], watch: Mapping[int, int]) -> list[Scope]:
+        """What a lookup of ``buckets`` reads, in this order: its own prefix's buckets, with the
+        write markers of ``watch``. A subclass adds the prefixes it also reads."""
+        return [(self.prefix, buckets, watch)]
+
+    def _check_written(self, prefix: str, watch: Mapping[int, int], markers: list[Any]) -> None:
+        """Raises :class:`RedisDataLost` if a write marker read from ``prefix`` (``markers``,
+        in the order of ``watch``) is behind the batches ``watch`` says were written there."""
+        stored = {r: int(m) for r, m in zip(watch, markers, strict=True) if m is not None}
+        lost = lost_writes(watch, stored)
+        if lost:
+            raise lost_error(redis_where(self.client), prefix, lost)
 
     def insert(
         self,

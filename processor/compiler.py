@@ -37,9 +37,17 @@ from dataclasses import dataclass, replace
 
 from processor.dataflow import Dataflow, Sliding, Step
 from processor.errors import DefinitionError
-from processor.wire import channel_topic_name, default_key_groups, route_table
+from processor.wire import channel_partition, channel_topic_name, default_key_groups, route_table
 
-__all__ = ["HASHED", "Edge", "Plan", "Stage", "compile_flow"]
+__all__ = [
+    "HASHED",
+    "Edge",
+    "Plan",
+    "Stage",
+    "channel_inputs",
+    "channel_partitions",
+    "compile_flow",
+]
 
 #: The partitioning of a shuffle's output (by key group: :func:`processor.wire.key_owner`).
 HASHED = "hashed"
@@ -201,6 +209,32 @@ class Plan:
                     how = "back-edge (loop feedback)"
                 lines.append(f"    {how} {e.src_step} -> {e.dst_step} via topic {e.topic}")
         return "\n".join(lines)
+
+
+def _edge_inputs(edge: Edge, subtask: int, parallelism: int) -> list[int]:
+    """The partitions of ``edge``'s topic that downstream ``subtask`` reads: one from every
+    upstream subtask on a shuffle, the one from its own subtask on a forward edge."""
+    if edge.shuffle:
+        return [channel_partition(u, subtask, parallelism) for u in range(parallelism)]
+    return [channel_partition(subtask, subtask, parallelism)]
+
+
+def channel_inputs(plan: Plan, stage: Stage, subtask: int) -> list[tuple[str, int]]:
+    """The channel partitions subtask ``subtask`` of ``stage`` reads, by input edge, then by
+    upstream subtask (:func:`processor.wire.channel_partition` lays them out)."""
+    P = plan.parallelism
+    return [(e.topic, p) for e in stage.inputs for p in _edge_inputs(e, subtask, P)]
+
+
+def channel_partitions(plan: Plan) -> list[tuple[str, int]]:
+    """Every channel partition some task of ``plan`` reads, by edge, then by partition (a
+    forward edge's other partitions are never written)."""
+    P = plan.parallelism
+    return [
+        (e.topic, p)
+        for e in plan.edges
+        for p in sorted(p for i in range(P) for p in _edge_inputs(e, i, P))
+    ]
 
 
 class _Stages:

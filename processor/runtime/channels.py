@@ -142,9 +142,8 @@ class ChannelOut(Operator):
         #: key group -> downstream subtask (processor.wire.route_table)
         self.route = route_table(parallelism, key_groups)
         self.key_groups = key_groups
-        base = subtask * parallelism
         self.partitions = (
-            [base + d for d in range(parallelism)]
+            [channel_partition(subtask, d, parallelism) for d in range(parallelism)]
             if edge.shuffle
             else [channel_partition(subtask, subtask, parallelism)]
         )

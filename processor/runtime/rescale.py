@@ -43,8 +43,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from processor.compiler import Plan, compile_flow
+from processor.compiler import Plan, channel_inputs, compile_flow
 from processor.errors import ConfigError
+from processor.runtime.topics import START_FILE, end_positions, ensure_channels
 from processor.snapshot.store import Manifest, SnapshotHandle, SnapshotStore
 from processor.wire import (
     MIN_KEY_GROUPS,
@@ -250,7 +251,8 @@ def new_states(
                     for tp, ts in s["max_ts"].items():
                         if tp[1] % N == i:
                             max_ts[tp] = ts
-            inputs = [tp for tp in channel_starts if _reads(plan, stage.name, i, tp)]
+            mine = set(channel_inputs(plan, stage, i))
+            inputs = [tp for tp in channel_starts if tp in mine]
             for tp in inputs:
                 positions[tp] = channel_starts[tp]
             watermarks = [s["watermark"] for s in olds]
@@ -271,32 +273,6 @@ def new_states(
     return out
 
 
-def _reads(plan: Plan, stage: str, subtask: int, tp: tuple[str, int]) -> bool:
-    N = plan.parallelism
-    for s in plan.stages:
-        if s.name != stage:
-            continue
-        for edge in s.inputs:
-            if edge.topic != tp[0]:
-                continue
-            if edge.shuffle:
-                return tp[1] % N == subtask
-            return tp[1] == subtask * N + subtask
-    return False
-
-
-def channel_partitions(plan: Plan) -> list[tuple[str, int]]:
-    """Every channel partition of ``plan`` that a task reads."""
-    N = plan.parallelism
-    tps: list[tuple[str, int]] = []
-    for edge in plan.edges:
-        if edge.shuffle:
-            tps += [(edge.topic, p) for p in range(N * N)]
-        else:
-            tps += [(edge.topic, i * N + i) for i in range(N)]
-    return tps
-
-
 def _check_channels_done(
     plan: Plan, old: Topology, states: dict[str, dict[str, Any]], checkpoint_id: int
 ) -> None:
@@ -304,10 +280,13 @@ def _check_channels_done(
     of the old channels is in flight. A checkpoint from before manifests said whether they were
     aligned is checked here."""
     old_plan = compile_flow(plan.flow, old.parallelism, key_groups=old.key_groups, epoch=old.epoch)
-    tps = channel_partitions(old_plan)
+    reads = {
+        (s.name, i): set(channel_inputs(old_plan, s, i))
+        for s in old_plan.stages
+        for i in range(old_plan.parallelism)
+    }
     for task, state in states.items():
-        stage, sub = task.rpartition(".")[0], subtask_of(task)
-        inputs = {tp for tp in tps if _reads(old_plan, stage, sub, tp)}
+        inputs = reads.get((task.rpartition(".")[0], subtask_of(task)), set())
         missing = inputs - {tuple(tp) for tp in state.get("barrier_seen", ())}
         if missing:
             raise ConfigError(
@@ -349,9 +328,8 @@ def rescale(
     generation = store.next_generation(job)
     settled = settle(states, generation)
     fault("after-settle-before-rewrite")
-    transport.ensure_topics({e.topic: plan.parallelism**2 for e in plan.edges})
-    tps = channel_partitions(plan)
-    starts = transport.end_offsets(tps) if tps else {}
+    ensure_channels(plan, transport)
+    starts = {(t, p): offset for t, p, offset in end_positions(plan, transport)}
     chk = (
         max(latest.checkpoint_id, store.newest_checkpoint_id(job), last_checkpoint(store, job)) + 1
     )
@@ -491,16 +469,11 @@ def prepare_shape(
 def _restart_channels(plan: Plan, store: SnapshotStore, transport: Any) -> None:
     """A job that never completed a checkpoint changes shape: its recorded fresh-start
     positions (``_START``) keep the sources' and name the new channels at their ends."""
-    from processor.runtime.topics import START_FILE
-
     saved = store.read_job_file(plan.job, START_FILE)
     if saved is None:
         return
-    channels = {e.topic for e in plan.edges}
-    transport.ensure_topics({t: plan.parallelism**2 for t in channels})
+    ensure_channels(plan, transport)
     sources = {s.params["topic"] for s in plan.flow.steps.values() if s.kind == "source"}
     kept = [entry for entry in json.loads(saved) if entry[0] in sources]
-    tps = channel_partitions(plan)
-    found = transport.end_offsets(tps) if tps else {}
-    kept += [[t, p, found[(t, p)]] for t, p in tps]
+    kept += end_positions(plan, transport)
     store.write_job_file(plan.job, START_FILE, json.dumps(kept).encode())

@@ -25,9 +25,9 @@ Rules, per piece of state:
   is exact there; taking the maximum would make records that are on time for the old owner
   late (dropped) in the new one. Stages whose subtasks may differ (forward-fed, keyed sources)
   need the per-key-group floor of the design note, not built here.
-* **Keyed-source stages** place keys by Kafka partition, not by key group: this module does not
-  care what ``keep`` means, so the runner gives such a stage a predicate by Kafka partition
-  (the key's ``murmur2`` partition, design note section 2, option (a)) or refuses the rescale.
+* **Keyed-source stages** (keyed steps reading keyed sources without a shuffle) place keys by
+  Kafka partition, not by key group: the runner refuses to change such a job's parallelism
+  (:func:`processor.runtime.rescale.check_rescalable`), so ``keep`` is always by key group.
 * **Counters** (``late_dropped``, ``expired``, ``fired``) and the ttl sweep mark are not in the
   snapshots: they start afresh in every new operator, as after any restore (a restored ttl
   aggregate sweeps at its first watermark).

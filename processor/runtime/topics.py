@@ -6,11 +6,11 @@ Both ends of a run are fixed once and kept, so that restarts read the same range
   started (records written later are the next run's).
 * A job without a completed checkpoint starts where it was when it first started, recorded in
   its snapshot store (``_START``) before any worker runs: a ``start="latest"`` source at the end
-  it had then, and every channel partition at its end then. Without this a restart before the
-  first checkpoint would skip what a "latest" source received meanwhile, and a job whose state
-  was deleted (its snapshot store, so its generations, begin again at 1) would read an earlier
-  run's channel records, whose ``GenerationStart(1)`` would let them through. Once a checkpoint
-  completes, its positions govern and ``_START`` is not read again.
+  it had then, and every channel partition a task reads at its end then. Without this a restart
+  before the first checkpoint would skip what a "latest" source received meanwhile, and a job
+  whose state was deleted (its snapshot store, so its generations, begin again at 1) would read
+  an earlier run's channel records, whose ``GenerationStart(1)`` would let them through. Once a
+  checkpoint completes, its positions govern and ``_START`` is not read again.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from processor.compiler import Plan
+from processor.compiler import Plan, channel_partitions
 from processor.errors import ConfigError
 from processor.snapshot.store import SnapshotStore
 
@@ -29,6 +29,8 @@ __all__ = [
     "START_FILE",
     "check_graph",
     "check_keyed_sources",
+    "end_positions",
+    "ensure_channels",
     "prepare_topics",
     "start_positions",
 ]
@@ -52,8 +54,7 @@ def prepare_topics(
     steps = plan.flow.steps
     topics = [s.params["topic"] for s in steps.values() if s.kind == "source"]
     counts = {t: transport.partition_count(t) for t in topics}
-    P = plan.parallelism
-    transport.ensure_topics({e.topic: P * P for e in plan.edges})
+    ensure_channels(plan, transport)
     if not until_idle:
         return counts, None
     tps = [(t, p) for t in topics for p in range(counts[t])]
@@ -61,6 +62,23 @@ def prepare_topics(
     ends = [[t, p, found[(t, p)]] for t, p in tps]
     (run_dir / "end_offsets.json").write_text(json.dumps(ends))
     return counts, ends
+
+
+def ensure_channels(plan: Plan, transport: Any) -> None:
+    """Creates the channel topics of ``plan`` that do not exist yet (``P x P`` partitions)."""
+    P = plan.parallelism
+    transport.ensure_topics({e.topic: P * P for e in plan.edges})
+
+
+def end_positions(
+    plan: Plan, transport: Any, sources: list[tuple[str, int]] | None = None
+) -> Offsets:
+    """The end offsets now of the partitions ``sources``, then of every channel partition a
+    task of ``plan`` reads (:func:`processor.compiler.channel_partitions`), in one broker call:
+    where a fresh start reads them from."""
+    tps = [*(sources or ()), *channel_partitions(plan)]
+    found = transport.end_offsets(tps) if tps else {}
+    return [[t, p, found[(t, p)]] for t, p in tps]
 
 
 def start_positions(
@@ -75,11 +93,8 @@ def start_positions(
         return starts
     sources = [s for s in plan.flow.steps.values() if s.kind == "source"]
     latest = {s.params["topic"] for s in sources if s.params["start"] == "latest"}
-    P = plan.parallelism
     tps = [(t, p) for t in sorted(latest) for p in range(counts[t])]
-    tps += [(e.topic, p) for e in plan.edges for p in range(P * P)]
-    found = transport.end_offsets(tps) if tps else {}
-    starts = [[t, p, found[(t, p)]] for t, p in tps]
+    starts = end_positions(plan, transport, tps)
     store.write_job_file(plan.job, START_FILE, json.dumps(starts).encode())
     return starts
 

@@ -11,18 +11,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processor.compiler import compile_flow
+from processor.compiler import channel_inputs, channel_partitions, compile_flow
 from processor.dataflow import Dataflow
 from processor.errors import ConfigError
+from processor.runtime.channels import ChannelOut
 from processor.runtime.rescale import (
     TOPOLOGY_FILE,
     Topology,
-    channel_partitions,
+    _restart_channels,
     check_rescalable,
     current_topology,
     new_states,
     new_topology,
 )
+from processor.runtime.topics import start_positions
 from processor.snapshot.store import SnapshotStore
 from processor.wire import (
     default_key_groups,
@@ -146,6 +148,82 @@ def test_channel_topics_of_another_epoch_are_other_topics() -> None:
     assert [e.topic for e in a.edges] == [f"eosflow.{JOB}.by-user.totals"]
     assert [e.topic for e in b.edges] == [f"eosflow.{JOB}.by-user.totals.r1"]
     assert len(channel_partitions(b)) == 9
+
+
+def _mixed_flow(start: str = "earliest") -> Dataflow:
+    """A shuffle into ``count``, then forward edges into ``mixed`` from two stages."""
+    flow = Dataflow(JOB)
+    clicks = flow.source("clicks", "clicks", start=start)
+    counted = clicks.key_by("by-user", lambda c: c["user"]).count("count")
+    counted.union("mixed", clicks.key_by("by-page", lambda c: c["page"])).sink("out", _NoSink())
+    return flow
+
+
+@pytest.mark.parametrize("parallelism", [1, 2, 3])
+def test_a_subtask_reads_the_channels_written_to_it_when_edges_shuffle_or_forward(
+    parallelism: int,
+) -> None:
+    """The layout the tasks read (TaskBase.input_partitions) and the rescale rewrites: subtask
+    ``i`` reads ``u*P + i`` of a shuffle from every upstream ``u``, and ``i*P + i`` of a
+    forward edge; each partition an upstream ChannelOut writes is read by one subtask."""
+    P = parallelism
+    plan = compile_flow(_mixed_flow(), P)
+    assert {e.shuffle for e in plan.edges} == {True, False}
+    writer: Any = object()  # never written to here
+    written = {
+        (e.topic, p)
+        for e in plan.edges
+        for u in range(P)
+        for p in ChannelOut(e, u, P, writer).partitions
+    }
+    read: list[tuple[str, int]] = []
+    for stage in plan.stages:
+        for i in range(P):
+            mine = channel_inputs(plan, stage, i)
+            assert mine == [
+                (e.topic, u * P + i if e.shuffle else i * P + i)
+                for e in stage.inputs
+                for u in (range(P) if e.shuffle else [i])
+            ]
+            read += mine
+    assert sorted(read) == sorted(set(read)) == sorted(written)
+    assert sorted(channel_partitions(plan)) == sorted(read)
+    if P == 3:
+        count, mixed = plan.stage_of("count"), plan.stage_of("mixed")
+        assert [p for _t, p in channel_inputs(plan, count, 1)] == [1, 4, 7]
+        assert [p for _t, p in channel_inputs(plan, mixed, 1)] == [4, 4]
+
+
+class _Ends:
+    """A transport whose partitions all end at ``100 + partition``."""
+
+    def __init__(self) -> None:
+        self.created: dict[str, int] = {}
+
+    def ensure_topics(self, partitions: dict[str, int]) -> None:
+        self.created.update(partitions)
+
+    def end_offsets(self, tps: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        return {tp: 100 + tp[1] for tp in tps}
+
+
+def test_a_fresh_start_and_a_shape_change_before_any_checkpoint_name_the_same_channel_ends(
+    tmp_path: Any,
+) -> None:
+    """``start_positions`` and ``_restart_channels`` share ``end_positions``: the "latest"
+    sources first, then every channel partition a task reads, at its end."""
+    flow = _mixed_flow(start="latest")
+    store, transport = SnapshotStore(tmp_path.as_uri()), _Ends()
+    plan = compile_flow(flow, 2)
+    starts = start_positions(plan, store, transport, {"clicks": 3})
+    channels = [[t, p, 100 + p] for t, p in channel_partitions(plan)]
+    assert starts == [["clicks", p, 100 + p] for p in range(3)] + channels
+    wider = compile_flow(flow, 3, epoch=1)
+    _restart_channels(wider, store, transport)
+    assert transport.created == {e.topic: 9 for e in wider.edges}
+    again = start_positions(wider, store, transport, {"clicks": 3})  # read back from _START
+    wide = [[t, p, 100 + p] for t, p in channel_partitions(wider)]
+    assert again == [["clicks", p, 100 + p] for p in range(3)] + wide
 
 
 # -- refusals --------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from dedup.ids import emission_id
 from processor.checkpoint.aligner import (
     BarrierAligner,
 )
-from processor.compiler import Stage
+from processor.compiler import Stage, channel_inputs
 from processor.contracts import Message, SinkContext, SinkWriter
 from processor.dataflow import DEAD_LETTERS
 from processor.errors import DeserializationError, UserFunctionError
@@ -44,7 +44,6 @@ from processor.runtime.registry import build_operator, build_router
 from processor.snapshot.store import SnapshotHandle
 from processor.wire import (
     Watermark,
-    channel_partition,
     source_partitions_for,
 )
 
@@ -266,12 +265,7 @@ class TaskBase:
         for name in self.stage.sources:
             topic = steps[name].params["topic"]
             tps += [(topic, p) for p in source_partitions_for(i, P, source_counts[topic])]
-        for edge in self.stage.inputs:
-            if edge.shuffle:
-                tps += [(edge.topic, channel_partition(u, i, P)) for u in range(P)]
-            else:
-                tps.append((edge.topic, channel_partition(i, i, P)))
-        return tps
+        return tps + channel_inputs(self.plan, self.stage, i)
 
     def _stale(self) -> int:
         """Checkpoints up to this id are over for this task (restored, or triggered before it
