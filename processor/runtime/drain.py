@@ -63,7 +63,7 @@ def check_drained(plan: Plan, latest: Manifest | None, transport: Any, *, until_
         f"job {plan.job!r}: checkpoint {latest.checkpoint_id} ends a bounded run "
         "(--until-idle) that drained the watermark to the end of time: every window and timer "
         f"fired and deduplication forgot its IDs. {why[0].upper()}{why[1:]}. To go on: "
-        "restore a checkpoint or savepoint from before the drain (--from); or start the job "
+        "restore a savepoint taken before the drain (--from-savepoint); or start the job "
         f"afresh (eosflow reset {plan.job}, or another job name); and end bounded runs that a "
         'later run continues with --until-idle --no-drain (docs/engine.md, "Bounded runs")'
     )

@@ -59,7 +59,7 @@ def test_a_drained_checkpoint_is_refused_to_an_unbounded_run_with_the_ways_on() 
     text = str(err.value)
     assert "checkpoint 7" in text and "drained the watermark" in text
     assert "A run without --until-idle takes new input" in text
-    assert "--from" in text and "eosflow reset job" in text and "--no-drain" in text
+    assert "--from-savepoint" in text and "eosflow reset job" in text and "--no-drain" in text
 
 
 def test_a_bounded_run_continues_a_drained_checkpoint_only_when_no_drained_partition_grew() -> None:
