@@ -94,7 +94,9 @@ class PartitionReader:
 
         Also records each partition's end offset at this moment (see :meth:`reached_end`).
         ``stop_at``: a bounded run's end offsets; a partition in it delivers no record at or
-        beyond its offset, its position stops there, and it is paused once it got there.
+        beyond its offset, its position stops there, and it is paused once it got there. A
+        position is never moved back: a start (or a skip over deleted records) past its stop
+        raises the stop to it.
         """
         if start not in ("earliest", "latest"):
             raise ValueError(f"start must be 'earliest' or 'latest', got {start!r}")
@@ -121,7 +123,9 @@ class PartitionReader:
             self._next[tp] = wanted
         self._consumer = create_consumer(self._config)
         self._consumer.assign([TopicPartition(t, p, o) for (t, p), o in self._next.items()])
-        self._stop_at = {tp: o for tp, o in (stop_at or {}).items() if tp in self._next}
+        # Never below where the partition starts: a stop only holds what comes after it.
+        nxt = self._next
+        self._stop_at = {tp: max(o, nxt[tp]) for tp, o in (stop_at or {}).items() if tp in nxt}
         done = [tp for tp, o in self._stop_at.items() if self._next[tp] >= o]
         if done:
             self.pause(done)
@@ -232,6 +236,8 @@ class PartitionReader:
             if tp in self._paused:
                 consumer.pause([TopicPartition(tp[0], tp[1])])
         self._next[tp] = offset
+        if offset > self._stop_at.get(tp, offset):  # skipped past its stop: stop there
+            self._stop_at[tp] = offset
 
     def pause(self, tps: Iterable[TP]) -> None:
         """Stop delivering records of ``tps`` (barrier alignment); positions are kept."""
@@ -279,10 +285,11 @@ class PartitionReader:
         if consumer is None:
             return {}
         lag = {}
+        stop_at = self._stop_at  # a bounded run: nothing is left past the stop
         for (t, p), pos in self._next.items():
             _low, high = consumer.get_watermark_offsets(TopicPartition(t, p), cached=True)
             if high >= 0 and pos >= 0:
-                lag[(t, p)] = max(0, high - pos)
+                lag[(t, p)] = max(0, min(high, stop_at.get((t, p), high)) - pos)
         return lag
 
     def commit_for_monitoring(self) -> None:

@@ -45,8 +45,8 @@ class _Pending:
     loop_log: int = 0  # records on loop back-edges between the heads' snapshots and barrier
     alignment_s: float = 0.0  # the longest alignment of its tasks
     aligned: bool = True  # every barrier of it aligned (savepoints need it)
-    drained: list[list[Any]] = field(default_factory=list)  # drained sources' positions
-    event_time: bool = False  # some task keeps event-time state
+    drained: list[list[Any]] | None = None  # drained source tasks' positions
+    undrained: bool = False  # some source task did not drain
 
 
 @dataclass
@@ -172,12 +172,12 @@ class CheckpointCoordinator:
         handle: SnapshotHandle,
         loop_log: int = 0,
         alignment_s: float = 0.0,
-        drained: tuple[list[list[Any]] | None, bool] = (None, False),
+        drained: list[list[Any]] | bool | None = False,
     ) -> bool:
         """Records an acknowledgement; True when it completed the checkpoint. ``loop_log``: the
         back-edge records a loop head logged for it (docs/iterations.md); ``alignment_s``: how
         long the task aligned its inputs for it; ``drained``: a source task's positions if its
-        snapshot had the drained watermark, and whether the task keeps event time (the
+        snapshot had the drained watermark, else ``None``; ``False`` for other tasks (the
         manifest's ``drained``: runtime.drain)."""
         pending = self.pending
         if pending is None or pending.checkpoint_id != checkpoint_id:
@@ -189,8 +189,10 @@ class CheckpointCoordinator:
         if task not in pending.acks:
             pending.loop_log += loop_log
             pending.alignment_s = max(pending.alignment_s, alignment_s)
-            pending.drained += drained[0] or []
-            pending.event_time |= drained[1]
+            if isinstance(drained, list):
+                pending.drained = [*(pending.drained or []), *drained]
+            elif drained is None:  # a source task that did not drain
+                pending.undrained = True
         pending.acks[task] = handle
         if len(pending.acks) < len(self.tasks):
             return False
@@ -207,7 +209,7 @@ class CheckpointCoordinator:
                 "duration_ms": int(duration * 1000),
                 "loop_log": pending.loop_log,
                 "aligned": pending.aligned,
-                **drained_metadata(pending.drained, pending.event_time),
+                **drained_metadata(pending.drained, every=not pending.undrained),
             },
         )
         self.pending = None

@@ -5,65 +5,109 @@ past it, and (unless ``--no-drain``) then advances the watermark to the end of t
 ``stop --drain`` does: every window, session and event-time timer fires, ``ttl`` state expires
 and a ``dedup`` step forgets all its IDs, so the run's output is complete. That state can take
 no new input: every later record would be late, and a copy of an old record would pass the
-deduplication. So a checkpoint records which source partitions it drained (the manifest's
-``drained``: their positions), when some task of the job keeps event-time state, and a later
-start refuses it when new input waits past those positions, or when the run is unbounded.
+deduplication. So a checkpoint records the positions of the source tasks whose snapshot had
+the drained watermark (the manifest's ``drained``, and ``drained_all``: every source task had
+it), and a start whose plan has event-time steps refuses to restore it when the run is
+unbounded, or when new input waits past those positions (or, after a full drain, in partitions
+added since). The plan is the one starting: a step added to a drained running total counts.
 
-A start restoring a drained checkpoint is refused unless it is a bounded run and no drained
-partition has grown: a bounded run restarted after a crash with the same input (or run again
-on no new input) continues as it would have. A job with no event-time state (a running total)
-is never drained in this sense: its state means the same whatever the watermark.
+A bounded run restarted after a crash on the same input (or run again on no new input) goes on,
+as it would have. A job without event-time steps (a running total) goes on whatever the input:
+its state means the same whatever the watermark. Before a refusal, the checkpoint's pending
+sink commits are settled: no later start would restore it to commit them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from processor.compiler import Plan
 from processor.errors import ConfigError
 from processor.snapshot.store import Manifest
 
-__all__ = ["check_drained", "drained_metadata"]
+__all__ = ["check_drained", "drained_metadata", "event_time_steps"]
 
 
-def drained_metadata(positions: list[list[Any]], event_time: bool) -> dict[str, Any]:
-    """The manifest's ``drained`` entry: the drained source partitions' positions, if the
-    checkpoint drained any and some task keeps event-time state; else nothing."""
-    if not positions or not event_time:
+def drained_metadata(positions: list[list[Any]] | None, *, every: bool) -> dict[str, Any]:
+    """The manifest's ``drained`` entries: the positions of the source tasks whose snapshot
+    had the drained watermark (``None``: none had), and whether every source task had it."""
+    if positions is None:
         return {}
-    return {"drained": sorted(positions)}
+    return {"drained": sorted(positions), "drained_all": every}
 
 
-def check_drained(plan: Plan, latest: Manifest | None, transport: Any, *, until_idle: bool) -> None:
+def event_time_steps(plan: Plan) -> list[str]:
+    """The steps of ``plan`` whose operator depends on the watermark (``Operator.event_time``:
+    windows, sessions, joins, ``process``, ``dedup``, ``ttl``)."""
+    steps = plan.flow.steps.values()
+    return [s.name for s in steps if s.kind not in ("source", "sink") and _event_time(s)]
+
+
+def _event_time(step: Any) -> bool:
+    from processor.runtime.registry import build_operator  # no I/O: ``open`` connects
+
+    return build_operator(step).event_time
+
+
+def check_drained(
+    plan: Plan,
+    latest: Manifest | None,
+    transport: Any,
+    *,
+    until_idle: bool,
+    settle: Callable[[], object] = lambda: None,
+) -> None:
     """Refuses to continue a drained checkpoint where new input would be late (module
-    docstring).
+    docstring). ``settle`` commits what the checkpoint left pending before the refusal: a job
+    killed after its final checkpoint completed and before its sinks committed must not lose
+    that output because no later start restores it.
 
     Raises:
-        ConfigError: what was drained, what would be lost, and the three ways on.
+        ConfigError: what was drained, what would be lost, and the ways on.
     """
     drained = latest.metadata.get("drained") if latest is not None else None
-    if not drained:
+    if drained is None:
         return
     assert latest is not None
+    timed = event_time_steps(plan)
+    if not timed:  # a running total means the same whatever the watermark
+        return
     positions = {(str(t), int(p)): int(o) for t, p, o in drained}
     if until_idle:
-        ends = transport.end_offsets(list(positions))
-        grown = {tp: ends[tp] - o for tp, o in positions.items() if ends.get(tp, o) > o}
+        grown = _grown(plan, transport, positions, every=bool(latest.metadata["drained_all"]))
         if not grown:
             return
         shown = ", ".join(f"{t}[{p}] +{n:,}" for (t, p), n in sorted(grown.items())[:5])
         more = f" and {len(grown) - 5} more" if len(grown) > 5 else ""
         why = (
-            f"new input arrived since ({shown}{more} offsets past the drained positions), and "
+            f"New input arrived since ({shown}{more} offsets past the drained positions), and "
             "all of it would be late"
         )
     else:
-        why = "a run without --until-idle takes new input, and all of it would be late"
+        why = "A run without --until-idle takes new input, and all of it would be late"
+    settle()
     raise ConfigError(
         f"job {plan.job!r}: checkpoint {latest.checkpoint_id} ends a bounded run "
         "(--until-idle) that drained the watermark to the end of time: every window and timer "
-        f"fired and deduplication forgot its IDs. {why[0].upper()}{why[1:]}. To go on: "
-        "restore a savepoint taken before the drain (--from-savepoint); or start the job "
-        f"afresh (eosflow reset {plan.job}, or another job name); and end bounded runs that a "
-        'later run continues with --until-idle --no-drain (docs/engine.md, "Bounded runs")'
+        f"of {timed} fired and deduplication forgot its IDs. {why}. The job is finished and "
+        "its output is committed. To process the new input, start a job afresh "
+        f"(eosflow reset {plan.job}, or another job name), which reads its sources from their "
+        "start again; and end bounded runs that a later run continues with --until-idle "
+        '--no-drain (docs/engine.md, "Bounded runs")'
     )
+
+
+def _grown(
+    plan: Plan, transport: Any, positions: dict[tuple[str, int], int], *, every: bool
+) -> dict[tuple[str, int], int]:
+    """Offsets past the drained positions, per partition; with ``every`` source task drained,
+    also partitions added since (with records)."""
+    tps = list(positions)
+    if every:
+        topics = {s.params["topic"] for s in plan.flow.steps.values() if s.kind == "source"}
+        for topic in sorted(topics):
+            tps += [(topic, p) for p in range(transport.partition_count(topic))]
+        tps = sorted(set(tps))
+    ends = transport.end_offsets(tps)
+    return {tp: ends[tp] - positions.get(tp, 0) for tp in tps if ends[tp] > positions.get(tp, 0)}

@@ -47,6 +47,7 @@ from processor.runtime.preflight import check_local_recovery, extra_environ, pre
 from processor.runtime.recovery import RunnerRecovery
 from processor.runtime.rescale import check_shape, prepare_shape
 from processor.runtime.savepoints import SavepointRequests, restore_savepoint, undo_restore
+from processor.runtime.settle import settle_checkpoint
 from processor.runtime.state_map import STATE_KEY, check_state, state_layout
 from processor.runtime.topics import (
     check_graph,
@@ -251,10 +252,21 @@ class Runner(RunnerRecovery):
                 check_graph(self.plan, list(latest.tasks) if latest is not None else [])
                 # renamed or removed stateful steps (runtime.state_map)
                 check_state(self.plan, self.store, latest, o.map_state, o.allow_dropped_state)
-                # a bounded run's drained watermark takes no new input (runtime.drain)
-                check_drained(self.plan, latest, transport, until_idle=o.until_idle)
                 # Compiled with the job's topology; rescaled first if --workers changed it.
                 with extra_environ(o.environ):  # the old sinks open as the workers would
+                    # a bounded run's drained watermark takes no new input (runtime.drain)
+                    check_drained(
+                        self.plan,
+                        latest,
+                        transport,
+                        until_idle=o.until_idle,
+                        settle=lambda: settle_checkpoint(
+                            self.plan.flow,
+                            self.store,
+                            latest,
+                            checkpoint_interval=self._interval(),
+                        ),
+                    )
                     self.plan, latest = prepare_shape(
                         self.plan,
                         self.store,
@@ -386,7 +398,7 @@ class Runner(RunnerRecovery):
             handle = SnapshotHandle(path, int(size), str(checksum))
             log_n = int(msg.get("log", 0))
             align = float(msg.get("align", 0.0))
-            drained = (msg.get("drained"), bool(msg.get("event_time")))
+            drained = msg.get("drained") if msg.get("source") else False
             chk_id, task_name = int(msg["chk"]), str(msg["task"])
             if self.coordinator.on_ack(chk_id, task_name, handle, log_n, align, drained):
                 self.server.broadcast({"t": "complete", "chk": chk_id})

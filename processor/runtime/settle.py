@@ -197,6 +197,37 @@ def _pending(entries: Any) -> tuple[tuple[int, Any], ...]:
     return tuple(sorted(((int(c), x) for c, x in entries), key=lambda e: e[0]))
 
 
+def settle_checkpoint(
+    flow: Dataflow,
+    store: SnapshotStore,
+    latest: Any,
+    *,
+    checkpoint_interval: float | None,
+) -> int:
+    """Commit what the completed checkpoint ``latest`` left pending, in its own shape, without
+    restoring it: a start refused after it (``runtime.drain``) must not leave the output of a
+    job killed before its sinks committed uncommitted. Idempotent, as ``recover`` is: a later
+    restore of ``latest`` commits nothing twice. Returns the committables recovered."""
+    from processor.compiler import compile_flow
+    from processor.runtime.rescale import current_topology
+
+    job = latest.job
+    topo = current_topology(store, job, latest)
+    assert topo is not None, "a completed checkpoint has a topology"
+    plan = compile_flow(flow, topo.parallelism, key_groups=topo.key_groups, epoch=topo.epoch)
+    states = {t: store.read_task_snapshot(h) for t, h in latest.tasks.items()}
+    return settle_old_shape(
+        flow,
+        states,
+        parallelism=topo.parallelism,
+        stage_names=[s.name for s in plan.stages],
+        epoch=topo.epoch,
+        generation=store.next_generation(job),
+        snapshot_url=store.url,
+        checkpoint_interval=checkpoint_interval,
+    )
+
+
 def record_parallelism(store: SnapshotStore, job: str, parallelism: int) -> int:
     """Record that ``job`` runs at ``parallelism``; returns the highest ever recorded.
 

@@ -308,9 +308,9 @@ def send_acks(client: ControlClient, tasks: list[Task], fault: Callable[[str], N
                     "handle": [handle.path, handle.size, handle.checksum],
                     "log": task.loop_log.pop(chk, 0),  # a loop head's back-edge log
                     "align": round(task.alignment_of(chk), 6),  # metrics: alignment (s)
-                    # a drained source's positions, and whether this task keeps event time
+                    # a source's positions if it drained its watermark (runtime.drain)
+                    "source": task.is_source,
                     "drained": task.drained_at.pop(chk, None),
-                    "event_time": task.event_time,
                 }
             )
 

@@ -3,8 +3,10 @@ and its committed file output."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -14,10 +16,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from processor.runtime.job import job_dir
 from sinks import read_jsonl
 from tests.e2e.harness import canonical
 
-__all__ = ["committed_output", "eosflow", "job_env", "status", "wait_status"]
+__all__ = ["committed_output", "eosflow", "job_env", "kill_job", "status", "wait_status"]
 
 
 def job_env(brokers: str, tmp: Path, prefix: str = "life", **extra: str) -> dict[str, str]:
@@ -64,3 +67,19 @@ def wait_status(
             return found
         time.sleep(0.3)
     raise AssertionError(f"status never matched within {timeout}s: {found}")
+
+
+def kill_job(proc: subprocess.Popen[Any], env: dict[str, str], pids: list[int]) -> None:
+    """SIGKILLs the whole job at once: the runner ``proc``, then every worker (``pids`` and
+    those its status file names)."""
+    status = json.loads(
+        (job_dir(env["JOB_NAME"], env["EOSFLOW_STATE_DIR"]) / "status.json").read_text()
+    )
+    pids = pids + [w["pid"] for w in status.get("workers", []) if w.get("pid")]
+    proc.kill()
+    for pid in set(pids):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait(30)
+    if proc.stderr is not None:
+        proc.stderr.close()

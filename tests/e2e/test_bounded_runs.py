@@ -9,6 +9,9 @@ generator without the engine.
 - A bounded run reads up to the end offsets it had at start. Clicks appended while it runs are
   not read (before the fix they were: some counted in this run's windows, the rest read after
   the drain and dropped as late). Continuing that drained job is then refused, with the way on.
+- A job SIGKILLed whole after its drained final checkpoint completed and before a worker
+  committed it: the refused start commits that output first (no later start restores the
+  checkpoint to commit it).
 - ``--until-idle --no-drain`` runs one after the other (a nightly batch), each with a worker
   SIGKILLed, continue one job exactly: windows open at the end of a run stay open, and copies
   of a click that come in a later run are still recognised.
@@ -16,17 +19,21 @@ generator without the engine.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from processor.runtime.job import job_dir
-from tests.e2e.cli import committed_output, eosflow, job_env
+from processor.runtime.worker import hold_paths
+from tests.e2e.cli import committed_output, eosflow, job_env, kill_job
 from tests.e2e.harness import (
     PIPELINES,
     assert_exactly_once,
@@ -123,6 +130,41 @@ def test_a_bounded_run_leaves_what_is_appended_while_it_runs_and_a_drained_job_r
     assert_exactly_once(want, committed_output(env), seed=seed)
 
 
+def test_the_output_of_a_drained_checkpoint_killed_before_its_commit_survives_the_refusal(
+    kafka_endpoint: tuple[str, str], redis_url: str, tmp_path: Path
+) -> None:
+    seed = chaos_seed()
+    env = _env(kafka_endpoint[0], redis_url, tmp_path)
+    clicks = list(with_duplicates(click_events(4_000, seed=seed), 0.1, seed=seed))
+    _produce(env, clicks)
+    # No periodic checkpoint: the final one carries all the output. Worker 1 is held after it
+    # completed and before its commit, and then the runner and every worker are SIGKILLed.
+    holds = tmp_path / "holds"
+    argv = eosflow("run", PIPELINE, "--until-idle", "--checkpoint-interval", "5m",
+                   "--checkpoint-timeout", "2m",
+                   "--fault", "0:1:after-completion-before-commit:1:hold")  # fmt: skip
+    proc = subprocess.Popen(
+        argv,
+        env={**env, "EOSFLOW_FAULT_DIR": str(holds)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    reached, _release = hold_paths(holds, "after-completion-before-commit", 1)
+    deadline = time.monotonic() + 120
+    while not reached.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert reached.exists(), f"never held: {proc.poll()} {proc.stderr and proc.stderr.read()}"
+    kill_job(proc, env, [json.loads(p.read_text())["pid"] for p in holds.glob("*.reached")])
+
+    _produce(env, [e | {"event_id": f"next-{i}"} for i, e in enumerate(clicks[:500])])
+    refused = _run(env, "--until-idle")
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert "New input arrived since" in refused.stderr, refused.stderr[-3000:]
+    want = expected_window_counts(iter(_distinct(iter(clicks))))
+    assert_exactly_once(want, committed_output(env), seed=seed)
+
+
 def test_no_drain_bounded_runs_continue_one_job_exactly_with_copies_across_runs_and_kills(
     kafka_endpoint: tuple[str, str], redis_url: str, tmp_path: Path
 ) -> None:
@@ -149,6 +191,13 @@ def test_no_drain_bounded_runs_continue_one_job_exactly_with_copies_across_runs_
     # Only windows the watermark closed are out, each with its final count.
     closed = expected_window_counts(iter(_distinct(iter(read))))
     assert not got - closed, f"windows not in the input read so far: {list(got - closed)[:5]}"
+    # ... and every window the watermark closed is out: those ending 40 s of event time before
+    # the newest click read (30 s allowed lateness, 1 s out of order, partitions' skew).
+    newest = max(int(e["ts_ms"]) for e in read)
+    due = Counter(
+        {w: n for w, n in closed.items() if orjson.loads(w)[1]["end_ms"] <= newest - 40_000}
+    )
+    assert due and not due - got, f"closed windows missing: {list(due - got)[:5]}"
 
     third = _run(env, "--until-idle", "--fault", "0:1:after-completion-before-commit:1")
     assert third.returncode == 0, third.stderr[-3000:]

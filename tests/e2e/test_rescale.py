@@ -15,11 +15,9 @@ records went to another, breaks that order or restarts the count.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import threading
@@ -34,14 +32,14 @@ import pytest
 
 from connectors import KafkaSettings
 from connectors.admin import TopicAdmin
-from processor.runtime.job import default_snapshot_url, job_dir
+from processor.runtime.job import default_snapshot_url
 from processor.runtime.local import Fault, LocalRunner, RunOptions, RunResult
 from processor.runtime.runner import Runner
 from processor.runtime.savepoints import request_savepoint
 from processor.runtime.worker import hold_paths
 from processor.snapshot.store import SnapshotStore
 from processor.testing.chaos import Killer, input_read
-from tests.e2e.cli import committed_output, eosflow, job_env, wait_status
+from tests.e2e.cli import committed_output, eosflow, job_env, kill_job, wait_status
 from tests.e2e.harness import (
     PIPELINES,
     assert_exactly_once,
@@ -105,23 +103,7 @@ def _crashed_run(env: dict[str, str], tmp: Path, workers: int) -> None:
     while not reached.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)
     assert reached.exists(), f"never held: {proc.poll()} {proc.stderr and proc.stderr.read()}"
-    _kill_job(proc, env, [json.loads(p.read_text())["pid"] for p in holds.glob("*.reached")])
-
-
-def _kill_job(proc: subprocess.Popen[Any], env: dict[str, str], pids: list[int]) -> None:
-    """SIGKILLs the whole job at once: the runner ``proc``, then every worker (``pids`` and
-    those its status file names)."""
-    status = json.loads(
-        (job_dir(env["JOB_NAME"], env["EOSFLOW_STATE_DIR"]) / "status.json").read_text()
-    )
-    pids = pids + [w["pid"] for w in status.get("workers", []) if w.get("pid")]
-    proc.kill()
-    for pid in set(pids):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    proc.wait(30)
-    if proc.stderr is not None:
-        proc.stderr.close()
+    kill_job(proc, env, [json.loads(p.read_text())["pid"] for p in holds.glob("*.reached")])
 
 
 def _phase(
@@ -349,7 +331,7 @@ def test_a_job_that_never_completed_a_checkpoint_starts_at_another_parallelism(
     wait_status(env, lambda s: s.get("state") == "running" and all(
         w["connected"] for w in s["workers"]))  # fmt: skip
     time.sleep(2)  # records in flight in the channels of 2 workers
-    _kill_job(proc, env, [])
+    kill_job(proc, env, [])
     store = SnapshotStore(default_snapshot_url(env["JOB_NAME"], env["EOSFLOW_STATE_DIR"]))
     assert store.latest_completed(env["JOB_NAME"]) is None
     done = subprocess.run(

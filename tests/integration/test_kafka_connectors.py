@@ -197,6 +197,13 @@ def test_a_bounded_reader_delivers_nothing_at_or_past_its_stop_offsets_however_m
     assert got == {0: 100, 1: 100, 2: 40}
     assert all(m.value().startswith(b"old-") for m in seen)
     assert all(m.offset() < stop[(m.topic(), m.partition())] for m in seen)
+    # A start past its stop (a "latest" source whose end moved on before its start was taken)
+    # reads nothing and keeps its position: a stop never moves a position back.
+    with PartitionReader(kafka_settings) as reader:
+        reader.open({(topic_name, 0): 150}, stop_at={(topic_name, 0): 100})
+        assert reader.poll(1000, 0.5) == []
+        assert reader.positions() == {(topic_name, 0): 150}
+        assert reader.paused == {(topic_name, 0)}
 
 
 def test_read_committed_reader_never_sees_aborted_records_when_the_broker_supports_it(

@@ -97,8 +97,6 @@ class TaskBase:
         self.bad_records = 0
         self.stale_dropped = 0
         self._build_operators()
-        #: Some operator of this task depends on event time (see ``Operator.event_time``).
-        self.event_time = any(op.event_time for op in self.ops.values())
         #: Checkpoint -> this source task's positions, when its snapshot had the drained
         #: (maximum) watermark: recorded in the manifest (runtime.drain).
         self.drained_at: dict[int, list[list[Any]]] = {}

@@ -135,7 +135,10 @@ class TaskCheckpoints(TaskBase):
         }
         self.purge_floor.record(checkpoint_id, self.pos)
         if self.is_source and self.watermark == MAX_WATERMARK:
-            self.drained_at[checkpoint_id] = [[t, p, self.pos[(t, p)]] for t, p in self.max_ts]
+            pos = self.pos
+            self.drained_at[checkpoint_id] = [
+                [t, p, pos[(t, p)]] for t, p in pos if (t, p) in self.max_ts
+            ]
         env = self.env
         incarnation = env.sink_generation  # the generation, or this start under local recovery
         if env.mode == "sync":  # stop-the-world: serialize and upload in the task loop
