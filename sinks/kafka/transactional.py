@@ -419,8 +419,8 @@ def _connect(producer: Producer) -> None:
     (:meth:`KafkaSinkWriter.recover`) on Tansu, 8 parallel inits hit it in 29 of 30 cold tries,
     so every start and restart of a job waited 0.5 s for nothing (bench/RESULTS.md, "Start-up
     and shut-down"). A cluster metadata request returns once the broker's own connection
-    answered it: with it first, 0 of 75 tries waited. (A request for one topic is answered on
-    the bootstrap connection and does not help: 30 of 30 waited.) An error here is left to
+    answered it: with it first, none of 65 tries waited. (A request for one topic is answered
+    on the bootstrap connection and does not help: 20 of 20 waited.) An error here is left to
     ``init_transactions``, which retries and classifies it.
     """
     try:
