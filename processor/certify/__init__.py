@@ -4,9 +4,35 @@
 faults (SIGKILLs at protocol points and at random moments, a broker partition, a Redis restart),
 each run on the same snapshot of its input and into outputs of its own, and compares every
 committed output with the fault-free one; see docs/testing.md.
+
+The public names are imported on first use (PEP 562): every worker imports
+:mod:`processor.certify.redirect` when it loads a pipeline, and importing the whole of certify
+(the chaos kit, the runner, the services) there cost each worker about 50 ms of start-up
+(bench/RESULTS.md, "Start-up and shut-down").
 """
 
-from processor.certify.core import CertifyOptions, certify
-from processor.certify.report import Report
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from processor.certify.core import CertifyOptions, certify
+    from processor.certify.report import Report
 
 __all__ = ["CertifyOptions", "Report", "certify"]
+
+_HOME = {
+    "CertifyOptions": "processor.certify.core",
+    "certify": "processor.certify.core",
+    "Report": "processor.certify.report",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value

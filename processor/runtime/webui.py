@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 
 #: Loopback, the first free port of Flink's Prometheus reporter's range.
 DEFAULT_ADDRESS = "127.0.0.1:9249-9258"
+#: How often the serving loop looks for a shutdown request (close() waits up to this long).
+_POLL_S = 0.05
 _ASSETS = {"app.js": "text/javascript", "style.css": "text/css", "index.html": "text/html"}
 
 
@@ -66,8 +68,13 @@ class WebServer:
         bound_host, port = str(self._server.server_address[0]), self._server.server_address[1]
         shown = "127.0.0.1" if bound_host in ("0.0.0.0", "") else bound_host
         self.url = f"http://{shown}:{port}/"
+        # close() waits for the serving loop to see the shutdown at its next poll: at the
+        # default 0.5 s poll that was up to half a second on the exit path of every job.
         self._thread = threading.Thread(
-            target=self._server.serve_forever, name="eosflow-web", daemon=True
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": _POLL_S},
+            name="eosflow-web",
+            daemon=True,
         )
         self._thread.start()
 

@@ -234,6 +234,7 @@ def run_worker(spec: dict[str, Any]) -> int:
         pace = _Pace(float(spec.get("max_rate") or 0.0))
         idle = False
         next_stats = 0.0
+        drained = False
         while True:
             stop = _serve(client, tasks, sources, worker, purger)
             if stop is not None:
@@ -255,6 +256,10 @@ def run_worker(spec: dict[str, Any]) -> int:
             writer.poll()
             send_acks(client, tasks, env.fault)
             now = time.monotonic()
+            # The drain is told at once, not at the next tick: the runner triggers the final
+            # checkpoint on it, and a bounded job would otherwise end up to a tick later.
+            if not drained and sources and all(t.drained for t in sources):
+                drained, next_stats = True, 0.0
             if now >= next_stats:
                 next_stats = now + _STATS_EVERY_S
                 client.send(_stats(worker, tasks, sources))

@@ -122,6 +122,7 @@ class KafkaSinkWriter:
         )
         conf["partitioner"] = "murmur2_random"  # as the Java client: same key, same partition
         producer = create_producer(conf)
+        _connect(producer)
         _retrying(producer.init_transactions, f"init_transactions {self._tid(slot)}")
         return producer
 
@@ -401,6 +402,31 @@ class KafkaSinkWriter:
                     log.warning("abort on close failed: %s", exc)
             producer.flush(10)
         self.producers.clear()
+
+
+#: How long :func:`_connect` waits for the cluster's metadata.
+_CONNECT_TIMEOUT_S = 5.0
+
+
+def _connect(producer: Producer) -> None:
+    """Bring ``producer``'s connection to the cluster up before ``init_transactions``.
+
+    A new client talks to the bootstrap address first, then drops that connection for one to
+    the broker the metadata names (librdkafka connects it up to ``reconnect.backoff.ms`` / 2
+    later). ``init_transactions`` started in that gap finds no broker for the coordinator
+    lookup and parks the producer-id request on librdkafka's fixed 500 ms timer ("Starting PID
+    FSM timer: No broker available"). With the pool's ids initialized in parallel
+    (:meth:`KafkaSinkWriter.recover`) on Tansu, 8 parallel inits hit it in 29 of 30 cold tries,
+    so every start and restart of a job waited 0.5 s for nothing (bench/RESULTS.md, "Start-up
+    and shut-down"). A cluster metadata request returns once the broker's own connection
+    answered it: with it first, none of 65 tries waited. (A request for one topic is answered
+    on the bootstrap connection and does not help: 20 of 20 waited.) An error here is left to
+    ``init_transactions``, which retries and classifies it.
+    """
+    try:
+        producer.list_topics(timeout=_CONNECT_TIMEOUT_S)
+    except KafkaException as exc:
+        log.debug("metadata request before init_transactions failed: %s", exc)
 
 
 def committable_subtask(committable: Any) -> int:
