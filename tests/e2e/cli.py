@@ -20,7 +20,15 @@ from processor.runtime.job import job_dir
 from sinks import read_jsonl
 from tests.e2e.harness import canonical
 
-__all__ = ["committed_output", "eosflow", "job_env", "kill_job", "status", "wait_status"]
+__all__ = [
+    "committed_output",
+    "eosflow",
+    "held_then_killed",
+    "job_env",
+    "kill_job",
+    "status",
+    "wait_status",
+]
 
 
 def job_env(brokers: str, tmp: Path, prefix: str = "life", **extra: str) -> dict[str, str]:
@@ -83,3 +91,25 @@ def kill_job(proc: subprocess.Popen[Any], env: dict[str, str], pids: list[int]) 
     proc.wait(30)
     if proc.stderr is not None:
         proc.stderr.close()
+
+
+def held_then_killed(
+    argv: list[str], env: dict[str, str], holds: Path, point: str, worker: int
+) -> None:
+    """Runs ``argv`` (an ``eosflow run`` with a ``...:hold`` fault at ``point`` in ``worker``)
+    until that worker is held there, then SIGKILLs the whole job (:func:`kill_job`)."""
+    from processor.runtime.worker import hold_paths
+
+    proc = subprocess.Popen(
+        argv,
+        env={**env, "EOSFLOW_FAULT_DIR": str(holds)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    reached, _release = hold_paths(holds, point, worker)
+    deadline = time.monotonic() + 180
+    while not reached.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert reached.exists(), f"never held: {proc.poll()} {proc.stderr and proc.stderr.read()}"
+    kill_job(proc, env, [json.loads(p.read_text())["pid"] for p in holds.glob("*.reached")])

@@ -19,7 +19,6 @@ generator without the engine.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import threading
 import time
@@ -32,8 +31,7 @@ import orjson
 import pytest
 
 from processor.runtime.job import job_dir
-from processor.runtime.worker import hold_paths
-from tests.e2e.cli import committed_output, eosflow, job_env, kill_job
+from tests.e2e.cli import committed_output, eosflow, held_then_killed, job_env
 from tests.e2e.harness import (
     PIPELINES,
     assert_exactly_once,
@@ -143,19 +141,7 @@ def test_the_output_of_a_drained_checkpoint_killed_before_its_commit_survives_th
     argv = eosflow("run", PIPELINE, "--until-idle", "--checkpoint-interval", "5m",
                    "--checkpoint-timeout", "2m",
                    "--fault", "0:1:after-completion-before-commit:1:hold")  # fmt: skip
-    proc = subprocess.Popen(
-        argv,
-        env={**env, "EOSFLOW_FAULT_DIR": str(holds)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    reached, _release = hold_paths(holds, "after-completion-before-commit", 1)
-    deadline = time.monotonic() + 120
-    while not reached.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert reached.exists(), f"never held: {proc.poll()} {proc.stderr and proc.stderr.read()}"
-    kill_job(proc, env, [json.loads(p.read_text())["pid"] for p in holds.glob("*.reached")])
+    held_then_killed(argv, env, holds, "after-completion-before-commit", 1)
 
     _produce(env, [e | {"event_id": f"next-{i}"} for i, e in enumerate(clicks[:500])])
     refused = _run(env, "--until-idle")

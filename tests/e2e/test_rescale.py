@@ -36,10 +36,16 @@ from processor.runtime.job import default_snapshot_url
 from processor.runtime.local import Fault, LocalRunner, RunOptions, RunResult
 from processor.runtime.runner import Runner
 from processor.runtime.savepoints import request_savepoint
-from processor.runtime.worker import hold_paths
 from processor.snapshot.store import SnapshotStore
 from processor.testing.chaos import Killer, input_read
-from tests.e2e.cli import committed_output, eosflow, job_env, kill_job, wait_status
+from tests.e2e.cli import (
+    committed_output,
+    eosflow,
+    held_then_killed,
+    job_env,
+    kill_job,
+    wait_status,
+)
 from tests.e2e.harness import (
     PIPELINES,
     assert_exactly_once,
@@ -91,19 +97,7 @@ def _crashed_run(env: dict[str, str], tmp: Path, workers: int) -> None:
             "--checkpoint-interval", "0.5"]  # fmt: skip
     for fault in faults:
         argv += ["--fault", fault]
-    proc = subprocess.Popen(
-        argv,
-        env={**env, "EOSFLOW_FAULT_DIR": str(holds)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    reached, _release = hold_paths(holds, "after-completion-before-commit", 1)
-    deadline = time.monotonic() + 180
-    while not reached.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert reached.exists(), f"never held: {proc.poll()} {proc.stderr and proc.stderr.read()}"
-    kill_job(proc, env, [json.loads(p.read_text())["pid"] for p in holds.glob("*.reached")])
+    held_then_killed(argv, env, holds, "after-completion-before-commit", 1)
 
 
 def _phase(

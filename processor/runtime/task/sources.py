@@ -125,11 +125,14 @@ class SourceInputs(ChannelInputs):
             self.drained = True  # at the end: the runner takes the final checkpoint
             if self.env.drain:
                 self._advance_watermark(MAX_WATERMARK)
+                return
+            # --no-drain: the watermark the data put, now, not at the next tick: what the
+            # input closed fires in this run (the final checkpoint follows).
+        elif self.env.clock() - self._last_wm_emit < _WATERMARK_EVERY_S:
             return
-        now = self.env.clock()
-        if now - self._last_wm_emit < _WATERMARK_EVERY_S or not self.max_ts:
+        if not self.max_ts:
             return
-        self._last_wm_emit = now
+        self._last_wm_emit = self.env.clock()
         if not self.quiet_tables:
             self._advance_watermark(min(self.max_ts.values()))
             return
