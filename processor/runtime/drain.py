@@ -56,12 +56,14 @@ def check_drained(
     transport: Any,
     *,
     until_idle: bool,
+    local_recovery: bool = False,
     settle: Callable[[], object] = lambda: None,
 ) -> None:
     """Refuses to continue a drained checkpoint where new input would be late (module
-    docstring). ``settle`` commits what the checkpoint left pending before the refusal: a job
-    killed after its final checkpoint completed and before its sinks committed must not lose
-    that output because no later start restores it.
+    docstring). ``local_recovery``: ``--recovery local``, whose copy check forgets IDs behind
+    the watermark as a ``dedup`` step does. ``settle`` commits what the checkpoint left
+    pending before the refusal: a job killed after its final checkpoint completed and before
+    its sinks committed must not lose that output because no later start restores it.
 
     Raises:
         ConfigError: what was drained, what would be lost, and the ways on.
@@ -71,6 +73,8 @@ def check_drained(
         return
     assert latest is not None
     timed = event_time_steps(plan)
+    if local_recovery:  # its copy check keeps IDs behind the watermark, as a dedup step does
+        timed.append("the local recovery copy check")
     if not timed:  # a running total means the same whatever the watermark
         return
     positions = {(str(t), int(p)): int(o) for t, p, o in drained}

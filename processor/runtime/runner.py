@@ -260,6 +260,7 @@ class Runner(RunnerRecovery):
                         latest,
                         transport,
                         until_idle=o.until_idle,
+                        local_recovery=o.recovery == "local",
                         settle=lambda: settle_checkpoint(
                             self.plan.flow,
                             self.store,

@@ -104,6 +104,11 @@ def test_a_job_without_event_time_steps_continues_a_drained_checkpoint_whatever_
     check_drained(_plan(windowed=False), _manifest(DRAINED), grown, until_idle=False)
     assert event_time_steps(_plan(windowed=False)) == []
     assert event_time_steps(_plan()) == ["n"]  # a window added to a drained total: refused
+    # --recovery local: the copy check forgot every ID at the drained watermark.
+    with pytest.raises(ConfigError, match="local recovery copy check"):
+        check_drained(
+            _plan(windowed=False), _manifest(DRAINED), grown, until_idle=False, local_recovery=True
+        )
 
 
 def test_checkpoints_that_did_not_drain_are_never_refused() -> None:
