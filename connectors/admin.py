@@ -3,14 +3,17 @@ retention of eosflow's internal topics, and deleting records no restore needs.""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
     AlterConfigOpType,
     ConfigEntry,
     ConfigResource,
@@ -21,11 +24,24 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 from connectors.config import KafkaSettings, admin_config, consumer_config, create_admin
 from connectors.errors import classify
 from connectors.offsets import watermarks
+from connectors.outage import OUTAGES, report_client_error
 from processor.errors import ConfigError
 
-__all__ = ["INTERNAL_TOPIC_CONFIG", "TopicAdmin", "TopicInfo", "TopicSpec"]
+__all__ = [
+    "INTERNAL_TOPIC_CONFIG",
+    "TopicAdmin",
+    "TopicInfo",
+    "TopicSpec",
+    "admin_client",
+    "quiet_admin_client",
+    "sharing_admin_clients",
+]
 
 log = logging.getLogger(__name__)
+#: Where a reachability check's client logs go: nowhere (its one error says it all).
+_QUIET = logging.getLogger("connectors.transport.reachability")
+_QUIET.addHandler(logging.NullHandler())
+_QUIET.propagate = False
 
 TP = tuple[str, int]
 
@@ -57,6 +73,102 @@ class TopicSpec:
             )
 
 
+class _Gate:
+    """``logger`` and ``error_cb`` of a shared admin client: what every client logs
+    (:data:`~connectors.outage.OUTAGES`), except while a reachability check waits on it."""
+
+    def __init__(self) -> None:
+        self.quiet = 0
+
+    def log(self, level: int, fmt: str, *args: object) -> None:
+        if not self.quiet:
+            OUTAGES.log(level, fmt, *args)
+
+    def error(self, err: KafkaError) -> None:
+        if not self.quiet:
+            report_client_error(err)
+
+
+_lock = threading.Lock()
+#: Within :func:`sharing_admin_clients`: one client (and its gate) per cluster configuration.
+_shared: dict[str, tuple[AdminClient, _Gate]] | None = None
+
+
+@contextlib.contextmanager
+def sharing_admin_clients() -> Iterator[None]:
+    """While the block runs, the admin clients of this process for one cluster configuration
+    (:func:`admin_client`, :func:`quiet_admin_client`, :class:`TopicAdmin`) are one client.
+
+    Every new librdkafka client pays about 50 ms for its first request to the broker the
+    metadata names (a new connection, paced by librdkafka); the runner's start-up checks
+    (the sinks' preflight, the reachability check, the topic preparation) made five
+    (bench/RESULTS.md, "Start-up and shut-down"). Every check still runs; a client taken in
+    the block stays usable after it. Nested blocks share the outer one's clients.
+    """
+    global _shared
+    with _lock:
+        outer = _shared is not None
+        if not outer:
+            _shared = {}
+    try:
+        yield
+    finally:
+        if not outer:
+            with _lock:
+                _shared = None
+
+
+def _key(settings: KafkaSettings) -> str:
+    return repr(sorted(admin_config(settings).items()))
+
+
+def _shared_entry(settings: KafkaSettings) -> tuple[str, tuple[AdminClient, _Gate]] | None:
+    with _lock:
+        if _shared is None:
+            return None
+        key = _key(settings)
+        entry = _shared.get(key)
+        if entry is None:
+            gate = _Gate()
+            client = create_admin(
+                {**admin_config(settings), "logger": gate, "error_cb": gate.error}
+            )
+            entry = _shared[key] = (client, gate)
+        return key, entry
+
+
+def admin_client(settings: KafkaSettings) -> AdminClient:
+    """A new ``AdminClient``, or in :func:`sharing_admin_clients` the shared one."""
+    shared = _shared_entry(settings)
+    return shared[1][0] if shared is not None else create_admin(admin_config(settings))
+
+
+@contextlib.contextmanager
+def quiet_admin_client(settings: KafkaSettings) -> Iterator[AdminClient]:
+    """An admin client whose own log is silenced while the block runs (an unreachable broker
+    made librdkafka print a connection error every few hundred milliseconds; issue 17).
+
+    In :func:`sharing_admin_clients`, the shared one; when the block raises, it is no longer
+    shared (the next caller gets a fresh client, not one left reconnecting)."""
+    shared = _shared_entry(settings)
+    if shared is None:
+        yield create_admin(
+            {**admin_config(settings), "logger": _QUIET, "error_cb": lambda _err: None}
+        )
+        return
+    key, (client, gate) = shared
+    gate.quiet += 1
+    try:
+        yield client
+    except BaseException:
+        with _lock:
+            if _shared is not None and _shared.get(key, (None,))[0] is client:
+                del _shared[key]
+        raise
+    finally:
+        gate.quiet -= 1
+
+
 @dataclass(frozen=True)
 class TopicInfo:
     name: str
@@ -73,10 +185,14 @@ class TopicAdmin:
         timeout: seconds for each admin request.
     """
 
-    def __init__(self, settings: KafkaSettings, *, timeout: float = 30.0) -> None:
+    def __init__(
+        self, settings: KafkaSettings, *, timeout: float = 30.0, shared: bool = True
+    ) -> None:
         self._settings = settings
         self._timeout = timeout
-        self._admin = create_admin(admin_config(settings))
+        # shared in sharing_admin_clients() unless ``shared=False`` (a request that may
+        # break the connection)
+        self._admin = admin_client(settings) if shared else create_admin(admin_config(settings))
 
     def broker_count(self) -> int:
         return len(self._admin.list_topics(timeout=self._timeout).brokers)

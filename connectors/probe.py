@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import ConfigResource  # type: ignore[attr-defined]
 
-from connectors.admin import TopicAdmin
+from connectors.admin import TopicAdmin, admin_client
 from connectors.config import (
     KafkaSettings,
     admin_config,
@@ -265,7 +265,7 @@ def _try_delete_records(
     Decided by the broker's answer, never by a timeout: Tansu 0.6 drops the connection at
     once (its in-memory storage has no DeleteRecords), which fails the request with a
     transport error; a broker without the API answers an error code."""
-    admin = TopicAdmin(settings, timeout=timeout)
+    admin = TopicAdmin(settings, timeout=timeout, shared=False)  # it may drop the connection
     try:
         future = admin.delete_records({(topic, 0): 1})[(topic, 0)]
         low = getattr(future.result(), "low_watermark", None)
@@ -378,7 +378,7 @@ def broker_transaction_max_timeout(settings: KafkaSettings, *, timeout: float = 
 def broker_config(settings: KafkaSettings, name: str, *, timeout: float = 10.0) -> str | None:
     """One setting of a broker of the cluster (DescribeConfigs), or ``None`` if the broker
     does not report it (Tansu reports none; an ACL may forbid it)."""
-    raw_admin = create_admin(admin_config(settings))
+    raw_admin = admin_client(settings)
     metadata = raw_admin.list_topics(timeout=timeout)
     return _broker_config(raw_admin, metadata, name, [])
 

@@ -6,6 +6,7 @@ wiring (``--transport connectors.transport:from_env``), so the engine never impo
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -14,11 +15,15 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from connectors.admin import INTERNAL_TOPIC_CONFIG, TopicAdmin, TopicSpec
+from connectors.admin import (
+    INTERNAL_TOPIC_CONFIG,
+    TopicAdmin,
+    TopicSpec,
+    quiet_admin_client,
+    sharing_admin_clients,
+)
 from connectors.config import (
     KafkaSettings,
-    admin_config,
-    create_admin,
     create_producer,
     producer_config,
 )
@@ -39,11 +44,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-#: Where the reachability check's client logs go: nowhere (its one error says it all).
-_QUIET = logging.getLogger(f"{__name__}.reachability")
-_QUIET.addHandler(logging.NullHandler())
-_QUIET.propagate = False
-
 TP = tuple[str, int]
 
 
@@ -202,6 +202,11 @@ class KafkaTransport:
     def __repr__(self) -> str:
         return f"KafkaTransport({self.settings.brokers!r})"
 
+    def sharing_clients(self) -> contextlib.AbstractContextManager[None]:
+        """While the block runs, this process's admin clients of one cluster are one client
+        (:func:`connectors.admin.sharing_admin_clients`): the runner's start-up checks."""
+        return sharing_admin_clients()
+
     def check_reachable(self, timeout: float = 5.0) -> None:
         """One clear error, in seconds, when the cluster does not answer (instead of minutes of
         librdkafka connection errors, then a traceback: issue 17)."""
@@ -255,11 +260,9 @@ def check_reachable(settings: KafkaSettings, *, timeout: float = 5.0) -> None:
 
     The client's own log is silenced for this one request: an unreachable broker made
     librdkafka print a connection error every few hundred milliseconds."""
-    admin = create_admin(
-        {**admin_config(settings), "logger": _QUIET, "error_cb": lambda _err: None}
-    )
     try:
-        admin.list_topics(timeout=timeout)
+        with quiet_admin_client(settings) as admin:
+            admin.list_topics(timeout=timeout)
     except KafkaException as exc:
         reason = exc.args[0].str() if exc.args and hasattr(exc.args[0], "str") else str(exc)
         source = (

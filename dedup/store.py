@@ -39,10 +39,6 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
-import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
-
 from dedup.errors import DedupConfigError, RedisDataLost, RedisUnavailable
 from dedup.ids import ID_BYTES
 
@@ -66,7 +62,17 @@ Tag = tuple[int, int]  # (run, epoch)
 #: A prefix a lookup reads: ``(prefix, its buckets to read, {run: batches} its markers must hold)``.
 Scope = tuple[str, list[int], Mapping[int, int]]
 _TAG = struct.Struct(">QQ")
-_RETRIABLE = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
+
+
+def _retriable() -> tuple[type[Exception], ...]:
+    """What the store retries. redis-py is imported on first use: importing it cost every
+    process that imports :mod:`dedup` (every worker, through the engine's record IDs) about
+    30 ms of start-up, a job without Redis included (bench/RESULTS.md, "Start-up and
+    shut-down"). An ``except`` clause evaluates this only when an exception is raised."""
+    import redis
+
+    return (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
+
 
 # KEYS[1] bucket hash, KEYS[2] bucket index; ARGV[1] tag, ARGV[2] bucket start, ARGV[3] IDs
 # (16 bytes each, concatenated). HSET in chunks: unpack() refuses a few thousand values.
@@ -177,6 +183,10 @@ def redis_client(url: str | None, *, timeout_s: float = 10.0, name: str = "eosfl
             f"{url.split('@')[-1]!r} is not a Redis URL: expected redis://host:port/db, "
             "rediss://... or unix:///path/to/socket"
         )
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
     return redis.Redis.from_url(
         url,
         socket_timeout=timeout_s,
@@ -237,7 +247,7 @@ class RedisIdStore:
                 result = fn()
                 self.round_trips += 1
                 return result
-            except _RETRIABLE as exc:
+            except _retriable() as exc:
                 attempt += 1
                 waited = self.clock() - started
                 if self.give_up_s is not None and waited >= self.give_up_s:

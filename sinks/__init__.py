@@ -16,13 +16,23 @@ after a restart.
   completion (needs the ``postgres`` extra: psycopg); docs/sink-postgres.md.
 - :class:`RedisSink`: one subtask's epoch applied atomically by a Lua script guarded by the last
   committed epoch; docs/sink-redis.md.
+
+The public names are imported on first use (PEP 562): a pipeline file that imports
+``KafkaSink`` or ``FileSink`` does not load redis-py (``RedisSink``) in the runner and in every
+worker, about 30 ms of each process's start-up (bench/RESULTS.md, "Start-up and shut-down").
 """
 
-from sinks.console import ConsoleSink
-from sinks.files import FileSink, read_avro, read_committed, read_committed_lines, read_jsonl
-from sinks.kafka import KafkaSink
-from sinks.postgres import PostgresSink
-from sinks.redis import RedisSink
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sinks.console import ConsoleSink
+    from sinks.files import FileSink, read_avro, read_committed, read_committed_lines, read_jsonl
+    from sinks.kafka import KafkaSink
+    from sinks.postgres import PostgresSink
+    from sinks.redis import RedisSink
 
 __all__ = [
     "ConsoleSink",
@@ -35,3 +45,28 @@ __all__ = [
     "read_committed_lines",
     "read_jsonl",
 ]
+
+_HOME = {
+    "ConsoleSink": "sinks.console",
+    "FileSink": "sinks.files",
+    "KafkaSink": "sinks.kafka",
+    "PostgresSink": "sinks.postgres",
+    "RedisSink": "sinks.redis",
+    "read_avro": "sinks.files",
+    "read_committed": "sinks.files",
+    "read_committed_lines": "sinks.files",
+    "read_jsonl": "sinks.files",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

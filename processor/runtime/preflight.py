@@ -105,8 +105,6 @@ def _preflight_redis(plan: Plan, options: RunOptions) -> None:
     """``dedup`` steps and local recovery keep record IDs in Redis: it must answer within 5 s
     and must not evict them, or the job fails now, with the address, instead of timing its
     checkpoints out for minutes (issue 18). Each server is checked once."""
-    from dedup.server import allow_eviction, check_redis
-
     users: dict[str | None, tuple[str, str]] = {}  # URL (None: the variable) -> what, source
     for step in plan.flow.steps.values():
         if step.kind == "dedup":
@@ -115,6 +113,10 @@ def _preflight_redis(plan: Plan, options: RunOptions) -> None:
             users.setdefault(url or None, (f"dedup step {step.name!r}", source))
     if options.recovery == "local":
         users.setdefault(None, ("--recovery local", "EOSFLOW_REDIS_URL"))
+    if not users:  # redis-py is not imported for nothing (about 30 ms of start-up)
+        return
+    from dedup.server import allow_eviction, check_redis
+
     for url, (what, source) in users.items():
         check_redis(url, what=what, source=source, allow_eviction=allow_eviction())
 

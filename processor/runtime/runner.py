@@ -19,6 +19,7 @@ SIGINT/SIGTERM stop the job the same way: final checkpoint, commits, then the wo
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -233,8 +234,23 @@ class Runner(RunnerRecovery):
         return None if self.options.mode == "none" else self.options.checkpoint_interval
 
     def run(self) -> RunResult:
-        preflight(self.plan, self.options, self._interval())
-        transport = load_object(self.options.transport)(self._worker_env())
+        try:
+            transport = load_object(self.options.transport)(self._worker_env())
+        except ConfigError:  # the pipeline's own checks come first: fix those first
+            preflight(self.plan, self.options, self._interval())
+            raise
+        # The start-up checks share one admin client per cluster (each new client's first
+        # request costs about 50 ms; bench/RESULTS.md, "Start-up and shut-down"): every check
+        # still runs. Ended once the workers' spec is made.
+        sharing = contextlib.ExitStack()
+        share = getattr(transport, "sharing_clients", None)
+        if share is not None:
+            sharing.enter_context(share())
+        try:
+            preflight(self.plan, self.options, self._interval())
+        except BaseException:
+            sharing.close()
+            raise
         self.lease.acquire()  # before anything writes to the job's topics or checkpoints
         handlers: dict[int, Any] = {}
         try:
@@ -291,6 +307,7 @@ class Runner(RunnerRecovery):
             # in every worker process (runtime.purge).
             probe = getattr(transport, "purge_supported", None)
             self.purge = bool(probe()) if probe is not None and self.plan.edges else False
+            sharing.close()
             self.metrics = JobMetrics(
                 self.plan,
                 runner=self.runner,
@@ -339,6 +356,7 @@ class Runner(RunnerRecovery):
             self._status("finished")
             return self._result()
         finally:
+            sharing.close()
             if self.savepoints is not None:
                 self.savepoints.abandon("the job ended before the savepoint completed")
             if self.web is not None:
