@@ -24,8 +24,9 @@ worker, about 30 ms of each process's start-up (bench/RESULTS.md, "Start-up and 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from processor.exports import lazy_exports
 
 if TYPE_CHECKING:
     from sinks.console import ConsoleSink
@@ -58,15 +59,4 @@ _HOME = {
     "read_jsonl": "sinks.files",
 }
 
-
-def __getattr__(name: str) -> Any:
-    home = _HOME.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _HOME)

@@ -13,8 +13,9 @@ The public names are imported on first use (PEP 562): every worker imports
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from processor.exports import lazy_exports
 
 if TYPE_CHECKING:
     from processor.certify.core import CertifyOptions, certify
@@ -28,11 +29,4 @@ _HOME = {
     "Report": "processor.certify.report",
 }
 
-
-def __getattr__(name: str) -> Any:
-    home = _HOME.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, _HOME)

@@ -22,8 +22,9 @@ registered by the package) gives the servers, topics and jobs as ``eosflow_*`` f
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from processor.exports import lazy_exports
 
 # Names are imported on first use (PEP 562): the pytest plugin, a submodule, is imported by
 # every pytest run where eosflow is installed, and importing the whole kit (the runner, the
@@ -107,20 +108,6 @@ if TYPE_CHECKING:
         unique_name,
     )
 
-
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'processor.testing' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
-
-
 __all__ = [
     "BrokerBehindProxy",
     "CliRun",
@@ -152,3 +139,5 @@ __all__ = [
     "scan_topic",
     "unique_name",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE)
