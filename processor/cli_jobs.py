@@ -134,20 +134,23 @@ def jobs(args: argparse.Namespace) -> int:
         else:
             state = st["state"] if st["state"] != "running" else "died"
         chk = "-"
+        # a bounded run drained its watermark: the job takes no new input (runtime.drain)
+        drained = latest is not None and latest.metadata.get("drained") is not None
         if latest is not None:
             ago = time.time() - latest.created_ms / 1000
-            chk = f"{latest.checkpoint_id} ({_ago(ago)} ago)"
+            chk = f"{latest.checkpoint_id} ({_ago(ago)} ago{', drained' if drained else ''})"
         out = f"{st['records_out']:,}" if st else "-"
-        rows.append((job, state, chk, out, str(st.get("pid", "-")), url))
+        rows.append((job, state, chk, out, str(st.get("pid", "-")), url, drained))
     if args.json:
-        keys = ("job", "state", "last_checkpoint", "records_out", "runner_pid", "snapshot_url")
+        keys = ("job", "state", "last_checkpoint", "records_out", "runner_pid", "snapshot_url",
+                "drained")  # fmt: skip
         print(json.dumps([dict(zip(keys, r, strict=True)) for r in rows], indent=2))
         return 0
     if not rows:
         print(f"no jobs recorded under {base}")
         return 0
     head = ("JOB", "STATE", "LAST CHECKPOINT", "RECORDS OUT", "RUNNER PID")
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+    widths = [max(len(h), *(len(str(r[i])) for r in rows)) for i, h in enumerate(head)]
     for row in [head, *(r[:5] for r in rows)]:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
     return 0

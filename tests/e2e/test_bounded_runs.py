@@ -19,6 +19,7 @@ generator without the engine.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import threading
 import time
@@ -116,6 +117,9 @@ def test_a_bounded_run_leaves_what_is_appended_while_it_runs_and_a_drained_job_r
     assert run.returncode == 0, run.stderr[-3000:]
     want = expected_window_counts(iter(_distinct(iter(first))))
     assert_exactly_once(want, committed_output(env), seed=seed)
+    listed = subprocess.run(eosflow("jobs", "--json"), env=env, capture_output=True, text=True)
+    mine = [j for j in json.loads(listed.stdout) if j["job"] == env["JOB_NAME"]]
+    assert mine and mine[0]["drained"] is True and mine[0]["state"] == "finished", mine
 
     # The run drained its watermark: every later click would be late, and the dedup step
     # forgot its IDs. Continuing is refused, bounded or not, and nothing is written.
