@@ -79,7 +79,7 @@ def check_drained(
         return
     positions = {(str(t), int(p)): int(o) for t, p, o in drained}
     if until_idle:
-        grown = _grown(plan, transport, positions, every=bool(latest.metadata["drained_all"]))
+        grown = _grown(plan, transport, positions, every=bool(latest.metadata.get("drained_all")))
         if not grown:
             return
         shown = ", ".join(f"{t}[{p}] +{n:,}" for (t, p), n in sorted(grown.items())[:5])

@@ -248,10 +248,10 @@ class Runner(RunnerRecovery):
             sharing.enter_context(share())
         try:
             preflight(self.plan, self.options, self._interval())
-        except BaseException:
+            self.lease.acquire()  # before anything writes to the job's topics or checkpoints
+        except BaseException:  # refused (a second run of the job): no sharing left behind
             sharing.close()
             raise
-        self.lease.acquire()  # before anything writes to the job's topics or checkpoints
         handlers: dict[int, Any] = {}
         try:
             check = getattr(transport, "check_reachable", None)

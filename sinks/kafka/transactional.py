@@ -422,6 +422,11 @@ def _connect(producer: Producer) -> None:
     answered it: with it first, none of 65 tries waited. (A request for one topic is answered
     on the bootstrap connection and does not help: 20 of 20 waited.) An error here is left to
     ``init_transactions``, which retries and classifies it.
+
+    The wait is librdkafka's, not Tansu's, so this is not switched by the broker probe. Its
+    cost grows with the cluster: a full metadata reply per producer (up to 8 per sink subtask
+    at each start). Measured on the embedded broker only; on a cluster with many thousands of
+    topics it may cost more than the 0.5 s it saves (a known gap: bench/RESULTS.md).
     """
     try:
         producer.list_topics(timeout=_CONNECT_TIMEOUT_S)
