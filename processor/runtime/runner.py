@@ -417,7 +417,7 @@ class Runner(RunnerRecovery):
             handle = SnapshotHandle(path, int(size), str(checksum))
             log_n = int(msg.get("log", 0))
             align = float(msg.get("align", 0.0))
-            drained = msg.get("drained") if msg.get("source") else False
+            drained = msg.get("drained", False)  # False: not a source task (runtime.drain)
             chk_id, task_name = int(msg["chk"]), str(msg["task"])
             if self.coordinator.on_ack(chk_id, task_name, handle, log_n, align, drained):
                 self.server.broadcast({"t": "complete", "chk": chk_id})

@@ -305,19 +305,17 @@ def send_acks(client: ControlClient, tasks: list[Task], fault: Callable[[str], N
         task.declined.clear()
         for chk, handle in task.ready_acks():
             fault("after-snapshot-before-ack")
-            client.send(
-                {
-                    "t": "ack",
-                    "chk": chk,
-                    "task": task.name,
-                    "handle": [handle.path, handle.size, handle.checksum],
-                    "log": task.loop_log.pop(chk, 0),  # a loop head's back-edge log
-                    "align": round(task.alignment_of(chk), 6),  # metrics: alignment (s)
-                    # a source's positions if it drained its watermark (runtime.drain)
-                    "source": task.is_source,
-                    "drained": task.drained_at.pop(chk, None),
-                }
-            )
+            ack = {
+                "t": "ack",
+                "chk": chk,
+                "task": task.name,
+                "handle": [handle.path, handle.size, handle.checksum],
+                "log": task.loop_log.pop(chk, 0),  # a loop head's back-edge log
+                "align": round(task.alignment_of(chk), 6),  # metrics: alignment (s)
+            }
+            if task.is_source:  # its positions if it drained its watermark, else null
+                ack["drained"] = task.drained_at.pop(chk, None)
+            client.send(ack)
 
 
 def _hold_dir(spec: dict[str, Any]) -> Path:

@@ -119,6 +119,7 @@ class SourceInputs(ChannelInputs):
     def _source_watermark(self) -> None:
         if self.drained:
             return
+        now = self.env.clock()
         if self.env.end_offsets is not None and all(
             self.pos.get(tp, 0) >= self.env.end_offsets.get(tp, 0) for tp in self.max_ts
         ):
@@ -128,11 +129,11 @@ class SourceInputs(ChannelInputs):
                 return
             # --no-drain: the watermark the data put, now, not at the next tick: what the
             # input closed fires in this run (the final checkpoint follows).
-        elif self.env.clock() - self._last_wm_emit < _WATERMARK_EVERY_S:
+        elif now - self._last_wm_emit < _WATERMARK_EVERY_S:
             return
         if not self.max_ts:
             return
-        self._last_wm_emit = self.env.clock()
+        self._last_wm_emit = now
         if not self.quiet_tables:
             self._advance_watermark(min(self.max_ts.values()))
             return
