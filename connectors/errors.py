@@ -17,13 +17,34 @@ class              what the caller does
 from __future__ import annotations
 
 import enum
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException
 
 from processor.errors import KafkaClientError
 
-__all__ = ["ErrorClass", "classify", "error_class", "raise_for"]
+__all__ = ["ErrorClass", "classify", "error_class", "raise_for", "retrying"]
+
+_T = TypeVar("_T")
+
+#: Partition errors that the Kafka protocol documents as retriable (a partition's leadership
+#: moving or not yet in place) but that librdkafka returns from its synchronous calls
+#: (``get_watermark_offsets``, ``offsets_for_times``, admin results) without its retriable
+#: flag. A topic created a moment ago answers NOT_LEADER_OR_FOLLOWER on KRaft until its leader
+#: has applied the new metadata (issue 41: 3 of 5 rescale starts exited on it).
+_LEADERSHIP_CODES = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError.REPLICA_NOT_AVAILABLE,
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+        KafkaError.OFFSET_NOT_AVAILABLE,
+    }
+)
 
 
 class ErrorClass(enum.Enum):
@@ -49,7 +70,7 @@ def error_class(error: KafkaError | KafkaException) -> ErrorClass:
         return ErrorClass.FATAL
     if err.txn_requires_abort():
         return ErrorClass.ABORT
-    if err.retriable():
+    if err.retriable() or err.code() in _LEADERSHIP_CODES:
         return ErrorClass.RETRIABLE
     return ErrorClass.ERROR
 
@@ -73,3 +94,37 @@ def raise_for(error: KafkaError | KafkaException | None, *, context: str) -> Non
         raise classify(error, context=context) from (
             error if isinstance(error, KafkaException) else None
         )
+
+
+def retrying(call: Callable[[float], _T], context: str, deadline_s: float = 30.0) -> _T:
+    """Run ``call(timeout)``, retrying with backoff while it fails retriably, for at most
+    ``deadline_s`` seconds; then (or at once, for any other class) raise :func:`classify` of
+    the last error, saying how long it was retried.
+
+    Raises:
+        KafkaClientError: the call failed with a non-retriable error, or retriably past the
+            deadline (``retriable`` is then True: the caller may try again later).
+    """
+    start = time.monotonic()
+    deadline = start + deadline_s
+    delay = 0.05
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return call(max(0.1, min(10.0, left)))
+        except KafkaException as exc:
+            retriable = error_class(exc) is ErrorClass.RETRIABLE
+            if retriable and time.monotonic() + delay < deadline:
+                time.sleep(delay)
+                delay = min(1.0, delay * 2)
+                continue
+            if retriable:
+                context = f"{context} (still failing after {time.monotonic() - start:.0f}s"
+                if _kafka_error(exc).code() in _LEADERSHIP_CODES:
+                    context += (
+                        "; the partition has no leader ready: the broker that should lead it "
+                        "is down or still applying the topic's metadata; see "
+                        "kafka-topics.sh --describe"
+                    )
+                context += ")"
+            raise classify(exc, context=context) from exc

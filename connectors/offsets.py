@@ -6,6 +6,10 @@ gets both right. So the end offset is taken from a Fetch response: assign each p
 reported end, fetch once with a tiny byte limit, read librdkafka's cached watermark. For a
 ``read_committed`` consumer librdkafka caches the last stable offset, which is exactly the end a
 ``read_committed`` reader can reach.
+
+A partition whose leader is not in place yet (a topic created a moment ago: KRaft answers
+NOT_LEADER_OR_FOLLOWER until the leader has applied the new metadata, although the metadata
+already names it) is asked again until ``timeout``: Kafka documents those errors as retriable.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Any
 from confluent_kafka import KafkaException, TopicPartition
 
 from connectors.config import create_consumer
-from connectors.errors import classify
+from connectors.errors import classify, retrying
 
 __all__ = ["watermarks"]
 
@@ -45,13 +49,15 @@ def watermarks(
     consumer = create_consumer(conf)
     try:
         listed: dict[TP, tuple[int, int]] = {}
+        deadline = time.monotonic() + timeout
         for tp in tps:
-            try:
-                listed[tp] = consumer.get_watermark_offsets(
-                    TopicPartition(*tp), timeout=timeout, cached=False
-                )
-            except KafkaException as exc:
-                raise classify(exc, context=f"offsets of {tp[0]}[{tp[1]}]") from exc
+            listed[tp] = retrying(
+                lambda left, tp=tp: consumer.get_watermark_offsets(  # type: ignore[misc]
+                    TopicPartition(*tp), timeout=left, cached=False
+                ),
+                f"offsets of {tp[0]}[{tp[1]}]",
+                deadline_s=max(1.0, deadline - time.monotonic()),
+            )
         consumer.assign(
             [TopicPartition(t, p, max(low, high - 1)) for (t, p), (low, high) in listed.items()]
         )

@@ -53,7 +53,7 @@ def kafka_behind_proxy(workdir: Path | None = None) -> Iterator[BrokerBehindProx
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="eosflow-")))
         workdir.mkdir(parents=True, exist_ok=True)
         port = free_port()
-        proxy = stack.enter_context(FaultProxy("127.0.0.1", port))
+        proxy = stack.enter_context(FaultProxy("127.0.0.1", port, kafka=True))
         server = start_tansu(workdir, owned=True, port=port, advertised_port=proxy.port)
         stack.callback(stop, server.process)
         yield BrokerBehindProxy(proxy.address, proxy, server)

@@ -23,6 +23,10 @@ The faults, and what a client sees:
   TCP RST on both sides, and the listening socket is closed, so new connections are refused
   (``ECONNREFUSED``) until :meth:`FaultProxy.heal` opens it again on the same port.
 
+With ``kafka=True`` the proxy also frames each connection as Kafka protocol and can make the
+broker answer with an error it would give on a real cluster
+(:meth:`FaultProxy.fail_list_offsets`, :mod:`processor.testing.kafka_wire`).
+
 Each fault lasts ``seconds`` (healed by a timer) or until :meth:`FaultProxy.heal`. Calling a
 fault while another is on replaces it; ``delay`` combines with the others.
 
@@ -42,6 +46,13 @@ import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
+
+from processor.testing.kafka_wire import (
+    LIST_OFFSETS,
+    NOT_LEADER_OR_FOLLOWER,
+    ErrorRule,
+    KafkaTap,
+)
 
 __all__ = ["FaultProxy", "ProxyStats"]
 
@@ -65,10 +76,11 @@ class ProxyStats:
 class _Conn:
     """One proxied connection: the two sides and the tasks that pump between them."""
 
-    def __init__(self, client: asyncio.StreamWriter) -> None:
+    def __init__(self, client: asyncio.StreamWriter, tap: KafkaTap | None = None) -> None:
         self.client = client
         self.server: asyncio.StreamWriter | None = None
         self.tasks: list[asyncio.Task[None]] = []
+        self.tap = tap
 
     def abort(self) -> None:
         """Close both sides with a TCP RST (SO_LINGER 0), not a FIN."""
@@ -92,6 +104,8 @@ class FaultProxy:
         target_port: its port.
         port: the port to listen on (0: a free one, see :attr:`port` once started).
         listen_host: the address to listen on (loopback by default).
+        kafka: the server speaks Kafka protocol: frame every connection so that
+            :meth:`fail_list_offsets` can rewrite the broker's answers.
 
     Invariants:
         Bytes are forwarded in order and never dropped or duplicated while the proxy forwards;
@@ -105,8 +119,11 @@ class FaultProxy:
         *,
         port: int = 0,
         listen_host: str = "127.0.0.1",
+        kafka: bool = False,
     ) -> None:
         self.target = (target_host, int(target_port))
+        self.kafka = kafka
+        self._rules: list[ErrorRule] = []
         self.listen_host = listen_host
         self.port = port
         self.stats = ProxyStats()
@@ -195,8 +212,33 @@ class FaultProxy:
         self._call(self._set_latency(seconds, for_seconds))
 
     def heal(self) -> None:
-        """End every fault: forward again, accept again, no added latency."""
+        """End every fault: forward again, accept again, no added latency, no rewritten
+        answers."""
         self._call(self._heal())
+
+    def fail_list_offsets(
+        self,
+        topic_prefix: str = "",
+        *,
+        times: int | None = None,
+        error_code: int = NOT_LEADER_OR_FOLLOWER,
+    ) -> ErrorRule:
+        """Answer the next ``times`` ListOffsets requests (None: every one, until healed) for
+        topics starting with ``topic_prefix`` with ``error_code`` on each such partition, as a
+        KRaft broker answers for a topic created a moment ago. Needs ``kafka=True``.
+
+        Returns:
+            The rule; its ``applied`` counts the answers rewritten so far.
+        """
+        if not self.kafka:
+            raise RuntimeError("fail_list_offsets needs a FaultProxy(..., kafka=True)")
+        rule = ErrorRule(LIST_OFFSETS, error_code, topic_prefix, times)
+        self._rules.append(rule)
+        log.info(
+            "fault proxy port=%d answers ListOffsets topic_prefix=%r with error=%d times=%s",
+            self.port, topic_prefix, error_code, times,
+        )  # fmt: skip
+        return rule
 
     def wait_healed(self, timeout: float | None = None) -> bool:
         """Block until no fault is on (a timed one ended); False after ``timeout`` seconds."""
@@ -283,6 +325,7 @@ class FaultProxy:
         if self._latency_timer is not None:
             self._latency_timer.cancel()
         self._no_latency()
+        self._rules.clear()
         if self._fault != "none":
             log.info("fault proxy port=%d healed (was %s)", self.port, self._fault)
         self._fault = "none"
@@ -294,7 +337,7 @@ class FaultProxy:
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.stats.accepted += 1
-        conn = _Conn(writer)
+        conn = _Conn(writer, KafkaTap(self._rules) if self.kafka else None)
         self._conns.add(conn)
         self.stats.active += 1
         try:
@@ -339,6 +382,10 @@ class FaultProxy:
                 data = await reader.read(_CHUNK)
                 if not data:
                     break
+                if conn.tap is not None:
+                    data = conn.tap.up(data) if up else conn.tap.down(data)
+                    if not data:
+                        continue  # part of a frame held to be rewritten
                 await queue.put((time.monotonic() + self._latency, data))
             await queue.put((0.0, b""))
             await sender

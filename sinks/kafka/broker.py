@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 from typing import Any
 
 import orjson
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, TopicPartition
 
 from connectors.admin import TopicAdmin
 from connectors.config import (
@@ -20,28 +19,11 @@ from connectors.config import (
     create_producer,
     producer_config,
 )
-from connectors.errors import ErrorClass, classify, error_class
+from connectors.errors import classify, retrying
 from processor.errors import KafkaClientError
 from sinks.kafka.records import _MAX_SLOTS, marker_topic, transactional_ids
 
 __all__ = ["abort_lingering", "read_transaction_markers"]
-
-
-def _retrying(call: Callable[[float], Any], context: str, deadline_s: float = 30.0) -> Any:
-    """Run ``call(timeout)``, retrying what librdkafka calls retriable until ``deadline_s``;
-    classify the rest (connectors.errors is the one place that knows the classes)."""
-    deadline = time.monotonic() + deadline_s
-    delay = 0.1
-    while True:
-        left = deadline - time.monotonic()
-        try:
-            return call(max(0.1, min(10.0, left)))
-        except KafkaException as exc:
-            if error_class(exc) is ErrorClass.RETRIABLE and time.monotonic() + delay < deadline:
-                time.sleep(delay)
-                delay = min(2.0, delay * 2)
-                continue
-            raise classify(exc, context=context) from exc
 
 
 class _StalledRead(KafkaClientError):
@@ -132,7 +114,7 @@ def abort_lingering(settings: KafkaSettings, prefix: str, step: str, subtasks: i
     for subtask in range(subtasks):
         for tid in transactional_ids(prefix, step, subtask, _MAX_SLOTS):
             producer = create_producer(producer_config(settings, transactional_id=tid))
-            _retrying(producer.init_transactions, f"init_transactions {tid}")
+            retrying(producer.init_transactions, f"init_transactions {tid}")
             producer.flush(5)
             done.append(tid)
     return done

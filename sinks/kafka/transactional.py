@@ -34,11 +34,10 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from connectors.admin import INTERNAL_TOPIC_CONFIG, TopicAdmin
 from connectors.config import KafkaSettings, create_producer, producer_config
-from connectors.errors import classify
+from connectors.errors import classify, retrying
 from connectors.transport import produce_waiting
 from processor.contracts import SinkContext
 from processor.errors import EosflowError, KafkaClientError
-from sinks.kafka.broker import _retrying
 from sinks.kafka.records import (
     _MAX_SLOTS,
     HEADER_EPOCH,
@@ -123,7 +122,7 @@ class KafkaSinkWriter:
         conf["partitioner"] = "murmur2_random"  # as the Java client: same key, same partition
         producer = create_producer(conf)
         _connect(producer)
-        _retrying(producer.init_transactions, f"init_transactions {self._tid(slot)}")
+        retrying(producer.init_transactions, f"init_transactions {self._tid(slot)}")
         return producer
 
     def _free_slot(self) -> int:
@@ -281,7 +280,7 @@ class KafkaSinkWriter:
         if self.busy.get(slot) == tag and slot != self.slot:
             producer = self._producer(slot)
             try:
-                _retrying(
+                retrying(
                     producer.commit_transaction,
                     f"commit {self._tid(slot)}",
                     self.sink.commit_timeout_s,
@@ -364,7 +363,7 @@ class KafkaSinkWriter:
                 "retention?); its output cannot be re-published"
             )
         self.errors = []
-        _retrying(lambda _t: producer.begin_transaction(), f"begin {self._tid(slot)}")
+        retrying(lambda _t: producer.begin_transaction(), f"begin {self._tid(slot)}")
         for topic, partition, key, value, headers, ts in records:
             produce_waiting(
                 producer, topic, value, key, partition=partition, headers=headers, timestamp=ts,
@@ -380,7 +379,7 @@ class KafkaSinkWriter:
         producer.flush(60)
         if self.errors:
             self._raise_delivery(f"re-publishing epoch {tag}")
-        _retrying(
+        retrying(
             producer.commit_transaction, f"commit {self._tid(slot)}", self.sink.commit_timeout_s
         )
         self.republished += expected
