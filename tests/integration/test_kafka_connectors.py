@@ -19,9 +19,9 @@ from connectors import (
     create_producer,
     producer_config,
 )
-from connectors.probe import write_aborted_then_committed
+from connectors.probe import _read_committed_hides_aborted, write_aborted_then_committed
 from connectors.serde import ConfluentAvroSerde, JsonSerde
-from processor.errors import ConfigError, DeserializationError
+from processor.errors import ConfigError, DeserializationError, KafkaClientError
 
 PARTITIONS = 3
 
@@ -238,6 +238,34 @@ def test_probe_matches_what_a_read_committed_reader_observes(
         values = [m.value() for m in _drain(reader)]
     assert (b"aborted" not in values) == broker_caps.read_committed_hides_aborted
     assert b"committed" in values
+
+
+def test_the_read_committed_probe_gives_no_answer_when_its_own_record_does_not_arrive(
+    kafka_settings: KafkaSettings, topic_name: str
+) -> None:
+    """Broke (issue 35, item 4): a probe whose committed record was not read in time answered
+    "read_committed shows aborted records", and the Kafka sink's rescue then decided an
+    epoch's fate from ``read_uncommitted`` on Apache Kafka, counting an aborted epoch's marker
+    as committed. A slow read is no answer: the probe raises (retriable) and caches nothing."""
+    TopicAdmin(kafka_settings).ensure_topic(topic_name, 1)  # the committed record never comes
+    with pytest.raises(KafkaClientError, match="could not tell") as caught:
+        _read_committed_hides_aborted(kafka_settings, topic_name, 1.0)
+    assert caught.value.retriable
+
+
+def test_the_probe_reports_the_release_and_transaction_version_when_the_broker_is_kafka(
+    broker_caps: Any,
+) -> None:
+    """What ``eosflow probe`` prints: Apache Kafka says which release its cluster runs
+    (``metadata.version`` on KRaft, ``inter.broker.protocol.version`` on ZooKeeper); Tansu
+    says neither."""
+    if broker_caps.read_committed_hides_aborted:  # Apache Kafka
+        assert broker_caps.release and broker_caps.release[0].isdigit(), broker_caps
+        if "KRaft" in broker_caps.release and broker_caps.release >= "4":
+            assert broker_caps.transaction_version is not None
+    else:
+        assert broker_caps.release is None
+    assert "Kafka release:" in broker_caps.summary()
 
 
 def test_malformed_record_names_its_topic_partition_and_offset_when_decoded(
