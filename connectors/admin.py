@@ -223,15 +223,7 @@ class TopicAdmin:
             )
             for s in specs
         ]
-        created: list[str] = []
-        for name, future in self._admin.create_topics(new, request_timeout=self._timeout).items():
-            try:
-                future.result()
-                created.append(name)
-                log.info("created topic=%s", name)
-            except KafkaException as exc:
-                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                    raise classify(exc, context=f"creating topic {name!r}") from exc
+        created = self._create(new)
         visible = self._wait_visible([s.name for s in specs])
         for spec in specs:
             actual = visible[spec.name]
@@ -244,6 +236,40 @@ class TopicAdmin:
         existing = [s for s in specs if s.name not in created and s.config]
         if existing:
             self.ensure_config(existing)
+        return created
+
+    def _create(self, new: list[NewTopic]) -> list[str]:
+        """Create ``new``; the names created. A topic whose deletion is still under way is
+        created again once it is gone: Kafka deletes asynchronously, and a ZooKeeper broker
+        (2.3) answers TOPIC_ALREADY_EXISTS for a while after the topic left the metadata, so a
+        delete-then-create (a recreated source topic, ``eosflow reset``) would otherwise find
+        a topic that never becomes visible."""
+        created: list[str] = []
+        deadline = time.monotonic() + self._timeout
+        while new:
+            specs = {t.topic: t for t in new}
+            exist: list[str] = []
+            futures = self._admin.create_topics(new, request_timeout=self._timeout)
+            for name, future in futures.items():
+                try:
+                    future.result()
+                    created.append(name)
+                    log.info("created topic=%s", name)
+                except KafkaException as exc:
+                    if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                        raise classify(exc, context=f"creating topic {name!r}") from exc
+                    exist.append(name)
+            deleting: list[NewTopic] = []
+            if exist and time.monotonic() < deadline:
+                # "already exists" for a topic the metadata no longer lists: being deleted
+                listed = self._admin.list_topics(timeout=self._timeout).topics
+                deleting = [specs[n] for n in exist if n not in listed]
+            if deleting:
+                log.info(
+                    "topics=%s still being deleted: creating again", [t.topic for t in deleting]
+                )
+                time.sleep(0.2)
+            new = deleting
         return created
 
     def ensure_config(self, specs: Iterable[TopicSpec]) -> list[str]:
