@@ -16,6 +16,13 @@ otherwise; writes input, runs the job until idle, checks the output)::
 Or run the pipeline on its own against an existing topic::
 
     CLICKS_TOPIC=clicks OUTPUT_DIR=out/totals eosflow run examples/running_total.py --until-idle
+
+With ``OUTPUT_TOPIC`` set, the totals go to that Kafka topic through the transactional
+``KafkaSink`` instead of part files (exactly-once for ``read_committed`` readers on Apache Kafka;
+``eosflow probe`` says whether the broker hides aborted records)::
+
+    OUTPUT_TOPIC=totals eosflow certify examples/running_total.py --input clicks=clicks.jsonl \
+        --input-key user
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import os
 
 from connectors import JsonSerde
 from processor import Dataflow
-from sinks import FileSink
+from sinks import FileSink, KafkaSink
 
 flow = Dataflow(os.environ.get("JOB_NAME", "running-total"))
 (
@@ -40,7 +47,12 @@ flow = Dataflow(os.environ.get("JOB_NAME", "running-total"))
         init=lambda: (0, 0),
         add=lambda acc, click: (acc[0] + 1, acc[1] + click["amount"]),
     )
-    .sink("out", FileSink(os.environ.get("OUTPUT_DIR", "out/running-total")))
+    .sink(
+        "out",
+        KafkaSink(os.environ["OUTPUT_TOPIC"], transactional_id_prefix=flow.name)
+        if os.environ.get("OUTPUT_TOPIC")
+        else FileSink(os.environ.get("OUTPUT_DIR", "out/running-total")),
+    )
 )
 
 
