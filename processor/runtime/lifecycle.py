@@ -9,7 +9,11 @@ checkpoint is simply not committed, and the next run resumes from that checkpoin
 
 Restarts (Flink's failure-rate strategy): a job may restart at most ``max_restarts`` times
 within any ``restart_window``; a streaming job that fails once a week runs for ever, one that
-fails in a loop stops with the last cause. A user function that raised on a record (no
+fails in a loop stops with the last cause. A job also stops after ``max_restarts`` restarts in a
+row that completed no checkpoint in between, however slowly they came: a failure that takes
+longer than ``restart_window / max_restarts`` to show (a broker answering NOT_COORDINATOR for
+ever, each attempt retried for 30 s) kept a job restarting for 7 minutes, showing
+``restart=11/10`` (issue 35). A user function that raised on a record (no
 dead-letter destination), and data loss (records deleted by retention, a checkpoint's positions
 beyond a recreated topic's end), are deterministic: when the same failure comes back right after
 the restart (up to its numbers: which worker, partition or offset shows it first is a race
@@ -56,6 +60,7 @@ class RunnerLifecycle(RunnerReporting):
     _stop_deadline: float
     _stop_next_say: float
     _restart_times: list[float]
+    _stalled: tuple[int, int]
 
     # -- stopping --------------------------------------------------------------------------------
 
@@ -137,6 +142,16 @@ class RunnerLifecycle(RunnerReporting):
                 f"job {self.job!r}: the same failure again after a restart, so restarting "
                 f"cannot fix it: {cause}. Worker logs: {self.dir}/worker-*.log"
             )
+        latest = self.store.latest_completed(self.job)
+        done = latest.checkpoint_id if latest is not None else 0
+        since = self._stalled[1] + 1 if self._stalled[0] == done and self.restarts > 1 else 1
+        self._stalled = (done, since)
+        if since > self.options.max_restarts:
+            raise JobFailed(
+                f"job {self.job!r} failed: {since} restarts in a row completed no checkpoint "
+                f"(at most --max-restarts {self.options.max_restarts}); restarting does not "
+                f"help: {cause}. Worker logs: {self.dir}/worker-*.log"
+            )
         if len(self._restart_times) > self.options.max_restarts:
             raise JobFailed(
                 f"job {self.job!r} failed: {len(self._restart_times)} restarts within "
@@ -144,6 +159,12 @@ class RunnerLifecycle(RunnerReporting):
                 f"--restart-window {window:g}s); last cause: {cause}. "
                 f"Worker logs: {self.dir}/worker-*.log"
             )
+
+    def restart_count(self) -> str:
+        """``n/max`` as the budget counts it: the larger of the restarts in the window and
+        those in a row without a completed checkpoint (what the log line shows)."""
+        counted = max(len(self._restart_times), self._stalled[1])
+        return f"{counted}/{self.options.max_restarts}"
 
     def _backoff(self) -> float:
         """Exponential in the restarts of the current window, capped at ``max_backoff``."""

@@ -114,8 +114,8 @@ class RunnerRecovery(RunnerLifecycle):
         self._check_budget(cause)
         backoff = self._backoff()
         log.warning(
-            "restart=%d/%d runner=%s cause=%r backoff_s=%.1f recovery=global",
-            self.restarts, self.options.max_restarts, self.runner, cause, backoff,
+            "restart=%s total=%d runner=%s cause=%r backoff_s=%.1f recovery=global",
+            self.restart_count(), self.restarts, self.runner, cause, backoff,
         )  # fmt: skip
         self._say(f"restart {self.restarts}: {cause}; global recovery in {backoff:.1f}s")
         time.sleep(backoff)
@@ -145,9 +145,9 @@ class RunnerRecovery(RunnerLifecycle):
         stale = self.coordinator.next_id - 1
         backoff = self._backoff()
         log.warning(
-            "restart=%d/%d runner=%s cause=%r backoff_s=%.1f recovery=local worker=%d "
+            "restart=%s total=%d runner=%s cause=%r backoff_s=%.1f recovery=local worker=%d "
             "restore_checkpoint=%d stale_through=%d survivors=%s",
-            self.restarts, self.options.max_restarts, self.runner, cause, backoff, index,
+            self.restart_count(), self.restarts, self.runner, cause, backoff, index,
             restore, stale, survivors,
         )  # fmt: skip
         self._say(

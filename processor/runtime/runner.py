@@ -113,6 +113,7 @@ class Runner(RunnerRecovery):
         self.stopping: str | None = None
         self._stop_deadline = self._stop_next_say = 0.0
         self._restart_times: list[float] = []
+        self._stalled = (0, 0)  # (latest completed checkpoint at the last restart, restarts since)
         self.final_chk: int | None = None
         self.committed: dict[int, set[str]] = {}
         self.totals: dict[str, dict[str, Any]] = {}
