@@ -63,6 +63,15 @@ def _kafka_error(error: KafkaError | KafkaException) -> KafkaError:
     return error
 
 
+_COORDINATOR_CODES = frozenset(
+    {
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    }
+)
+
+
 def error_class(error: KafkaError | KafkaException) -> ErrorClass:
     """Which of the four classes ``error`` belongs to, by librdkafka's own flags."""
     err = _kafka_error(error)
@@ -125,6 +134,13 @@ def retrying(call: Callable[[float], _T], context: str, deadline_s: float = 30.0
                         "; the partition has no leader ready: the broker that should lead it "
                         "is down or still applying the topic's metadata; see "
                         "kafka-topics.sh --describe"
+                    )
+                elif _kafka_error(exc).code() in _COORDINATOR_CODES:
+                    context += (
+                        "; the broker has no coordinator ready for this transactional id or "
+                        "group. On Kafka 2.3-2.4 a broker whose ZooKeeper session expired (a "
+                        "pause longer than zookeeper.session.timeout.ms) can answer so until it "
+                        "is restarted (docs/brokers.md)"
                     )
                 context += ")"
             raise classify(exc, context=context) from exc
