@@ -115,6 +115,7 @@ class Runner(RunnerRecovery):
         self._restart_times: list[float] = []
         self._stalled = (0, 0)  # (latest completed checkpoint at the last restart, restarts since)
         self.final_chk: int | None = None
+        self._final_completed_at: float | None = None
         self.committed: dict[int, set[str]] = {}
         self.totals: dict[str, dict[str, Any]] = {}
         self._started = time.monotonic()
@@ -470,12 +471,35 @@ class Runner(RunnerRecovery):
         ):  # the final checkpoint was aborted: take another
             self.final_chk = None
 
+    def _check_final_commit(self, done: set[str]) -> None:
+        """The final checkpoint completed, but not every task reported its sinks' commit:
+        wait at most ``stop_timeout``, then fail saying which tasks, instead of hanging while
+        heartbeats keep flowing (issue 35: a PostgreSQL ``COMMIT PREPARED`` stuck for ever
+        held ``--until-idle`` with no message). Nothing is lost: the checkpoint completed, and
+        the next run commits what it left pending."""
+        if self.coordinator.stats.last_completed != self.final_chk:
+            self._final_completed_at = None
+            return
+        now = time.monotonic()
+        if self._final_completed_at is None:
+            self._final_completed_at = now
+        elif now - self._final_completed_at > self.options.stop_timeout:
+            missing = sorted(set(self.coordinator.tasks) - done)
+            raise JobFailed(
+                f"job {self.job!r}: final checkpoint {self.final_chk} completed, but tasks "
+                f"{missing} did not report their sinks' commit within --stop-timeout "
+                f"{self.options.stop_timeout:g}s (a sink's database or broker does not "
+                "answer; see worker-*.log). Nothing is lost: the next run commits it"
+            )
+
     def _finished(self) -> bool:
         if self.final_chk is None:
             return False
         done = self.committed.get(self.final_chk, set())
         if len(done) < len(self.coordinator.tasks):
+            self._check_final_commit(done)
             return False
+        self._final_completed_at = None
         st = self.coordinator.stats
         if self.stopping is None and st.last_completed == self.final_chk and st.last_loop_log:
             # Records were still going around a loop when the heads took their snapshots: the

@@ -18,3 +18,30 @@ def test_a_deterministic_failure_is_the_same_whichever_worker_or_partition_shows
     assert same_kind(first, second)
     other = first.replace("DataLossError", "KafkaClientError")
     assert not same_kind(first, other)
+
+
+def test_a_final_commit_that_never_comes_fails_the_run_after_the_stop_timeout() -> None:
+    """Broke (issue 35, item 5): a run waited for every task's ``committed`` with no deadline
+    once its final checkpoint completed (a PostgreSQL ``COMMIT PREPARED`` stuck for ever held
+    ``--until-idle`` while heartbeats kept flowing)."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    from processor.runtime.job import JobFailed
+    from processor.runtime.runner import Runner
+
+    run = SimpleNamespace(
+        job="j",
+        final_chk=7,
+        coordinator=SimpleNamespace(stats=SimpleNamespace(last_completed=7), tasks={"a", "b"}),
+        options=SimpleNamespace(stop_timeout=0.0),
+        _final_completed_at=None,
+    )
+    Runner._check_final_commit(run, {"a"})  # type: ignore[arg-type]  # the deadline starts
+    with pytest.raises(JobFailed, match=r"final checkpoint 7 completed, but tasks \['b'\]"):
+        Runner._check_final_commit(run, {"a"})  # type: ignore[arg-type]
+    run.coordinator.stats.last_completed = 6  # not completed yet: no deadline runs
+    run._final_completed_at = None
+    Runner._check_final_commit(run, set())  # type: ignore[arg-type]
+    Runner._check_final_commit(run, set())  # type: ignore[arg-type]
