@@ -265,7 +265,7 @@ def _txn_subtasks(store: Any, job: str, workers: int) -> int:
     """Sink subtasks whose transactional ids ``txn list|abort`` cover: ``--workers``, or more
     when the job ran at a higher parallelism before a rescale (job file ``_SINK_SUBTASKS``):
     the ids of removed subtasks exist on the broker too."""
-    from processor.runtime.settle import recorded_parallelism
+    from processor.runtime.topology import recorded_parallelism
 
     return max(workers, recorded_parallelism(store, job))
 

@@ -243,7 +243,7 @@ def _reset(args: argparse.Namespace, store: SnapshotStore) -> bool:
             return False
     if args.pipeline:
         from processor.cli import kafka_sinks
-        from processor.runtime.settle import recorded_parallelism
+        from processor.runtime.topology import recorded_parallelism
 
         workers = max(args.workers, recorded_parallelism(store, job))
         abort_transactions(kafka_sinks(args.pipeline)[1], workers)
