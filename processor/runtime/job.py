@@ -1,5 +1,6 @@
-"""What a run takes and gives: :class:`RunOptions`, :class:`Fault`, :class:`RunResult`,
-:class:`JobFailed`, the runner's view of a worker, and where a job keeps its files."""
+"""What a run takes and gives: :class:`RunOptions` (with the metrics address,
+:func:`parse_address`), :class:`Fault`, :class:`RunResult`, :class:`JobFailed`, the runner's view
+of a worker, and where a job keeps its files."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from processor.runtime.control import Connection
 from processor.runtime.worker import FAULT_ACTIONS, FAULT_POINTS
 
 __all__ = [
+    "DEFAULT_ADDRESS",
     "MODES",
     "RECOVERIES",
     "Fault",
@@ -24,11 +26,14 @@ __all__ = [
     "default_snapshot_url",
     "job_dir",
     "jobs_dir",
+    "parse_address",
     "parse_map_state",
 ]
 
 MODES = ("aligned", "unaligned", "sync", "none")
 RECOVERIES = ("global", "local")
+#: Loopback, the first free port of Flink's Prometheus reporter's range.
+DEFAULT_ADDRESS = "127.0.0.1:9249-9258"
 
 
 class JobFailed(EosflowError):
@@ -144,8 +149,6 @@ class RunOptions:
 
     def metrics_address(self) -> str | None:
         """The address to serve on, ``None`` for off (checked: a bad one is a ConfigError)."""
-        from processor.runtime.webui import DEFAULT_ADDRESS, parse_address
-
         text = self.metrics or os.environ.get("EOSFLOW_METRICS") or DEFAULT_ADDRESS
         return text if parse_address(text) is not None else None
 
@@ -235,6 +238,26 @@ def _check_map_state(mapping: dict[str, str]) -> None:
                 "step restores the state of one step"
             )
         seen[new] = old
+
+
+def parse_address(text: str) -> tuple[str, list[int]] | None:
+    """``HOST:PORT`` or ``HOST:FIRST-LAST`` (the first free port), ``off``: ``None``."""
+    if text.strip().lower() in ("off", "none", "no", "false", "0"):
+        return None
+    host, sep, ports = text.rpartition(":")
+    try:
+        if not sep or not host:
+            raise ValueError(text)
+        first, _, last = ports.partition("-")
+        lo, hi = int(first), int(last or first)
+        if not (0 <= lo <= hi <= 65535) or (lo == 0 and hi != 0):
+            raise ValueError(text)
+    except ValueError:
+        raise ConfigError(
+            f"metrics address {text!r}: expected HOST:PORT, HOST:FIRST-LAST (the first free "
+            "port of the range) or 'off', e.g. 127.0.0.1:9249 or 0.0.0.0:9249-9258"
+        ) from None
+    return host.strip("[]"), list(range(lo, hi + 1))
 
 
 @dataclass
