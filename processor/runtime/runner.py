@@ -339,7 +339,16 @@ class Runner(RunnerRecovery):
             port = self.server.address[1]
             self.advertised = (self.advertise or self.bind[0], port)
             self._spawn_all(counts, ends)
-            self.savepoints = savepoints = SavepointRequests(self)
+            self.savepoints = savepoints = SavepointRequests(
+                self.store,
+                self.job,
+                self.coordinator,
+                ready=self._ready,
+                broadcast=self.server.broadcast,
+                stop=self.stop_for,
+                say=self._say,
+                renew=self.lease.renew,
+            )
             while True:
                 self.lease.renew()
                 self._pump()
