@@ -12,10 +12,11 @@ from typing import Any, TextIO
 from processor.embedded.cluster import state_dir
 from processor.errors import ConfigError, EosflowError
 from processor.runtime.control import Connection
-from processor.runtime.worker import FAULT_ACTIONS, FAULT_POINTS
 
 __all__ = [
     "DEFAULT_ADDRESS",
+    "FAULT_ACTIONS",
+    "FAULT_POINTS",
     "MODES",
     "RECOVERIES",
     "Fault",
@@ -34,6 +35,18 @@ MODES = ("aligned", "unaligned", "sync", "none")
 RECOVERIES = ("global", "local")
 #: Loopback, the first free port of Flink's Prometheus reporter's range.
 DEFAULT_ADDRESS = "127.0.0.1:9249-9258"
+#: Where a worker may act on a :class:`Fault` (the worker reaches each in its protocol) ...
+FAULT_POINTS = (
+    "mid-alignment",
+    "before-prepare",
+    "after-snapshot-before-ack",
+    "after-completion-before-commit",
+    "during-recovery",
+    "mid-sink-recover",
+    "mid-sink-commit",
+)
+#: ... and what it does there.
+FAULT_ACTIONS = ("kill", "hold")
 
 
 class JobFailed(EosflowError):

@@ -16,8 +16,9 @@ from processor.certify.plan import POINT_CHAIN, plan_runs
 from processor.certify.report import Report, RunOutcome, SinkCheck
 from processor.dataflow import Dataflow
 from processor.errors import ConfigError
+from processor.runtime.job import FAULT_POINTS
 from processor.runtime.redirect import Rewrite, apply, redirected
-from processor.runtime.worker import FAULT_POINTS, _Pace
+from processor.runtime.worker import _Pace
 from processor.testing import Output, assert_exactly_once, canonical, diff, order_diff
 from sinks import FileSink, KafkaSink, PostgresSink, RedisSink
 
