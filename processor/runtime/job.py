@@ -1,9 +1,14 @@
-"""What a run takes and gives: :class:`RunOptions` (with the metrics address,
-:func:`parse_address`), :class:`Fault`, :class:`RunResult`, :class:`JobFailed`, the runner's view
-of a worker, and where a job keeps its files."""
+"""What a run takes and gives: :class:`RunOptions` (and the parsing of what the command line
+gives for them: :func:`parse_duration`, :func:`parse_map_state`, :func:`parse_address`),
+:class:`Fault`, :class:`RunResult`, :class:`JobFailed`, the runner's view of a worker, and where
+a job keeps its files.
+
+Light to import (no worker, no task runtime): the CLI builds its parser from it.
+"""
 
 from __future__ import annotations
 
+import argparse
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +33,7 @@ __all__ = [
     "job_dir",
     "jobs_dir",
     "parse_address",
+    "parse_duration",
     "parse_map_state",
 ]
 
@@ -251,6 +257,26 @@ def _check_map_state(mapping: dict[str, str]) -> None:
                 "step restores the state of one step"
             )
         seen[new] = old
+
+
+def parse_duration(text: str) -> float:
+    """``"500ms"``, ``"1s"``, ``"2m"``, ``"1.5"`` (seconds) -> seconds."""
+    units = (("ms", 0.001), ("s", 1.0), ("m", 60.0), ("h", 3600.0))
+    raw = text.strip().lower()
+    number, factor = raw, 1.0
+    for suffix, unit in units:
+        if raw.endswith(suffix) and not (suffix == "s" and raw.endswith("ms")):
+            number, factor = raw[: -len(suffix)], unit
+            break
+    try:
+        value = float(number) * factor
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration; write e.g. 500ms, 1s, 2m"
+        ) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"duration {text!r} must be positive")
+    return value
 
 
 def parse_address(text: str) -> tuple[str, list[int]] | None:
