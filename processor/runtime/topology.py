@@ -14,6 +14,11 @@ The rescale (:mod:`processor.runtime.rescale`), the settling of an old shape's s
 
 :func:`record_parallelism` keeps the highest parallelism a job ever ran at in the job file
 :data:`SINK_SUBTASKS`, so ``eosflow txn list|abort`` cover every transactional id ever used.
+
+Invariants:
+    The job file ``_EPOCH`` names a new epoch before any topic of it exists, so no two shapes
+    share a channel topic or a dedup prefix, even across a crash mid-rescale.
+    :data:`SINK_SUBTASKS` only grows.
 """
 
 from __future__ import annotations
