@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from processor.cli import parse_duration
+from processor.runtime.job import parse_duration
 
 PAGES = ("/", "/search", "/item", "/cart", "/checkout", "/help")
 

@@ -33,6 +33,7 @@ from processor import __version__, cli_jobs
 from processor.embedded import ENV_VARS, SERVICES, DevCluster, servers, state_file
 from processor.embedded._process import is_running
 from processor.errors import EosflowError
+from processor.runtime.job import parse_duration, parse_map_state
 
 __all__ = ["main"]
 
@@ -139,28 +140,7 @@ def _probe(args: argparse.Namespace) -> int:
     return 0
 
 
-def parse_duration(text: str) -> float:
-    """``"500ms"``, ``"1s"``, ``"2m"``, ``"1.5"`` (seconds) -> seconds."""
-    units = (("ms", 0.001), ("s", 1.0), ("m", 60.0), ("h", 3600.0))
-    raw = text.strip().lower()
-    number, factor = raw, 1.0
-    for suffix, unit in units:
-        if raw.endswith(suffix) and not (suffix == "s" and raw.endswith("ms")):
-            number, factor = raw[: -len(suffix)], unit
-            break
-    try:
-        value = float(number) * factor
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a duration; write e.g. 500ms, 1s, 2m"
-        ) from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"duration {text!r} must be positive")
-    return value
-
-
 def _run(args: argparse.Namespace) -> int:
-    from processor.runtime.job import parse_map_state
     from processor.runtime.local import Fault, JobFailed, LocalRunner, RunOptions
     from processor.runtime.runner import Runner
 
@@ -238,19 +218,6 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def kafka_sinks(pipeline: str) -> tuple[str, list[Any]]:
-    """The job name and the transactional Kafka sink steps of a pipeline file."""
-    from processor.runtime.pipeline import load_flow
-
-    flow = load_flow(pipeline)
-    steps = [
-        s
-        for s in flow.steps.values()
-        if s.kind == "sink" and getattr(s.params["sink"], "mode", None) == "transactional"
-    ]
-    return flow.name, steps
-
-
 def _job_store(job: str) -> Any:
     """The job's snapshot store: the URL it last ran with, if recorded, else the default."""
     from processor.runtime.local import default_snapshot_url, job_dir
@@ -265,7 +232,7 @@ def _txn_subtasks(store: Any, job: str, workers: int) -> int:
     """Sink subtasks whose transactional ids ``txn list|abort`` cover: ``--workers``, or more
     when the job ran at a higher parallelism before a rescale (job file ``_SINK_SUBTASKS``):
     the ids of removed subtasks exist on the broker too."""
-    from processor.runtime.settle import recorded_parallelism
+    from processor.runtime.topology import recorded_parallelism
 
     return max(workers, recorded_parallelism(store, job))
 
@@ -274,7 +241,7 @@ def _txn_list(args: argparse.Namespace) -> int:
     from connectors import KafkaSettings
     from sinks.kafka import read_transaction_markers, transactional_ids
 
-    job, steps = kafka_sinks(args.pipeline)
+    job, steps = cli_jobs.kafka_sinks(args.pipeline)
     if not steps:
         print(f"{args.pipeline}: no transactional Kafka sink", file=sys.stderr)
         return 1
@@ -313,7 +280,7 @@ def _txn_list(args: argparse.Namespace) -> int:
 def _txn_abort(args: argparse.Namespace) -> int:
     from processor.errors import JobRunningError
 
-    job, steps = kafka_sinks(args.pipeline)
+    job, steps = cli_jobs.kafka_sinks(args.pipeline)
     if args.force:
         store = _job_store(job)
         cli_jobs.abort_transactions(steps, _txn_subtasks(store, job, args.workers))

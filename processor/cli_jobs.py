@@ -3,6 +3,9 @@
 A job is known by its directory under the state directory (``$EOSFLOW_STATE_DIR/jobs/<job>``:
 ``status.json``, worker logs) and by its snapshot store (checkpoints, generation, start
 positions, lease; :mod:`processor.snapshot.lease`).
+
+Also what ``eosflow txn`` (:mod:`processor.cli`) shares with ``reset``: a pipeline's
+transactional Kafka sinks (:func:`kafka_sinks`), fencing their ids, holding a job's lease.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any
 
 from processor.snapshot.store import SnapshotStore
 
-__all__ = ["jobs", "pid_alive", "reset", "savepoint", "status"]
+__all__ = ["jobs", "kafka_sinks", "pid_alive", "reset", "savepoint", "status"]
 
 
 def pid_alive(pid: int) -> bool:
@@ -242,8 +245,7 @@ def _reset(args: argparse.Namespace, store: SnapshotStore) -> bool:
             print("not confirmed; nothing deleted", file=sys.stderr)
             return False
     if args.pipeline:
-        from processor.cli import kafka_sinks
-        from processor.runtime.settle import recorded_parallelism
+        from processor.runtime.topology import recorded_parallelism
 
         workers = max(args.workers, recorded_parallelism(store, job))
         abort_transactions(kafka_sinks(args.pipeline)[1], workers)
@@ -268,6 +270,19 @@ def _admin() -> Any:
 
 def _internal_topics(prefix: str) -> list[str]:
     return list(_admin().list_topics(prefix))
+
+
+def kafka_sinks(pipeline: str) -> tuple[str, list[Any]]:
+    """The job name and the transactional Kafka sink steps of a pipeline file."""
+    from processor.runtime.pipeline import load_flow
+
+    flow = load_flow(pipeline)
+    steps = [
+        s
+        for s in flow.steps.values()
+        if s.kind == "sink" and getattr(s.params["sink"], "mode", None) == "transactional"
+    ]
+    return flow.name, steps
 
 
 def abort_transactions(steps: list[Any], workers: int) -> None:

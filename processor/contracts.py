@@ -3,6 +3,10 @@
 ``processor`` never imports ``connectors``, ``sinks`` or ``dedup`` (except the CLI wiring); they
 import these protocols from here. The engine calls them; it does not know which Kafka client,
 file system or database is behind them.
+
+The context of a keyed process function (:class:`ProcessContext`, with :class:`KeyState` and
+:class:`Timers`) is here too: the public API (``KeyedStream.process``) names it, and the runtime
+(:mod:`processor.runtime.process`) implements it; the API imports nothing of the runtime.
 """
 
 from __future__ import annotations
@@ -14,12 +18,15 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 __all__ = [
+    "KeyState",
     "Message",
+    "ProcessContext",
     "Reader",
     "Serde",
     "Sink",
     "SinkContext",
     "SinkWriter",
+    "Timers",
     "Transport",
     "Writer",
     "preflight_sink",
@@ -283,3 +290,77 @@ class Transport(Protocol):
     def purge(self, before: Mapping[TP, int]) -> Mapping[TP, Future[object]]:
         """Delete each channel partition's records below its offset; returns without waiting,
         one future per partition."""
+
+
+# -- the context of a keyed process function (KeyedStream.process) -------------------------------
+
+
+class KeyState(Protocol):
+    """``ctx.state``: the current key's state value (JSON-like; ``None`` when it has none).
+
+    Reads see the call's own writes. Values go into snapshots: keep them JSON-like. ``get``
+    returns the stored value itself (no copy): change a dict or list in place only if the call
+    then returns normally (a raise after an in-place change cannot undo it), or ``set`` a new one.
+    """
+
+    def get(self, default: Any = None) -> Any:
+        """The key's state value, or ``default`` if it has none."""
+
+    def set(self, value: Any) -> None:
+        """Replace the key's state value (``None`` is a value; :meth:`delete` removes it)."""
+
+    def delete(self) -> None:
+        """Remove the key's state (it leaves the snapshots)."""
+
+
+class Timers(Protocol):
+    """``ctx.timers``: the current key's timers. Times are epoch milliseconds (``int``).
+
+    An event-time timer fires when the watermark reaches its time (one registered at or behind
+    the watermark fires at the next watermark); a processing-time timer when the task's clock
+    does (checked every loop of the task, so within a few tens of milliseconds when the worker is
+    not busy). Registering a timer that exists keeps one; deleting one that does not exist does
+    nothing.
+    """
+
+    def register_event_time(self, ts_ms: int) -> None: ...
+
+    def delete_event_time(self, ts_ms: int) -> None: ...
+
+    def register_processing_time(self, ts_ms: int) -> None: ...
+
+    def delete_processing_time(self, ts_ms: int) -> None: ...
+
+
+class ProcessContext(Protocol):
+    """What ``fn(ctx, value)`` and ``on_timer(ctx, timer_ms, kind)`` see; valid during the call.
+
+    Attributes:
+        key: the record's (or the timer's) key.
+        timestamp_ms: the record's event time, or the timer's time.
+        watermark_ms: the operator's current event-time watermark (``-2**63`` before the first).
+        processing_time_ms: the task's clock, epoch milliseconds (for processing-time timers).
+        state: the key's state (:class:`KeyState`).
+        timers: the key's timers (:class:`Timers`).
+    """
+
+    @property
+    def key(self) -> Any: ...
+
+    @property
+    def timestamp_ms(self) -> int: ...
+
+    @property
+    def watermark_ms(self) -> int: ...
+
+    @property
+    def processing_time_ms(self) -> int: ...
+
+    @property
+    def state(self) -> KeyState: ...
+
+    @property
+    def timers(self) -> Timers: ...
+
+    def emit(self, value: Any) -> None:
+        """Send ``value`` downstream under the current key, at :attr:`timestamp_ms`."""

@@ -29,18 +29,22 @@ Bad records are data, not crashes: with ``Dataflow(name, dead_letters=sink)`` (o
 that sink with the cause and where it came from, inside the same epoch as everything else
 (docs/engine.md, "Dead letters"). Without one, undecodable records are counted, logged and skipped,
 and a user function that raises fails the job.
+
+The streams and their methods are in :mod:`processor.streams`, the :class:`Step` in
+:mod:`processor.steps`; this module re-exports them.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 from processor.contracts import Serde, Sink
 from processor.errors import DefinitionError
+from processor.steps import DEAD_LETTERS, Step, user_fn
+from processor.streams import KeyedStream, Stream, Table
 from processor.windows import Session, Sliding, Tumbling, duration_ms
 
 __all__ = [
@@ -56,30 +60,6 @@ __all__ = [
 ]
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}\Z")
-#: The step name of the dead-letter destination (reserved: no step may use it).
-DEAD_LETTERS = "dead-letters"
-
-
-@dataclass
-class Step:
-    """One named step of a dataflow (the compiler's input; users build them through streams).
-
-    Attributes:
-        name: stable kebab-case identifier.
-        kind: ``source``, ``map``, ``filter``, ``flat_map``, ``key_by``, ``aggregate``,
-            ``process``, ``dedup``, ``union``, ``join`` (two parents), ``to_table``,
-            ``iterate`` (a loop head; ``params["feedback"]`` names the step whose output is fed
-            back to it) or ``sink``.
-        parents: names of the steps feeding this one.
-        keyed: the step's output is keyed (partitioned by key after a shuffle or ``key_by``).
-        params: kind-specific settings (functions, serde, window...).
-    """
-
-    name: str
-    kind: str
-    parents: tuple[str, ...]
-    keyed: bool
-    params: dict[str, Any] = field(default_factory=dict)
 
 
 class Dataflow:
@@ -226,7 +206,7 @@ class Dataflow:
         params = {
             "topic": topic,
             "serde": serde,
-            "timestamp": _callable(name, "timestamp", timestamp, optional=True),
+            "timestamp": user_fn(name, "timestamp", timestamp, optional=True),
             "max_out_of_orderness_ms": duration_ms("max_out_of_orderness", max_out_of_orderness),
             "start": start,
             "keyed": keyed,
@@ -301,241 +281,3 @@ class Dataflow:
                 "(late='dead_letters') and the dataflow has no dead-letter destination; give "
                 "Dataflow(..., dead_letters=<sink>) or use late='drop'"
             )
-
-
-def _callable(step: str, what: str, fn: Any, *, optional: bool = False) -> Any:
-    if fn is None and optional:
-        return None
-    if not callable(fn):
-        raise DefinitionError(f"step {step!r}: {what} must be callable, got {fn!r}")
-    return fn
-
-
-class Stream:
-    """The output of a step; methods add steps and return their output streams."""
-
-    keyed = False
-
-    def __init__(self, flow: Dataflow, step: Step) -> None:
-        self.flow = flow
-        self.step = step
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.flow.name!r}, step={self.step.name!r})"
-
-    def _then(self, name: str, kind: str, keyed: bool, **params: Any) -> Step:
-        return self.flow._add(Step(name, kind, (self.step.name,), keyed, params))
-
-    def _same(self, step: Step) -> Stream:
-        return KeyedStream(self.flow, step) if step.keyed else Stream(self.flow, step)
-
-    def map(self, name: str, fn: Callable[[Any], Any]) -> Stream:
-        """``fn(value)`` for every value (the key, if any, is kept)."""
-        return self._same(self._then(name, "map", self.keyed, fn=_callable(name, "fn", fn)))
-
-    def filter(self, name: str, fn: Callable[[Any], bool]) -> Stream:
-        """Keep the values for which ``fn(value)`` is true."""
-        return self._same(self._then(name, "filter", self.keyed, fn=_callable(name, "fn", fn)))
-
-    def flat_map(self, name: str, fn: Callable[[Any], Iterable[Any]]) -> Stream:
-        """Every element of ``fn(value)``, in order."""
-        return self._same(self._then(name, "flat_map", self.keyed, fn=_callable(name, "fn", fn)))
-
-    def key_by(self, name: str, fn: Callable[[Any], Any]) -> KeyedStream:
-        """Key every value by ``fn(value)`` (a str, int or other JSON-like value)."""
-        return KeyedStream(
-            self.flow, self._then(name, "key_by", True, fn=_callable(name, "fn", fn))
-        )
-
-    def dedup(
-        self,
-        name: str,
-        id: Callable[[Any], Any],
-        *,
-        within: timedelta,
-        late: str = "drop",
-        bucket: timedelta | None = None,
-        expected_ids: int = 100_000,
-        fp_rate: float = 0.001,
-        redis_url: str | None = None,
-    ) -> Stream:
-        """Drop every record whose ``id(value)`` was already seen within ``within``.
-
-        On an unkeyed stream the IDs are global (records are shuffled by ID, so copies meet);
-        on a keyed stream they are per key (``(key, id(value))``) and the stream stays keyed.
-        Seen IDs are kept in Bloom filters per time bucket of the records' timestamps, in front
-        of a Redis ID store (``redis_url``, default ``EOSFLOW_REDIS_URL``), and forgotten when
-        the watermark passes them by ``within``. Exactly once across restarts: the store agrees
-        with the restored checkpoint (docs/dedup.md).
-
-        Args:
-            id: the business ID of a value (a str, bytes, int or JSON-like value).
-            within: the horizon: a copy is recognised if its timestamp is at least the
-                watermark minus ``within``.
-            late: a record older than the horizon cannot be checked: ``"drop"`` (default) or
-                ``"pass"`` it; either is counted and logged.
-            bucket: length of a Bloom time bucket (default ``within / 4``, at least 1 s).
-            expected_ids: IDs per bucket and subtask that one filter holds at ``fp_rate``.
-            fp_rate: target false-positive rate of the filters (costs lookups, never
-                correctness).
-        """
-        within_ms = duration_ms("within", within)
-        bucket_ms = None if bucket is None else duration_ms("bucket", bucket)
-        if within_ms <= 0:
-            raise DefinitionError(f"dedup {name!r}: within must be positive, got {within}")
-        if bucket_ms is not None and not 0 < bucket_ms <= within_ms:
-            raise DefinitionError(
-                f"dedup {name!r}: bucket must be positive and at most within ({within}), "
-                f"got {bucket}"
-            )
-        if bucket_ms is not None and within_ms // bucket_ms > 1000:
-            raise DefinitionError(
-                f"dedup {name!r}: within / bucket is over 1,000 ({within} / {bucket}): every "
-                "live bucket costs one Bloom probe per record; use a larger bucket"
-            )
-        if late not in ("drop", "pass"):
-            raise DefinitionError(f"dedup {name!r}: late must be 'drop' or 'pass', got {late!r}")
-        if isinstance(expected_ids, bool) or not isinstance(expected_ids, int) or expected_ids < 1:
-            raise DefinitionError(
-                f"dedup {name!r}: expected_ids must be a positive int, got {expected_ids!r}"
-            )
-        if not isinstance(fp_rate, float) or not 0 < fp_rate < 0.5:
-            raise DefinitionError(f"dedup {name!r}: fp_rate must be in (0, 0.5), got {fp_rate!r}")
-        step = self._then(
-            name,
-            "dedup",
-            self.keyed,
-            id=_callable(name, "id", id),
-            within_ms=within_ms,
-            bucket_ms=bucket_ms,
-            late=late,
-            expected_ids=expected_ids,
-            fp_rate=fp_rate,
-            redis_url=redis_url,
-        )
-        return self._same(step)
-
-    def union(self, name: str, *others: Stream) -> Stream:
-        """The records of this stream and of ``others``, interleaved."""
-        streams = (self, *others)
-        if not others:
-            raise DefinitionError(f"union {name!r} needs at least one other stream")
-        for s in streams:
-            if s.flow is not self.flow:
-                raise DefinitionError(f"union {name!r}: streams of different dataflows")
-        keyed = all(s.keyed for s in streams)
-        step = self.flow._add(Step(name, "union", tuple(s.step.name for s in streams), keyed))
-        return self._same(step)
-
-    def iterate(
-        self,
-        name: str,
-        body: Callable[[Stream], tuple[Stream, Stream]],
-        *,
-        max_iterations: int | None = None,
-    ) -> Stream:
-        """A loop: ``body(loop)`` builds steps on ``loop`` and returns ``(feedback, output)``.
-
-        ``loop`` carries this stream's records and every record of ``feedback``, which goes back
-        to the loop's head through an internal channel topic (a back-edge); ``output`` is what
-        the loop emits (this method returns it). Records circulate until the body stops feeding
-        them back: a streaming iteration, e.g. label propagation over a stream of graph edges
-        (``examples/connected_components.py``).
-
-        Exactly once, loops included: checkpoints follow Algorithm 2 of Carbone et al. (2015),
-        the records in flight on the back-edge are part of the snapshot, and ``--until-idle``
-        ends only when a checkpoint finds no record in the loop (docs/iterations.md).
-
-        Args:
-            body: builds the loop body. ``loop`` is unkeyed; key it inside the body.
-            max_iterations: a record fed back more than this many times is dropped from the
-                loop (counted, logged, and sent to the dead-letter destination if the dataflow
-                has one). ``None``: no limit (the body must end every loop itself).
-
-        Raises:
-            DefinitionError: ``body`` does not return two streams of this dataflow, the
-                feedback stream does not come from ``loop``, or loops are nested.
-        """
-        flow = self.flow
-        if flow._open_loops:
-            raise DefinitionError(
-                f"iterate {name!r} is inside the body of iterate {flow._open_loops[-1]!r}: "
-                "nested loops are not supported; give the inner loop's body to the outer one"
-            )
-        if max_iterations is not None and (
-            isinstance(max_iterations, bool)
-            or not isinstance(max_iterations, int)
-            or max_iterations < 1
-        ):
-            raise DefinitionError(
-                f"iterate {name!r}: max_iterations must be a positive int or None, "
-                f"got {max_iterations!r}"
-            )
-        if not callable(body):
-            raise DefinitionError(f"iterate {name!r}: body must be callable, got {body!r}")
-        before = set(flow.steps)
-        head = self._then(name, "iterate", False, max_iterations=max_iterations, feedback=None)
-        flow._open_loops.append(name)
-        try:
-            feedback, output = _loop_result(name, flow, head, body(Stream(flow, head)))
-        except BaseException:
-            for step in set(flow.steps) - before:  # no half-built loop stays in the flow
-                del flow.steps[step]
-            raise
-        finally:
-            flow._open_loops.pop()
-        head.params["feedback"] = feedback.step.name
-        return output
-
-    def sink(self, name: str, sink: Sink) -> None:
-        """Write the values to ``sink`` (committed when a checkpoint completes).
-
-        Keyed streams write ``(key, value)`` pairs (JSON arrays in a file sink).
-        """
-        if not isinstance(sink, Sink):
-            raise DefinitionError(
-                f"sink step {name!r}: {sink!r} does not implement processor.contracts.Sink "
-                "(use one of eosflow's sinks, e.g. sinks.FileSink or sinks.ConsoleSink)"
-            )
-        self._then(name, "sink", False, sink=sink)
-
-
-def _loop_result(name: str, flow: Dataflow, head: Step, result: Any) -> tuple[Stream, Stream]:
-    """Checks what an ``iterate`` body returned: ``(feedback, output)``."""
-    if (
-        not isinstance(result, tuple)
-        or len(result) != 2
-        or not all(isinstance(s, Stream) and s.flow is flow for s in result)
-    ):
-        raise DefinitionError(
-            f"iterate {name!r}: body must return (feedback, output), two streams built "
-            f"from its argument, got {result!r}"
-        )
-    feedback, output = result
-    if feedback.step is head:
-        raise DefinitionError(
-            f"iterate {name!r}: the feedback stream is the loop itself (every record would "
-            "circulate forever); feed back the output of a step of the body"
-        )
-    if not _descends(flow, feedback.step.name, head.name):
-        raise DefinitionError(
-            f"iterate {name!r}: the feedback stream (step {feedback.step.name!r}) does not "
-            "come from the loop's stream: build it from body's argument"
-        )
-    return feedback, output
-
-
-def _descends(flow: Dataflow, step: str, ancestor: str) -> bool:
-    todo, seen = [step], set()
-    while todo:
-        name = todo.pop()
-        if name == ancestor:
-            return True
-        if name not in seen:
-            seen.add(name)
-            todo.extend(flow.steps[name].parents)
-    return False
-
-
-# At the end: KeyedStream subclasses Stream (processor/keyed.py imports this module).
-from processor.keyed import KeyedStream, Table  # noqa: E402

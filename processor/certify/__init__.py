@@ -5,10 +5,11 @@ faults (SIGKILLs at protocol points and at random moments, a broker partition, a
 each run on the same snapshot of its input and into outputs of its own, and compares every
 committed output with the fault-free one; see docs/testing.md.
 
-The public names are imported on first use (PEP 562): every worker imports
-:mod:`processor.certify.redirect` when it loads a pipeline, and importing the whole of certify
-(the chaos kit, the runner, the services) there cost each worker about 50 ms of start-up
-(bench/RESULTS.md, "Start-up and shut-down").
+The rewrite that points each run's processes at their own job and destinations is applied by
+every process that loads the pipeline, so it lives in the runtime
+(:mod:`processor.runtime.redirect`); the runtime imports nothing of certify. The public names
+are imported on first use (PEP 562): importing the whole of certify (the chaos kit, the runner,
+the services) costs about 50 ms (bench/RESULTS.md, "Start-up and shut-down").
 """
 
 from __future__ import annotations

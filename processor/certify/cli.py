@@ -11,6 +11,7 @@ from typing import Any
 from processor.certify.core import CertifyOptions, certify
 from processor.certify.plan import FAULT_KINDS
 from processor.errors import ConfigError
+from processor.runtime.job import parse_duration
 
 __all__ = ["add_parser", "command"]
 
@@ -39,8 +40,6 @@ def add_parser(sub: Any) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    from processor.cli import parse_duration
-
     p.add_argument("pipeline", help="a Python file that defines `flow = Dataflow(...)`")
     p.add_argument(
         "--runs", type=int, metavar="N",

@@ -8,7 +8,7 @@ The steps (docs/testing.md, "eosflow certify"):
 2. run the pipeline twice without faults: the reference output, and a second one that must
    equal it (else the pipeline is not deterministic and no fault run could be judged);
 3. run it ``--runs`` times with faults (:mod:`processor.certify.plan`), each run with its own
-   job name and destinations (:mod:`processor.certify.redirect`);
+   job name and destinations (:mod:`processor.runtime.redirect`);
 4. compare each run's committed output with the reference, per sink, as multisets, and per key
    in order where the sink keeps a key's order.
 """
@@ -37,13 +37,13 @@ from processor.certify.destinations import (
 )
 from processor.certify.inputs import copy_topic, load_lines
 from processor.certify.plan import FAULT_KINDS, RunPlan, plan_runs
-from processor.certify.redirect import Rewrite, redirected, sink_steps
 from processor.certify.report import Report, RunOutcome, SinkCheck
 from processor.certify.services import Services, services
 from processor.errors import ConfigError, EosflowError
 from processor.runtime.job import RunOptions
 from processor.runtime.pipeline import load_flow
 from processor.runtime.preflight import extra_environ
+from processor.runtime.redirect import Rewrite, redirected, sink_steps
 from processor.testing.chaos import (
     Killer,
     Outage,

@@ -1,6 +1,6 @@
 """Where certify's runs write, and reading and removing it afterwards.
 
-Each run's sinks are redirected (:mod:`processor.certify.redirect`); this module creates the
+Each run's sinks are redirected (:mod:`processor.runtime.redirect`); this module creates the
 destinations that must exist before a run (a Kafka topic with the original's partitions, a
 PostgreSQL table like the original, an empty Redis database), refuses what could not be read
 back exactly, reads a side output's appended lines, and deletes what certify made.
@@ -12,10 +12,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from processor.certify.redirect import Rewrite, redirected
 from processor.certify.report import Report
 from processor.certify.services import Services
 from processor.errors import ConfigError
+from processor.runtime.redirect import Rewrite, redirected
 from processor.testing.compare import Output
 
 __all__ = ["appended", "check_readable", "cleanup", "free_redis_db", "prepare_outputs"]

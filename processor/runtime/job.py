@@ -1,8 +1,14 @@
-"""What a run takes and gives: :class:`RunOptions`, :class:`Fault`, :class:`RunResult`,
-:class:`JobFailed`, the runner's view of a worker, and where a job keeps its files."""
+"""What a run takes and gives: :class:`RunOptions` (and the parsing of what the command line
+gives for them: :func:`parse_duration`, :func:`parse_map_state`, :func:`parse_address`),
+:class:`Fault`, :class:`RunResult`, :class:`JobFailed`, the runner's view of a worker, and where
+a job keeps its files.
+
+Light to import (no worker, no task runtime): the CLI builds its parser from it.
+"""
 
 from __future__ import annotations
 
+import argparse
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,9 +17,11 @@ from typing import Any, TextIO
 from processor.embedded.cluster import state_dir
 from processor.errors import ConfigError, EosflowError
 from processor.runtime.control import Connection
-from processor.runtime.worker import FAULT_ACTIONS, FAULT_POINTS
 
 __all__ = [
+    "DEFAULT_ADDRESS",
+    "FAULT_ACTIONS",
+    "FAULT_POINTS",
     "MODES",
     "RECOVERIES",
     "Fault",
@@ -24,11 +32,27 @@ __all__ = [
     "default_snapshot_url",
     "job_dir",
     "jobs_dir",
+    "parse_address",
+    "parse_duration",
     "parse_map_state",
 ]
 
 MODES = ("aligned", "unaligned", "sync", "none")
 RECOVERIES = ("global", "local")
+#: Loopback, the first free port of Flink's Prometheus reporter's range.
+DEFAULT_ADDRESS = "127.0.0.1:9249-9258"
+#: Where a worker may act on a :class:`Fault` (the worker reaches each in its protocol) ...
+FAULT_POINTS = (
+    "mid-alignment",
+    "before-prepare",
+    "after-snapshot-before-ack",
+    "after-completion-before-commit",
+    "during-recovery",
+    "mid-sink-recover",
+    "mid-sink-commit",
+)
+#: ... and what it does there.
+FAULT_ACTIONS = ("kill", "hold")
 
 
 class JobFailed(EosflowError):
@@ -144,8 +168,6 @@ class RunOptions:
 
     def metrics_address(self) -> str | None:
         """The address to serve on, ``None`` for off (checked: a bad one is a ConfigError)."""
-        from processor.runtime.webui import DEFAULT_ADDRESS, parse_address
-
         text = self.metrics or os.environ.get("EOSFLOW_METRICS") or DEFAULT_ADDRESS
         return text if parse_address(text) is not None else None
 
@@ -235,6 +257,46 @@ def _check_map_state(mapping: dict[str, str]) -> None:
                 "step restores the state of one step"
             )
         seen[new] = old
+
+
+def parse_duration(text: str) -> float:
+    """``"500ms"``, ``"1s"``, ``"2m"``, ``"1.5"`` (seconds) -> seconds."""
+    units = (("ms", 0.001), ("s", 1.0), ("m", 60.0), ("h", 3600.0))
+    raw = text.strip().lower()
+    number, factor = raw, 1.0
+    for suffix, unit in units:
+        if raw.endswith(suffix) and not (suffix == "s" and raw.endswith("ms")):
+            number, factor = raw[: -len(suffix)], unit
+            break
+    try:
+        value = float(number) * factor
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration; write e.g. 500ms, 1s, 2m"
+        ) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"duration {text!r} must be positive")
+    return value
+
+
+def parse_address(text: str) -> tuple[str, list[int]] | None:
+    """``HOST:PORT`` or ``HOST:FIRST-LAST`` (the first free port), ``off``: ``None``."""
+    if text.strip().lower() in ("off", "none", "no", "false", "0"):
+        return None
+    host, sep, ports = text.rpartition(":")
+    try:
+        if not sep or not host:
+            raise ValueError(text)
+        first, _, last = ports.partition("-")
+        lo, hi = int(first), int(last or first)
+        if not (0 <= lo <= hi <= 65535) or (lo == 0 and hi != 0):
+            raise ValueError(text)
+    except ValueError:
+        raise ConfigError(
+            f"metrics address {text!r}: expected HOST:PORT, HOST:FIRST-LAST (the first free "
+            "port of the range) or 'off', e.g. 127.0.0.1:9249 or 0.0.0.0:9249-9258"
+        ) from None
+    return host.strip("[]"), list(range(lo, hi + 1))
 
 
 @dataclass

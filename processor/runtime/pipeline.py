@@ -10,6 +10,7 @@ from typing import Any
 
 from processor.dataflow import Dataflow
 from processor.errors import ConfigError, DefinitionError
+from processor.runtime.redirect import Rewrite, apply
 
 __all__ = ["load_flow", "load_object"]
 
@@ -45,8 +46,6 @@ def load_flow(path: str | Path) -> Dataflow:
                 "run `flow` at module level"
             )
         flow = flows[0]
-    from processor.certify.redirect import Rewrite, apply
-
     rewrite = Rewrite.from_env()  # an eosflow certify run: its own job, inputs and outputs
     return flow if rewrite is None else apply(flow, rewrite)
 

@@ -3,7 +3,8 @@
 ``fn(ctx, value)`` runs per record; ``on_timer(ctx, timer_ms, kind)`` when a timer of the key
 fires: an event-time timer when the watermark reaches it, a processing-time timer when the task's
 clock does (:meth:`ProcessOperator.on_processing_time`, called by the task loop). The context
-(:class:`ProcessContext`) gives the key, the time, the key's state, ``emit`` and the key's timers.
+(:class:`~processor.contracts.ProcessContext`, a protocol the public API names; ``_Context``
+here) gives the key, the time, the key's state, ``emit`` and the key's timers.
 
 A call is atomic: state changes, timer changes and emitted records are buffered in the context
 and applied only when the user function returns. A call that raises changes nothing (the record,
@@ -30,6 +31,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from processor.contracts import ProcessContext, Timers
 from processor.dataflow import Step
 from processor.errors import DefinitionError
 from processor.runtime.operators import MIN_WATERMARK, Operator, Record
@@ -50,21 +52,16 @@ def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class KeyState:
-    """``ctx.state``: the current key's state value (JSON-like; ``None`` when it has none).
-
-    Reads see the call's own writes. Values go into snapshots: keep them JSON-like. ``get``
-    returns the stored value itself (no copy): change a dict or list in place only if the call
-    then returns normally (a raise after an in-place change cannot undo it), or ``set`` a new one.
-    """
+class _KeyState:
+    """``ctx.state`` (:class:`processor.contracts.KeyState`): reads and writes go to the call's
+    buffer in the context."""
 
     __slots__ = ("_ctx",)
 
-    def __init__(self, ctx: ProcessContext) -> None:
+    def __init__(self, ctx: _Context) -> None:
         self._ctx = ctx
 
     def get(self, default: Any = None) -> Any:
-        """The key's state value, or ``default`` if it has none."""
         ctx = self._ctx
         value = ctx._state
         if value is _UNCHANGED:
@@ -72,27 +69,19 @@ class KeyState:
         return default if value is _DELETED else value
 
     def set(self, value: Any) -> None:
-        """Replace the key's state value (``None`` is a value; :meth:`delete` removes it)."""
         self._ctx._state = value
 
     def delete(self) -> None:
-        """Remove the key's state (it leaves the snapshots)."""
         self._ctx._state = _DELETED
 
 
-class Timers:
-    """``ctx.timers``: the current key's timers. Times are epoch milliseconds (``int``).
-
-    An event-time timer fires when the watermark reaches its time (one registered at or behind
-    the watermark fires at the next watermark); a processing-time timer when the task's clock
-    does (checked every loop of the task, so within a few tens of milliseconds when the worker is
-    not busy). Registering a timer that exists keeps one; deleting one that does not exist does
-    nothing.
-    """
+class _Timers:
+    """``ctx.timers`` (:class:`processor.contracts.Timers`): changes go to the call's buffer in
+    the context."""
 
     __slots__ = ("_ctx",)
 
-    def __init__(self, ctx: ProcessContext) -> None:
+    def __init__(self, ctx: _Context) -> None:
         self._ctx = ctx
 
     def register_event_time(self, ts_ms: int) -> None:
@@ -108,16 +97,9 @@ class Timers:
         self._ctx._timer(PROCESSING_TIME, ts_ms, False)
 
 
-class ProcessContext:
-    """What ``fn(ctx, value)`` and ``on_timer(ctx, timer_ms, kind)`` see; valid during the call.
-
-    Attributes:
-        key: the record's (or the timer's) key.
-        timestamp_ms: the record's event time, or the timer's time.
-        watermark_ms: the operator's current event-time watermark (``-2**63`` before the first).
-        state: the key's state (:class:`KeyState`).
-        timers: the key's timers (:class:`Timers`).
-    """
+class _Context:
+    """The :class:`processor.contracts.ProcessContext` of one call: it buffers what the call
+    changes (state, timers, emitted records) until :meth:`ProcessOperator._commit`."""
 
     __slots__ = ("_emitted", "_op", "_state", "_timers", "key", "state", "timers", "timestamp_ms")
 
@@ -128,8 +110,8 @@ class ProcessContext:
         self._state: Any = _UNCHANGED
         self._timers: list[tuple[str, int, bool]] = []
         self._emitted: list[Record] = []
-        self.state = KeyState(self)
-        self.timers = Timers(self)
+        self.state = _KeyState(self)
+        self.timers = _Timers(self)
 
     @property
     def watermark_ms(self) -> int:
@@ -137,11 +119,9 @@ class ProcessContext:
 
     @property
     def processing_time_ms(self) -> int:
-        """The task's clock, epoch milliseconds (for processing-time timers)."""
         return self._op.clock()
 
     def emit(self, value: Any) -> None:
-        """Send ``value`` downstream under the current key, at :attr:`timestamp_ms`."""
         self._emitted.append((self.key, value, self.timestamp_ms))
 
     def _timer(self, kind: str, ts_ms: int, register: bool) -> None:
@@ -214,11 +194,11 @@ class ProcessOperator(Operator):
 
     def _apply(self, record: Record) -> list[Record]:
         k, v, t = record
-        ctx = ProcessContext(self, k, t)
+        ctx = _Context(self, k, t)
         self.fn(ctx, v)
         return self._commit(ctx)
 
-    def _commit(self, ctx: ProcessContext) -> list[Record]:
+    def _commit(self, ctx: _Context) -> list[Record]:
         """Applies what a call that returned buffered in ``ctx``."""
         value = ctx._state
         if value is _DELETED:
@@ -275,7 +255,7 @@ class ProcessOperator(Operator):
     def _timer(self, key: Any, ts: int, kind: str) -> list[Record]:
         on_timer = self.on_timer
         assert on_timer is not None  # registering without one raised
-        ctx = ProcessContext(self, key, ts)
+        ctx = _Context(self, key, ts)
         on_timer(ctx, ts, kind)
         return self._commit(ctx)
 

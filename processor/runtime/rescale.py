@@ -1,11 +1,7 @@
-"""Changing a job's parallelism: its topology, and the checkpoint of the new shape.
+"""Changing a job's parallelism: the checkpoint of the new shape.
 
-A job's **topology** is its parallelism ``P``, its key-group count ``G`` (a keyed record goes
-to the owner of key group ``crc32(key) % G``, :func:`processor.wire.owner_of`) and its shape
-epoch (one more at each change of ``P``; the channel topics of each epoch are new topics, since
-their partition count is ``P*P``). Every manifest records it (metadata ``topology``); a job
-without a completed checkpoint keeps it in the job file ``_TOPOLOGY``; a checkpoint written
-before key groups existed is read as ``G = P`` (``crc32 % P`` is ``owner_of`` with ``G = P``).
+A job's **topology** (its parallelism ``P``, key-group count ``G`` and shape epoch) is recorded
+in its snapshot store: :mod:`processor.runtime.topology`.
 
 When ``eosflow run --workers N`` finds the job's last checkpoint at another parallelism, the
 runner rescales it *before any worker starts* (:func:`rescale`), in this order:
@@ -40,94 +36,31 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from typing import Any
 
 from processor.compiler import Plan, channel_inputs, compile_flow
 from processor.errors import ConfigError
+from processor.runtime.settle import settle_old_shape
+from processor.runtime.shape_gc import delete_other_epochs, sweep_dedup
 from processor.runtime.topics import START_FILE, end_positions, ensure_channels
-from processor.snapshot.store import Manifest, SnapshotHandle, SnapshotStore
-from processor.wire import (
-    MIN_KEY_GROUPS,
-    default_key_groups,
-    key_owner,
-    shared_keys,
+from processor.runtime.topology import (
+    EPOCH_FILE,
+    TOPOLOGY_FILE,
+    Topology,
+    current_topology,
+    highest_epoch,
+    new_topology,
+    record_parallelism,
+    subtask_of,
 )
+from processor.snapshot.store import Manifest, SnapshotHandle, SnapshotStore
+from processor.wire import key_owner, shared_keys
 
-__all__ = [
-    "TOPOLOGY_FILE",
-    "Topology",
-    "check_rescalable",
-    "check_shape",
-    "current_topology",
-    "prepare_shape",
-    "rescale",
-    "runner_fault",
-]
+__all__ = ["check_rescalable", "prepare_shape", "rescale", "runner_fault"]
 
 log = logging.getLogger(__name__)
 
-#: The job file holding the topology of a job that has no completed checkpoint yet.
-TOPOLOGY_FILE = "_TOPOLOGY"
-#: The job file holding the newest shape epoch the job ever started: written before any topic
-#: of that epoch is created, so that no two shapes share a channel topic or a dedup prefix.
-EPOCH_FILE = "_EPOCH"
-
 _DEDUP_KINDS = ("dedup", "keyed-dedup")
-
-
-@dataclass(frozen=True)
-class Topology:
-    """See the module docstring."""
-
-    parallelism: int
-    key_groups: int
-    epoch: int = 0
-
-    def as_json(self) -> dict[str, int]:
-        return asdict(self)
-
-
-def subtask_of(task: str) -> int:
-    """The subtask index of a task name ``<stage>.<i>``."""
-    return int(task.rpartition(".")[2])
-
-
-def current_topology(store: SnapshotStore, job: str, latest: Manifest | None) -> Topology | None:
-    """The topology the job last ran with (``None``: a new job)."""
-    if latest is not None:
-        recorded = latest.metadata.get("topology")
-        if recorded:
-            return Topology(**recorded)
-        if latest.tasks:  # written before key groups: crc32 % P is owner_of with G = P
-            before = 1 + max(subtask_of(t) for t in latest.tasks)
-            return Topology(before, before, 0)
-    raw = store.read_job_file(job, TOPOLOGY_FILE)
-    return Topology(**json.loads(raw)) if raw else None
-
-
-def new_topology(
-    old: Topology | None, parallelism: int, *, legacy: bool = False, highest: int = 0
-) -> Topology:
-    """The topology of a start at ``parallelism``: the old one if unchanged; a new job's key
-    groups; or, for a change (another parallelism, or a checkpoint of an older shape than the
-    newest the job ever ran, ``highest``), the next epoch after every one the job used, with
-    the same key groups (the default count when the new parallelism is above it, when the old
-    count is below the default: a job from before key groups, with ``G = P``)."""
-    if old is None:
-        return Topology(parallelism, default_key_groups(parallelism), 0)
-    if old.parallelism == parallelism and old.epoch >= highest:
-        return old
-    groups = old.key_groups
-    if legacy or parallelism > groups or groups < MIN_KEY_GROUPS:
-        groups = max(default_key_groups(parallelism), groups)
-    return Topology(parallelism, groups, max(old.epoch, highest) + 1)
-
-
-def highest_epoch(store: SnapshotStore, job: str) -> int:
-    """The newest shape epoch the job ever started (job file ``_EPOCH``; 0 without one)."""
-    raw = store.read_job_file(job, EPOCH_FILE)
-    return int(raw) if raw else 0
 
 
 def check_rescalable(plan: Plan, latest: Manifest, old: Topology, recovery: str) -> None:
@@ -369,26 +302,6 @@ def rescale(
     return store.load(job, chk)
 
 
-def check_shape(plan: Plan, store: SnapshotStore, latest: Manifest | None) -> None:
-    """A restart restores a checkpoint of the shape it runs (the newest one was unreadable and
-    an older shape's is the newest left, say): otherwise the job must be started again, which
-    rescales it.
-
-    Raises:
-        ConfigError: naming both shapes.
-    """
-    found = current_topology(store, plan.job, latest) if latest is not None else None
-    if found is None:
-        return
-    if (found.parallelism, found.epoch) != (plan.parallelism, plan.epoch):
-        raise ConfigError(
-            f"job {plan.job!r}: the newest readable checkpoint ({latest and latest.checkpoint_id}"
-            f") was taken with {found.parallelism} workers (shape epoch {found.epoch}), and this "
-            f"run has {plan.parallelism} (epoch {plan.epoch}): start the job again (eosflow "
-            "run), which rescales that checkpoint"
-        )
-
-
 def runner_fault(point: str) -> None:
     """Crash-test hook: SIGKILLs the runner itself at ``point`` when the environment variable
     ``EOSFLOW_RUNNER_FAULT`` names it (a no-op otherwise)."""
@@ -410,8 +323,6 @@ def prepare_shape(
     """The plan of this start, compiled with the job's topology, and the checkpoint to restore:
     rescaled first when the parallelism changed (see the module docstring). Records the
     topology for a job without a completed checkpoint."""
-    from processor.runtime.settle import record_parallelism, settle_old_shape
-
     job, N = plan.job, plan.parallelism
     old = current_topology(store, job, latest)
     legacy = latest is not None and not latest.metadata.get("topology")
@@ -459,8 +370,6 @@ def prepare_shape(
     record_parallelism(store, job, max(N, old.parallelism if old else N))
     store.write_job_file(job, TOPOLOGY_FILE, json.dumps(topo.as_json()).encode())
     if plan.epoch:
-        from processor.runtime.shape_gc import delete_other_epochs, sweep_dedup
-
         delete_other_epochs(plan, transport, max(highest, plan.epoch))
         sweep_dedup(plan, store)
     return plan, latest

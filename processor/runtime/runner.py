@@ -46,7 +46,7 @@ from processor.runtime.metrics import JobMetrics
 from processor.runtime.pipeline import load_flow, load_object
 from processor.runtime.preflight import check_local_recovery, extra_environ, preflight
 from processor.runtime.recovery import RunnerRecovery
-from processor.runtime.rescale import check_shape, prepare_shape
+from processor.runtime.rescale import prepare_shape
 from processor.runtime.savepoints import SavepointRequests, restore_savepoint, undo_restore
 from processor.runtime.settle import settle_checkpoint
 from processor.runtime.state_map import STATE_KEY, check_state, state_layout
@@ -56,6 +56,7 @@ from processor.runtime.topics import (
     prepare_topics,
     start_positions,
 )
+from processor.runtime.topology import check_shape
 from processor.runtime.webui import WebServer
 from processor.snapshot.lease import JobLease
 from processor.snapshot.store import SnapshotHandle, SnapshotStore
@@ -339,7 +340,16 @@ class Runner(RunnerRecovery):
             port = self.server.address[1]
             self.advertised = (self.advertise or self.bind[0], port)
             self._spawn_all(counts, ends)
-            self.savepoints = savepoints = SavepointRequests(self)
+            self.savepoints = savepoints = SavepointRequests(
+                self.store,
+                self.job,
+                self.coordinator,
+                ready=self._ready,
+                broadcast=self.server.broadcast,
+                stop=self.stop_for,
+                say=self._say,
+                renew=self.lease.renew,
+            )
             while True:
                 self.lease.renew()
                 self._pump()

@@ -35,16 +35,13 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fsspec.core import url_to_fs
 
 from processor.errors import ConfigError
-from processor.runtime.coordinator import LAST_CHECKPOINT, last_checkpoint
+from processor.runtime.coordinator import LAST_CHECKPOINT, CheckpointCoordinator, last_checkpoint
 from processor.snapshot.store import MANIFEST, Manifest, SnapshotHandle, SnapshotStore
-
-if TYPE_CHECKING:
-    from processor.runtime.runner import Runner
 
 __all__ = [
     "LAST_CHECKPOINT",
@@ -247,12 +244,31 @@ def request_savepoint(
 
 
 class SavepointRequests:
-    """The runner's side: reads requests, triggers the checkpoint, copies it, answers."""
+    """The runner's side: reads requests, triggers the checkpoint, copies it, answers.
 
-    def __init__(self, runner: Runner) -> None:
-        self.runner = runner
-        self.store: SnapshotStore = runner.store
-        self.job: str = runner.job
+    Owned by the runner, which wires it in: its store, job and coordinator, and what it does
+    for the requests: ``ready()`` (every worker connected), ``broadcast(msg)`` to the workers,
+    ``stop(reason)`` after a final checkpoint, ``say(text)`` on the progress output and
+    ``renew()`` the job's lease while a copy runs.
+    """
+
+    def __init__(
+        self,
+        store: SnapshotStore,
+        job: str,
+        coordinator: CheckpointCoordinator,
+        *,
+        ready: Callable[[], bool],
+        broadcast: Callable[[dict[str, Any]], None],
+        stop: Callable[[str], None],
+        say: Callable[[str], None],
+        renew: Callable[[], None],
+    ) -> None:
+        self.store = store
+        self.job = job
+        self.coordinator = coordinator
+        self._ready, self._broadcast, self._stop = ready, broadcast, stop
+        self._say, self._renew = say, renew
         self._next_poll = 0.0
         self._seen: str | None = None
         raw = self.store.read_job_file(self.job, REQUEST)
@@ -272,15 +288,15 @@ class SavepointRequests:
                 self._seen = request["id"]
                 self.request = request
                 if request.get("stop"):
-                    self.runner.stop_for("savepoint")
+                    self._stop("savepoint")
         if self.request is None or self.request.get("stop"):
             return  # a stop's savepoint is the final checkpoint (finished)
-        runner, coordinator = self.runner, self.runner.coordinator
+        coordinator = self.coordinator
         if self.checkpoint is None:
-            if coordinator.pending is None and runner._ready():
+            if coordinator.pending is None and self._ready():
                 self.checkpoint = coordinator.trigger_now()
-                runner.server.broadcast({"t": "trigger", "chk": self.checkpoint, "aligned": True})
-                runner._say(f"savepoint: aligned checkpoint {self.checkpoint} triggered")
+                self._broadcast({"t": "trigger", "chk": self.checkpoint, "aligned": True})
+                self._say(f"savepoint: aligned checkpoint {self.checkpoint} triggered")
             return
         if coordinator.pending is not None and coordinator.pending.checkpoint_id == self.checkpoint:
             return  # still pending
@@ -313,9 +329,9 @@ class SavepointRequests:
                 manifest,
                 path=request.get("path"),
                 stop=bool(request.get("stop")),
-                each_file=self.runner.lease.renew,
+                each_file=self._renew,
             )
-            self.runner._say(f"savepoint of checkpoint {checkpoint_id}: {answer['path']}")
+            self._say(f"savepoint of checkpoint {checkpoint_id}: {answer['path']}")
         except Exception as exc:  # the command waits for an answer: give it the cause
             log.exception("savepoint of checkpoint %d failed", checkpoint_id)
             answer["error"] = f"{type(exc).__name__}: {exc}"

@@ -24,9 +24,6 @@ Invariants:
     Idempotent: every sink's ``recover`` is, so a crash mid-settle and a second call give the
     same committed output (nothing lost, nothing twice).
     A failure names the sink, the old subtask and the checkpoints it was settling.
-
-:func:`record_parallelism` keeps the highest parallelism a job ever ran at in the job file
-:data:`SINK_SUBTASKS`, so ``eosflow txn list|abort`` cover every transactional id ever used.
 """
 
 from __future__ import annotations
@@ -40,14 +37,12 @@ from typing import Any
 from processor.contracts import Sink, SinkContext
 from processor.dataflow import DEAD_LETTERS, Dataflow
 from processor.errors import DefinitionError, EosflowError
+from processor.runtime.topology import current_topology
 from processor.snapshot.store import SnapshotStore
 
-__all__ = ["SINK_SUBTASKS", "record_parallelism", "recorded_parallelism", "settle_old_shape"]
+__all__ = ["settle_old_shape"]
 
 log = logging.getLogger(__name__)
-
-#: Job file: the highest parallelism the job ever ran at (``eosflow txn`` reads it).
-SINK_SUBTASKS = "_SINK_SUBTASKS"
 
 
 @dataclass(frozen=True)
@@ -209,7 +204,6 @@ def settle_checkpoint(
     job killed before its sinks committed uncommitted. Idempotent, as ``recover`` is: a later
     restore of ``latest`` commits nothing twice. Returns the committables recovered."""
     from processor.compiler import compile_flow
-    from processor.runtime.rescale import current_topology
 
     job = latest.job
     topo = current_topology(store, job, latest)
@@ -226,26 +220,3 @@ def settle_checkpoint(
         snapshot_url=store.url,
         checkpoint_interval=checkpoint_interval,
     )
-
-
-def record_parallelism(store: SnapshotStore, job: str, parallelism: int) -> int:
-    """Record that ``job`` runs at ``parallelism``; returns the highest ever recorded.
-
-    ``eosflow txn list|abort`` fence the transactional ids of subtasks ``0 ..`` that number:
-    after a rescale from 4 to 2, ids of subtasks 2 and 3 exist on the broker too.
-    """
-    highest = max(parallelism, recorded_parallelism(store, job))
-    store.write_job_file(job, SINK_SUBTASKS, f"{highest}\n".encode())
-    return highest
-
-
-def recorded_parallelism(store: SnapshotStore, job: str) -> int:
-    """The highest parallelism recorded by :func:`record_parallelism` (0: none)."""
-    raw = store.read_job_file(job, SINK_SUBTASKS)
-    if not raw:
-        return 0
-    try:
-        return int(raw.decode().strip())
-    except ValueError:
-        log.warning("job=%r job file %s is not an integer: %r; ignored", job, SINK_SUBTASKS, raw)
-        return 0

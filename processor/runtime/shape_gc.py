@@ -9,7 +9,7 @@ import logging
 from typing import Any
 
 from processor.compiler import Plan, compile_flow
-from processor.runtime.rescale import current_topology, subtask_of
+from processor.runtime.topology import current_topology, subtask_of
 from processor.snapshot.store import SnapshotStore
 from processor.wire import job_topic_prefix
 

@@ -19,41 +19,21 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from processor.errors import ConfigError
+from processor.runtime.job import parse_address
 from processor.runtime.metrics import JobMetrics
 
-__all__ = ["DEFAULT_ADDRESS", "WebServer", "parse_address"]
+__all__ = ["WebServer"]
 
 log = logging.getLogger(__name__)
 
-#: Loopback, the first free port of Flink's Prometheus reporter's range.
-DEFAULT_ADDRESS = "127.0.0.1:9249-9258"
 #: How often the serving loop looks for a shutdown request (close() waits up to this long).
 _POLL_S = 0.05
 _ASSETS = {"app.js": "text/javascript", "style.css": "text/css", "index.html": "text/html"}
 
 
-def parse_address(text: str) -> tuple[str, list[int]] | None:
-    """``HOST:PORT`` or ``HOST:FIRST-LAST`` (the first free port), ``off``: ``None``."""
-    if text.strip().lower() in ("off", "none", "no", "false", "0"):
-        return None
-    host, sep, ports = text.rpartition(":")
-    try:
-        if not sep or not host:
-            raise ValueError(text)
-        first, _, last = ports.partition("-")
-        lo, hi = int(first), int(last or first)
-        if not (0 <= lo <= hi <= 65535) or (lo == 0 and hi != 0):
-            raise ValueError(text)
-    except ValueError:
-        raise ConfigError(
-            f"metrics address {text!r}: expected HOST:PORT, HOST:FIRST-LAST (the first free "
-            "port of the range) or 'off', e.g. 127.0.0.1:9249 or 0.0.0.0:9249-9258"
-        ) from None
-    return host.strip("[]"), list(range(lo, hi + 1))
-
-
 class WebServer:
-    """Serves ``metrics`` on the first free port of ``address`` (see :func:`parse_address`).
+    """Serves ``metrics`` on the first free port of ``address`` (see
+    :func:`~processor.runtime.job.parse_address`).
 
     Attributes:
         url: ``http://HOST:PORT/`` once started.

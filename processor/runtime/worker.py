@@ -6,11 +6,11 @@ the coordinator's messages between batches (trigger, complete, abort, stop) and 
 snapshots as their uploads finish.
 
 Fault injection (for crash tests): the spec's ``faults`` lists ``[point, n, action]``; the
-``n``-th time the worker reaches ``point`` (one of :data:`FAULT_POINTS`) it SIGKILLs itself
-(``kill``) or holds there (``hold``): it creates ``<point>.w<worker>.reached`` in the hold
-directory and blocks until ``<point>.w<worker>.release`` appears (at most 300 s, then it goes on
-and says so). The directory is ``$EOSFLOW_FAULT_DIR``, else ``faults/`` in the job's directory
-(:func:`hold_paths`). The heartbeat thread keeps beating while the worker holds.
+``n``-th time the worker reaches ``point`` (one of :data:`processor.runtime.job.FAULT_POINTS`)
+it SIGKILLs itself (``kill``) or holds there (``hold``): it creates ``<point>.w<worker>.reached``
+in the hold directory and blocks until ``<point>.w<worker>.release`` appears (at most 300 s, then
+it goes on and says so). The directory is ``$EOSFLOW_FAULT_DIR``, else ``faults/`` in the job's
+directory (:func:`hold_paths`). The heartbeat thread keeps beating while the worker holds.
 """
 
 from __future__ import annotations
@@ -39,8 +39,6 @@ from processor.runtime.task import Task, TaskEnv
 from processor.snapshot.store import SnapshotStore
 
 __all__ = [
-    "FAULT_ACTIONS",
-    "FAULT_POINTS",
     "hold_paths",
     "log_format",
     "main",
@@ -50,16 +48,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-FAULT_POINTS = (
-    "mid-alignment",
-    "before-prepare",
-    "after-snapshot-before-ack",
-    "after-completion-before-commit",
-    "during-recovery",
-    "mid-sink-recover",
-    "mid-sink-commit",
-)
-FAULT_ACTIONS = ("kill", "hold")
 #: A held worker goes on by itself after this long: a test that died must not leave it forever.
 HOLD_MAX_S = 300.0
 _STATS_EVERY_S = 1.0

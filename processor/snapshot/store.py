@@ -37,7 +37,7 @@ from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
 from processor.errors import ConfigError, DefinitionError, SerializationError, SnapshotError
-from processor.snapshot import codec
+from processor.snapshot.codec import dumps, loads
 
 __all__ = [
     "FORMAT_VERSION",
@@ -103,7 +103,7 @@ class Manifest:
 
 def encode_snapshot(state: Any) -> tuple[bytes, str]:
     """The bytes of a snapshot file holding ``state``, and the body's hex checksum."""
-    body = codec.dumps(state)
+    body = dumps(state)
     digest = hashlib.blake2b(body, digest_size=16).digest()
     return _HEADER.pack(_MAGIC, FORMAT_VERSION, 0, len(body), digest) + body, digest.hex()
 
@@ -142,7 +142,7 @@ def decode_snapshot(blob: bytes, path: str) -> Any:
     if actual != digest:
         raise _corrupt(path, f"checksum {actual.hex()} does not match {digest.hex()}")
     try:
-        return codec.loads(body)
+        return loads(body)
     except SnapshotError as exc:
         raise _corrupt(path, str(exc)) from exc
 

@@ -8,7 +8,7 @@
 - :mod:`sinks.kafka.rescue`: the rescue of an epoch whose transaction did not commit (the
   commit marker decides; the epoch is read back from the log and re-published).
 - :mod:`sinks.kafka.records`: header names, the marker topic, transactional ids, partitions,
-  the encoding of values.
+  the encoding of values, and what the writers read of the sink (:class:`KafkaSinkConfig`).
 - :mod:`sinks.kafka.broker`: retried librdkafka calls, reading a partition range back, the
   ``eosflow txn`` commands.
 """

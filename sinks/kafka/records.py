@@ -1,5 +1,6 @@
 """What a Kafka sink writes: header names, the marker topic, transactional ids, partitions
-and the encoding of values into (key, value) bytes.
+and the encoding of values into (key, value) bytes; and what its writers read of the sink's
+configuration (:class:`KafkaSinkConfig`).
 
 Header values are ASCII bytes. The epoch tag is ``<generation>.<n>`` (the writer's ``n``-th
 transaction in that generation): it is known when the first record is written, unlike the
@@ -9,15 +10,14 @@ checkpoint id that will end the epoch.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import orjson
 
+from connectors.config import KafkaSettings
 from dedup.staged import HEADER_ID, HEADER_SINK
-
-if TYPE_CHECKING:
-    from sinks.kafka.sink import KafkaSink
+from processor.contracts import Serde
 
 __all__ = [
     "HEADER_EPOCH",
@@ -25,6 +25,7 @@ __all__ = [
     "HEADER_SINK",
     "HEADER_SUBTASK",
     "HEADER_TXN",
+    "KafkaSinkConfig",
     "marker_topic",
     "murmur2",
     "murmur2_partition",
@@ -41,6 +42,24 @@ HEADER_EPOCH = "eosflow-epoch"  # on commit markers: "<generation>.<n>"
 HEADER_TXN = "eosflow-txn"
 _MAX_SLOTS = 8
 Headers = list[tuple[str, str | bytes | None]]
+
+
+class KafkaSinkConfig(Protocol):
+    """What the writers read of their :class:`~sinks.kafka.sink.KafkaSink` (which implements
+    it; the attributes are documented there). The sink's module opens the writers, so they know
+    it by this protocol rather than by importing that module."""
+
+    topic: str
+    prefix: str | None
+    serde: Serde
+    key: Callable[[Any], Any] | None
+    transaction_timeout_ms: int
+    pool_size: int
+    producer_config: dict[str, Any]
+    commit_timeout_s: float
+    record_ids: bool
+
+    def resolved_settings(self) -> KafkaSettings: ...
 
 
 def marker_topic(job: str, step: str) -> str:
@@ -99,7 +118,7 @@ def _key_bytes(key: Any) -> bytes | None:
 class _Encoder:
     """Turns the values handed to a writer into (key bytes, value bytes)."""
 
-    def __init__(self, sink: KafkaSink) -> None:
+    def __init__(self, sink: KafkaSinkConfig) -> None:
         self.serialize = sink.serde.serialize
         self.key_fn = sink.key
 

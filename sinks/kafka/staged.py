@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import fsspec
 from confluent_kafka import KafkaError, Producer
@@ -27,10 +27,14 @@ from connectors.transport import produce_waiting
 from processor.contracts import SinkContext
 from processor.errors import KafkaClientError
 from sinks.files.directory import _fsync_dir
-from sinks.kafka.records import HEADER_ID, HEADER_SINK, Headers, _Encoder, murmur2_partition
-
-if TYPE_CHECKING:
-    from sinks.kafka.sink import KafkaSink
+from sinks.kafka.records import (
+    HEADER_ID,
+    HEADER_SINK,
+    Headers,
+    KafkaSinkConfig,
+    _Encoder,
+    murmur2_partition,
+)
 
 __all__ = ["StagedKafkaSinkWriter"]
 
@@ -47,7 +51,7 @@ class StagedKafkaSinkWriter:
         before that publishes the epoch again (duplicates carry the same ID).
     """
 
-    def __init__(self, sink: KafkaSink, ctx: SinkContext) -> None:
+    def __init__(self, sink: KafkaSinkConfig, ctx: SinkContext) -> None:
         self.sink = sink
         self.ctx = ctx
         self.settings = sink.resolved_settings()

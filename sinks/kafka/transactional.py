@@ -27,7 +27,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -46,14 +46,12 @@ from sinks.kafka.records import (
     HEADER_SUBTASK,
     HEADER_TXN,
     Headers,
+    KafkaSinkConfig,
     _Encoder,
     marker_topic,
     transactional_id,
 )
 from sinks.kafka.rescue import epoch_committed, read_epoch, txn_header
-
-if TYPE_CHECKING:
-    from sinks.kafka.sink import KafkaSink
 
 __all__ = ["KafkaSinkWriter", "committable_subtask"]
 
@@ -73,7 +71,7 @@ class KafkaSinkWriter:
         inside its own transaction.
     """
 
-    def __init__(self, sink: KafkaSink, ctx: SinkContext) -> None:
+    def __init__(self, sink: KafkaSinkConfig, ctx: SinkContext) -> None:
         assert sink.prefix is not None
         self.sink = sink
         self.ctx = ctx

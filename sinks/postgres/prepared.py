@@ -1,4 +1,5 @@
-"""Prepared transactions of the PostgreSQL sink: global ids, markers and the writer's SQL.
+"""Prepared transactions of the PostgreSQL sink: global ids, markers and the writer's SQL; and
+what the writer reads of the sink's configuration (:class:`PostgresSinkConfig`).
 
 Global ids: ``eosflow:<job>:<step>:<subtask>:<checkpoint_id>`` (job and step hashed if the id
 would pass PostgreSQL's 199 bytes). Markers live in ``eosflow_sink_commits`` (one row per
@@ -15,20 +16,19 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from processor.contracts import SinkContext
 from processor.errors import ConfigError, DefinitionError, EosflowError, SerializationError
 
 if TYPE_CHECKING:
+    import psycopg
     from psycopg import sql
 
-    from sinks.postgres.sink import PostgresSink
-
-__all__ = ["COMMITS_TABLE", "global_id"]
+__all__ = ["COMMITS_TABLE", "PostgresSinkConfig", "global_id"]
 
 #: Default name of the bookkeeping table (one marker row per prepared transaction).
 COMMITS_TABLE = "eosflow_sink_commits"
@@ -47,6 +47,25 @@ def _psycopg() -> Any:
             "PostgresSink needs psycopg 3, which is not installed: pip install 'eosflow[postgres]'"
         ) from exc
     return psycopg
+
+
+class PostgresSinkConfig(Protocol):
+    """What the writer reads of its :class:`~sinks.postgres.sink.PostgresSink` (which
+    implements it; the attributes are documented there). The sink's module opens the writer,
+    so the writer knows it by this protocol rather than by importing that module."""
+
+    table: tuple[str, ...]
+    commits_table: tuple[str, ...]
+    columns: tuple[str, ...]
+    key: tuple[str, ...]
+    mode: str
+    row: Callable[[Any], Sequence[Any] | Mapping[str, Any]] | None
+    lock_timeout: timedelta
+    keep_markers: int
+
+    def connect(self, *, application_name: str = "eosflow") -> psycopg.Connection[Any]: ...
+
+    def check_database(self, conn: psycopg.Connection[Any]) -> None: ...
 
 
 def global_id(job: str, step: str, subtask: int, checkpoint_id: int) -> str:
@@ -101,7 +120,7 @@ class _Database:
     created; the connection is in autocommit mode and opens its transactions itself.
     """
 
-    def __init__(self, sink: PostgresSink, ctx: SinkContext) -> None:
+    def __init__(self, sink: PostgresSinkConfig, ctx: SinkContext) -> None:
         from psycopg import sql
 
         self.sink = sink

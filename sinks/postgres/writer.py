@@ -19,14 +19,17 @@ import logging
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from processor.contracts import SinkContext
 from processor.errors import SerializationError, SnapshotError
-from sinks.postgres.prepared import _check_checkpoint_id, _Database, _gid_prefix, _Txn
-
-if TYPE_CHECKING:
-    from sinks.postgres.sink import PostgresSink
+from sinks.postgres.prepared import (
+    PostgresSinkConfig,
+    _check_checkpoint_id,
+    _Database,
+    _gid_prefix,
+    _Txn,
+)
 
 __all__ = ["PostgresSinkWriter"]
 
@@ -55,7 +58,7 @@ class PostgresSinkWriter:
         the buffer as it was.
     """
 
-    def __init__(self, sink: PostgresSink, ctx: SinkContext) -> None:
+    def __init__(self, sink: PostgresSinkConfig, ctx: SinkContext) -> None:
         self.sink = sink
         self.ctx = ctx
         self.prefix = _gid_prefix(ctx.job, ctx.step, ctx.subtask)

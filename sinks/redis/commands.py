@@ -1,19 +1,18 @@
 """Redis operations of the Redis sink: what a stream value becomes, checked and encoded as the
-MessagePack arrays that the commit script (:mod:`sinks.redis.server`) unpacks and runs."""
+MessagePack arrays that the commit script (:mod:`sinks.redis.server`) unpacks and runs; and what
+the encoder and the writer read of the sink's configuration (:class:`RedisSinkConfig`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from datetime import timedelta
+from typing import Any, Protocol
 
 import orjson
 
 from processor.errors import SerializationError
 
-if TYPE_CHECKING:
-    from sinks.redis.sink import RedisSink
-
-__all__ = ["OPERATIONS"]
+__all__ = ["OPERATIONS", "RedisSinkConfig"]
 
 #: Operations a ``command`` function may return: name -> (min, max args after the key, args in
 #: pairs, positions of integer args). Every one is deterministic given the data it sees.
@@ -38,8 +37,27 @@ _MAX_ARGS = 1000  # Lua's unpack() fails past ~8000 values; a bigger op is surel
 Encoder = Callable[[Sequence[Any]], list[Any]]
 
 
+class RedisSinkConfig(Protocol):
+    """What the encoder and the writer read of their :class:`~sinks.redis.sink.RedisSink`
+    (which implements it; the attributes are documented there). The sink's module opens the
+    writer, so they know it by this protocol rather than by importing that module."""
+
+    mode: str
+    key: str | bytes | Callable[[Any], Any] | None
+    field: str | bytes | Callable[[Any], Any] | None
+    value: Callable[[Any], Any] | None
+    command: Callable[[Any], Any] | None
+    namespace: str
+    retry_for: timedelta
+    chunk_ops: int
+
+    @property
+    def _reserved(self) -> bytes:
+        """The prefix of the sink's own keys, which no operation may target."""
+
+
 def _encoder(
-    sink: RedisSink, unencodable: Callable[[Any, BaseException], SerializationError]
+    sink: RedisSinkConfig, unencodable: Callable[[Any, BaseException], SerializationError]
 ) -> tuple[Encoder, bool]:
     """``(encode(values) -> ops, upsert)``: ops are MessagePack arrays of strings, or for
     upsert modes ``(target, tail)`` pairs whose concatenation is the op (last write wins)."""

@@ -7,7 +7,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import redis
 
@@ -19,11 +19,8 @@ from processor.errors import (
     SerializationError,
     SnapshotError,
 )
-from sinks.redis.commands import _encoder, _mp_array
+from sinks.redis.commands import RedisSinkConfig, _encoder, _mp_array
 from sinks.redis.server import _COMMIT_LUA, _TRANSIENT_REPLIES, _redact, _text
-
-if TYPE_CHECKING:
-    from sinks.redis.sink import RedisSink
 
 __all__ = ["RedisSinkWriter"]
 
@@ -45,7 +42,9 @@ class RedisSinkWriter:
         names. ``write`` is all or nothing per call.
     """
 
-    def __init__(self, sink: RedisSink, ctx: SinkContext, url: str, client: redis.Redis) -> None:
+    def __init__(
+        self, sink: RedisSinkConfig, ctx: SinkContext, url: str, client: redis.Redis
+    ) -> None:
         self.ctx = ctx
         self.url = _redact(url)
         self._client = client

@@ -13,11 +13,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from processor.certify.plan import POINT_CHAIN, plan_runs
-from processor.certify.redirect import Rewrite, apply, redirected
 from processor.certify.report import Report, RunOutcome, SinkCheck
 from processor.dataflow import Dataflow
 from processor.errors import ConfigError
-from processor.runtime.worker import FAULT_POINTS, _Pace
+from processor.runtime.job import FAULT_POINTS
+from processor.runtime.redirect import Rewrite, apply, redirected
+from processor.runtime.worker import _Pace
 from processor.testing import Output, assert_exactly_once, canonical, diff, order_diff
 from sinks import FileSink, KafkaSink, PostgresSink, RedisSink
 

@@ -21,10 +21,11 @@ from processor.contracts import SinkContext
 from processor.dataflow import Dataflow, KeyedStream, Stream
 from processor.errors import ConfigError, DefinitionError, DeserializationError
 from processor.runtime.local import LocalRunner, RunOptions
-from processor.runtime.rescale import Topology, check_rescalable, current_topology
+from processor.runtime.rescale import check_rescalable
 from processor.runtime.task import Task
 from processor.runtime.task.base import message_key_decoder
 from processor.runtime.topics import KEYED_FILE, check_graph, check_keyed_sources
+from processor.runtime.topology import Topology, current_topology
 from processor.snapshot.store import SnapshotStore
 from tests.unit.test_dead_letters import Recorder, _env, produce
 from tests.unit.test_task import Log

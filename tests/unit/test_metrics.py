@@ -19,9 +19,9 @@ from processor.compiler import compile_flow
 from processor.dataflow import Dataflow
 from processor.errors import ConfigError
 from processor.runtime.coordinator import CheckpointCoordinator, CheckpointEvent
-from processor.runtime.job import RunOptions, WorkerHandle
+from processor.runtime.job import RunOptions, WorkerHandle, parse_address
 from processor.runtime.metrics import METRICS, JobMetrics, restart_kind
-from processor.runtime.webui import WebServer, parse_address
+from processor.runtime.webui import WebServer
 from processor.snapshot.store import SnapshotStore
 from sinks import ConsoleSink
 

@@ -15,16 +15,9 @@ from processor.compiler import channel_inputs, channel_partitions, compile_flow
 from processor.dataflow import Dataflow
 from processor.errors import ConfigError
 from processor.runtime.channels import ChannelOut
-from processor.runtime.rescale import (
-    TOPOLOGY_FILE,
-    Topology,
-    _restart_channels,
-    check_rescalable,
-    current_topology,
-    new_states,
-    new_topology,
-)
+from processor.runtime.rescale import _restart_channels, check_rescalable, new_states
 from processor.runtime.topics import start_positions
+from processor.runtime.topology import TOPOLOGY_FILE, Topology, current_topology, new_topology
 from processor.snapshot.store import SnapshotStore
 from processor.wire import (
     default_key_groups,
@@ -341,7 +334,7 @@ def test_a_checkpoint_whose_barriers_were_not_all_seen_is_refused(tmp_path: Any)
 
 
 def test_a_restart_refuses_a_checkpoint_of_another_shape(tmp_path: Any) -> None:
-    from processor.runtime.rescale import check_shape
+    from processor.runtime.topology import check_shape
 
     store = SnapshotStore(tmp_path.as_uri())
     topo = {"parallelism": 2, "key_groups": 128, "epoch": 0}

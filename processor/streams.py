@@ -1,31 +1,249 @@
-"""Keyed streams: the aggregations that keep one state per key (and window).
+"""Streams: the output of a step, whose methods add the steps that follow it.
 
-Split from :mod:`processor.dataflow` (which re-exports :class:`KeyedStream`); the rest of the
-public API is there.
+:class:`Stream` (map, filter, flat_map, key_by, dedup, union, iterate, sink),
+:class:`KeyedStream` (its records have keys: aggregations, process functions, joins) and
+:class:`Table` (a keyed changelog). A :class:`~processor.dataflow.Dataflow` starts them at its
+sources; they add steps to it through :class:`~processor.steps.StepGraph`. Re-exported by
+:mod:`processor.dataflow` and :mod:`processor`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from processor.dataflow import Step, Stream, _callable
+from processor.contracts import ProcessContext, Sink
 from processor.errors import DefinitionError
+from processor.steps import (
+    JOINS,
+    LATE,
+    Reducer,
+    Step,
+    StepGraph,
+    descends,
+    emit_mode,
+    plus_one,
+    sum_counts,
+    unset,
+    user_fn,
+    zero,
+)
 from processor.windows import Session, Sliding, duration_ms
 
-if TYPE_CHECKING:
-    from processor.runtime.process import ProcessContext
+__all__ = ["KeyedStream", "Stream", "Table"]
 
-__all__ = ["EMIT", "JOINS", "LATE", "KeyedStream", "Table"]
 
-#: What a join keeps of a record without a partner: ``inner`` drops it, ``left`` keeps it.
-JOINS = ("inner", "left")
+class Stream:
+    """The output of a step; methods add steps and return their output streams."""
 
-#: What a windowed aggregation does with a record all of whose windows have closed.
-LATE = ("drop", "dead_letters")
-#: When a windowed aggregation emits: once per window when it closes, or on every update.
-EMIT = ("close", "update")
+    keyed = False
+
+    def __init__(self, flow: StepGraph, step: Step) -> None:
+        self.flow = flow
+        self.step = step
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.flow.name!r}, step={self.step.name!r})"
+
+    def _then(self, name: str, kind: str, keyed: bool, **params: Any) -> Step:
+        return self.flow._add(Step(name, kind, (self.step.name,), keyed, params))
+
+    def _same(self, step: Step) -> Stream:
+        return KeyedStream(self.flow, step) if step.keyed else Stream(self.flow, step)
+
+    def map(self, name: str, fn: Callable[[Any], Any]) -> Stream:
+        """``fn(value)`` for every value (the key, if any, is kept)."""
+        return self._same(self._then(name, "map", self.keyed, fn=user_fn(name, "fn", fn)))
+
+    def filter(self, name: str, fn: Callable[[Any], bool]) -> Stream:
+        """Keep the values for which ``fn(value)`` is true."""
+        return self._same(self._then(name, "filter", self.keyed, fn=user_fn(name, "fn", fn)))
+
+    def flat_map(self, name: str, fn: Callable[[Any], Iterable[Any]]) -> Stream:
+        """Every element of ``fn(value)``, in order."""
+        return self._same(self._then(name, "flat_map", self.keyed, fn=user_fn(name, "fn", fn)))
+
+    def key_by(self, name: str, fn: Callable[[Any], Any]) -> KeyedStream:
+        """Key every value by ``fn(value)`` (a str, int or other JSON-like value)."""
+        return KeyedStream(self.flow, self._then(name, "key_by", True, fn=user_fn(name, "fn", fn)))
+
+    def dedup(
+        self,
+        name: str,
+        id: Callable[[Any], Any],
+        *,
+        within: timedelta,
+        late: str = "drop",
+        bucket: timedelta | None = None,
+        expected_ids: int = 100_000,
+        fp_rate: float = 0.001,
+        redis_url: str | None = None,
+    ) -> Stream:
+        """Drop every record whose ``id(value)`` was already seen within ``within``.
+
+        On an unkeyed stream the IDs are global (records are shuffled by ID, so copies meet);
+        on a keyed stream they are per key (``(key, id(value))``) and the stream stays keyed.
+        Seen IDs are kept in Bloom filters per time bucket of the records' timestamps, in front
+        of a Redis ID store (``redis_url``, default ``EOSFLOW_REDIS_URL``), and forgotten when
+        the watermark passes them by ``within``. Exactly once across restarts: the store agrees
+        with the restored checkpoint (docs/dedup.md).
+
+        Args:
+            id: the business ID of a value (a str, bytes, int or JSON-like value).
+            within: the horizon: a copy is recognised if its timestamp is at least the
+                watermark minus ``within``.
+            late: a record older than the horizon cannot be checked: ``"drop"`` (default) or
+                ``"pass"`` it; either is counted and logged.
+            bucket: length of a Bloom time bucket (default ``within / 4``, at least 1 s).
+            expected_ids: IDs per bucket and subtask that one filter holds at ``fp_rate``.
+            fp_rate: target false-positive rate of the filters (costs lookups, never
+                correctness).
+        """
+        within_ms = duration_ms("within", within)
+        bucket_ms = None if bucket is None else duration_ms("bucket", bucket)
+        if within_ms <= 0:
+            raise DefinitionError(f"dedup {name!r}: within must be positive, got {within}")
+        if bucket_ms is not None and not 0 < bucket_ms <= within_ms:
+            raise DefinitionError(
+                f"dedup {name!r}: bucket must be positive and at most within ({within}), "
+                f"got {bucket}"
+            )
+        if bucket_ms is not None and within_ms // bucket_ms > 1000:
+            raise DefinitionError(
+                f"dedup {name!r}: within / bucket is over 1,000 ({within} / {bucket}): every "
+                "live bucket costs one Bloom probe per record; use a larger bucket"
+            )
+        if late not in ("drop", "pass"):
+            raise DefinitionError(f"dedup {name!r}: late must be 'drop' or 'pass', got {late!r}")
+        if isinstance(expected_ids, bool) or not isinstance(expected_ids, int) or expected_ids < 1:
+            raise DefinitionError(
+                f"dedup {name!r}: expected_ids must be a positive int, got {expected_ids!r}"
+            )
+        if not isinstance(fp_rate, float) or not 0 < fp_rate < 0.5:
+            raise DefinitionError(f"dedup {name!r}: fp_rate must be in (0, 0.5), got {fp_rate!r}")
+        step = self._then(
+            name,
+            "dedup",
+            self.keyed,
+            id=user_fn(name, "id", id),
+            within_ms=within_ms,
+            bucket_ms=bucket_ms,
+            late=late,
+            expected_ids=expected_ids,
+            fp_rate=fp_rate,
+            redis_url=redis_url,
+        )
+        return self._same(step)
+
+    def union(self, name: str, *others: Stream) -> Stream:
+        """The records of this stream and of ``others``, interleaved."""
+        streams = (self, *others)
+        if not others:
+            raise DefinitionError(f"union {name!r} needs at least one other stream")
+        for s in streams:
+            if s.flow is not self.flow:
+                raise DefinitionError(f"union {name!r}: streams of different dataflows")
+        keyed = all(s.keyed for s in streams)
+        step = self.flow._add(Step(name, "union", tuple(s.step.name for s in streams), keyed))
+        return self._same(step)
+
+    def iterate(
+        self,
+        name: str,
+        body: Callable[[Stream], tuple[Stream, Stream]],
+        *,
+        max_iterations: int | None = None,
+    ) -> Stream:
+        """A loop: ``body(loop)`` builds steps on ``loop`` and returns ``(feedback, output)``.
+
+        ``loop`` carries this stream's records and every record of ``feedback``, which goes back
+        to the loop's head through an internal channel topic (a back-edge); ``output`` is what
+        the loop emits (this method returns it). Records circulate until the body stops feeding
+        them back: a streaming iteration, e.g. label propagation over a stream of graph edges
+        (``examples/connected_components.py``).
+
+        Exactly once, loops included: checkpoints follow Algorithm 2 of Carbone et al. (2015),
+        the records in flight on the back-edge are part of the snapshot, and ``--until-idle``
+        ends only when a checkpoint finds no record in the loop (docs/iterations.md).
+
+        Args:
+            body: builds the loop body. ``loop`` is unkeyed; key it inside the body.
+            max_iterations: a record fed back more than this many times is dropped from the
+                loop (counted, logged, and sent to the dead-letter destination if the dataflow
+                has one). ``None``: no limit (the body must end every loop itself).
+
+        Raises:
+            DefinitionError: ``body`` does not return two streams of this dataflow, the
+                feedback stream does not come from ``loop``, or loops are nested.
+        """
+        flow = self.flow
+        if flow._open_loops:
+            raise DefinitionError(
+                f"iterate {name!r} is inside the body of iterate {flow._open_loops[-1]!r}: "
+                "nested loops are not supported; give the inner loop's body to the outer one"
+            )
+        if max_iterations is not None and (
+            isinstance(max_iterations, bool)
+            or not isinstance(max_iterations, int)
+            or max_iterations < 1
+        ):
+            raise DefinitionError(
+                f"iterate {name!r}: max_iterations must be a positive int or None, "
+                f"got {max_iterations!r}"
+            )
+        if not callable(body):
+            raise DefinitionError(f"iterate {name!r}: body must be callable, got {body!r}")
+        before = set(flow.steps)
+        head = self._then(name, "iterate", False, max_iterations=max_iterations, feedback=None)
+        flow._open_loops.append(name)
+        try:
+            feedback, output = _loop_result(name, flow, head, body(Stream(flow, head)))
+        except BaseException:
+            for step in set(flow.steps) - before:  # no half-built loop stays in the flow
+                del flow.steps[step]
+            raise
+        finally:
+            flow._open_loops.pop()
+        head.params["feedback"] = feedback.step.name
+        return output
+
+    def sink(self, name: str, sink: Sink) -> None:
+        """Write the values to ``sink`` (committed when a checkpoint completes).
+
+        Keyed streams write ``(key, value)`` pairs (JSON arrays in a file sink).
+        """
+        if not isinstance(sink, Sink):
+            raise DefinitionError(
+                f"sink step {name!r}: {sink!r} does not implement processor.contracts.Sink "
+                "(use one of eosflow's sinks, e.g. sinks.FileSink or sinks.ConsoleSink)"
+            )
+        self._then(name, "sink", False, sink=sink)
+
+
+def _loop_result(name: str, flow: StepGraph, head: Step, result: Any) -> tuple[Stream, Stream]:
+    """Checks what an ``iterate`` body returned: ``(feedback, output)``."""
+    if (
+        not isinstance(result, tuple)
+        or len(result) != 2
+        or not all(isinstance(s, Stream) and s.flow is flow for s in result)
+    ):
+        raise DefinitionError(
+            f"iterate {name!r}: body must return (feedback, output), two streams built "
+            f"from its argument, got {result!r}"
+        )
+    feedback, output = result
+    if feedback.step is head:
+        raise DefinitionError(
+            f"iterate {name!r}: the feedback stream is the loop itself (every record would "
+            "circulate forever); feed back the output of a step of the body"
+        )
+    if not descends(flow, feedback.step.name, head.name):
+        raise DefinitionError(
+            f"iterate {name!r}: the feedback stream (step {feedback.step.name!r}) does not "
+            "come from the loop's stream: build it from body's argument"
+        )
+    return feedback, output
 
 
 class KeyedStream(Stream):
@@ -68,11 +286,11 @@ class KeyedStream(Stream):
                 f"step {name!r}: late={late!r} needs a window; an aggregation without a window "
                 "takes every record, so none is late"
             )
-        emit = _emit_mode(name, emit, window)
+        emit = emit_mode(name, emit, window)
         params = {
-            "init": _callable(name, "init", init),
-            "add": _callable(name, "add", add),
-            "merge": _callable(name, "merge", merge, optional=True),
+            "init": user_fn(name, "init", init),
+            "add": user_fn(name, "add", add),
+            "merge": user_fn(name, "merge", merge, optional=True),
             "window": window,
             "allowed_lateness_ms": duration_ms("allowed_lateness", allowed_lateness),
             "late": late,
@@ -95,9 +313,9 @@ class KeyedStream(Stream):
         :meth:`aggregate`."""
         return self._aggregate(
             name,
-            init=_zero,
-            add=_plus_one,
-            merge=_sum,
+            init=zero,
+            add=plus_one,
+            merge=sum_counts,
             window=window,
             allowed_lateness=allowed_lateness,
             late=late,
@@ -121,12 +339,12 @@ class KeyedStream(Stream):
         ``fn`` must be associative (it is also used to combine partial results before the
         shuffle when the reduction is windowed).
         """
-        fn = _callable(name, "fn", fn)
+        fn = user_fn(name, "fn", fn)
         return self._aggregate(
             name,
-            init=_unset,
-            add=_Reducer(fn),
-            merge=_Reducer(fn),
+            init=unset,
+            add=Reducer(fn),
+            merge=Reducer(fn),
             window=window,
             allowed_lateness=allowed_lateness,
             late=late,
@@ -188,7 +406,7 @@ class KeyedStream(Stream):
         """A low-level keyed operator: ``fn(ctx, value)`` per record, with the key's state
         and timers (Flink's ``KeyedProcessFunction``, Kafka Streams' processor API).
 
-        ``ctx`` (a :class:`~processor.runtime.process.ProcessContext`, valid during the
+        ``ctx`` (a :class:`~processor.contracts.ProcessContext`, valid during the
         call) has ``key``, ``timestamp_ms`` (the record's event
         time), ``watermark_ms``, ``processing_time_ms``, ``state`` (``get(default=None)``,
         ``set(value)``, ``delete()`` of the key's JSON-like value), ``emit(value)`` (a record
@@ -212,8 +430,8 @@ class KeyedStream(Stream):
         local`` (emissions are not tied to deterministic record IDs).
         """
         params = {
-            "fn": _callable(name, "fn", fn),
-            "on_timer": _callable(name, "on_timer", on_timer, optional=True),
+            "fn": user_fn(name, "fn", fn),
+            "on_timer": user_fn(name, "on_timer", on_timer, optional=True),
         }
         return KeyedStream(self.flow, self._then(name, "process", True, **params))
 
@@ -306,7 +524,7 @@ class KeyedStream(Stream):
         how = params.get("how", "inner")
         if how not in JOINS:
             raise DefinitionError(f"join {name!r}: how must be one of {JOINS}, got {how!r}")
-        params |= {"mode": mode, "fn": _callable(name, "fn", fn, optional=True)}
+        params |= {"mode": mode, "fn": user_fn(name, "fn", fn, optional=True)}
         return self.flow._add(Step(name, "join", (self.step.name, other.step.name), True, params))
 
 
@@ -337,57 +555,3 @@ class Table(KeyedStream):
                 "stream.join(name, table)"
             )
         return Table(self.flow, self._join(name, table, "table", fn, how=how))
-
-
-def _emit_mode(name: str, emit: str | None, window: Sliding | Session | None) -> str:
-    """``emit`` checked; what the step emits: ``close`` or ``update``."""
-    if emit is None:
-        return "close" if window is not None else "update"
-    if emit not in EMIT:
-        raise DefinitionError(f"step {name!r}: emit must be one of {EMIT}, got {emit!r}")
-    if window is None:
-        raise DefinitionError(
-            f"step {name!r}: emit={emit!r} chooses when a windowed aggregation emits; an "
-            "aggregation without a window emits its running result after every record: drop "
-            "emit or give a window"
-        )
-    if emit == "update" and isinstance(window, Session):
-        raise DefinitionError(
-            f"step {name!r}: emit='update' is not supported with session windows: merging two "
-            "sessions would need to retract the updates emitted for each; use emit='close' "
-            "(one result per session) or a Tumbling/Sliding window"
-        )
-    return emit
-
-
-_UNSET = "__eosflow_unset__"
-
-
-def _zero() -> int:
-    return 0
-
-
-def _plus_one(acc: int, _value: Any) -> int:
-    return acc + 1
-
-
-def _sum(a: int, b: int) -> int:
-    return a + b
-
-
-def _unset() -> str:
-    return _UNSET
-
-
-class _Reducer:
-    """``reduce`` as an aggregation: the first value replaces the unset accumulator."""
-
-    def __init__(self, fn: Callable[[Any, Any], Any]) -> None:
-        self.fn = fn
-
-    def __call__(self, acc: Any, value: Any) -> Any:
-        if isinstance(acc, str) and acc == _UNSET:
-            return value
-        if isinstance(value, str) and value == _UNSET:
-            return acc
-        return self.fn(acc, value)
