@@ -100,16 +100,23 @@ def held_then_killed(
     until that worker is held there, then SIGKILLs the whole job (:func:`kill_job`)."""
     from processor.runtime.worker import hold_paths
 
-    proc = subprocess.Popen(
-        argv,
-        env={**env, "EOSFLOW_FAULT_DIR": str(holds)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    holds.mkdir(parents=True, exist_ok=True)
+    # stderr to a file, not a pipe: reading a pipe of a job still running blocks until it
+    # exits (the test hung for ever here on a loaded machine instead of failing).
+    stderr = holds / "runner.stderr"
+    with stderr.open("w") as sink:
+        proc = subprocess.Popen(
+            argv, env={**env, "EOSFLOW_FAULT_DIR": str(holds)}, stdout=subprocess.DEVNULL,
+            stderr=sink, text=True,
+        )  # fmt: skip
     reached, _release = hold_paths(holds, point, worker)
     deadline = time.monotonic() + 180
     while not reached.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert reached.exists(), f"never held: {proc.poll()} {proc.stderr and proc.stderr.read()}"
+    if not reached.exists():
+        code = proc.poll()
+        kill_job(proc, env, [])
+        raise AssertionError(
+            f"never held at {point} in worker {worker} (exit {code}): {stderr.read_text()[-3000:]}"
+        )
     kill_job(proc, env, [json.loads(p.read_text())["pid"] for p in holds.glob("*.reached")])
