@@ -26,7 +26,6 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
 
 from dedup.errors import DedupError
 from processor import __version__, cli_jobs
@@ -214,90 +213,6 @@ def _run(args: argparse.Namespace) -> int:
         f"job {result.job} finished: {result.records_in:,} records in, {result.records_out:,} "
         f"out, {result.checkpoints} checkpoints (last {result.last_checkpoint}), "
         f"{result.restarts} restarts, {result.seconds:.1f}s"
-    )
-    return 0
-
-
-def _job_store(job: str) -> Any:
-    """The job's snapshot store: the URL it last ran with, if recorded, else the default."""
-    from processor.runtime.local import default_snapshot_url, job_dir
-    from processor.snapshot.store import SnapshotStore
-
-    status_path = job_dir(job) / "status.json"
-    status = json.loads(status_path.read_text()) if status_path.exists() else {}
-    return SnapshotStore(status.get("snapshot_url") or default_snapshot_url(job))
-
-
-def _txn_subtasks(store: Any, job: str, workers: int) -> int:
-    """Sink subtasks whose transactional ids ``txn list|abort`` cover: ``--workers``, or more
-    when the job ran at a higher parallelism before a rescale (job file ``_SINK_SUBTASKS``):
-    the ids of removed subtasks exist on the broker too."""
-    from processor.runtime.topology import recorded_parallelism
-
-    return max(workers, recorded_parallelism(store, job))
-
-
-def _txn_list(args: argparse.Namespace) -> int:
-    from connectors import KafkaSettings
-    from sinks.kafka import read_transaction_markers, transactional_ids
-
-    job, steps = cli_jobs.kafka_sinks(args.pipeline)
-    if not steps:
-        print(f"{args.pipeline}: no transactional Kafka sink", file=sys.stderr)
-        return 1
-    settings = KafkaSettings.from_env()
-    store = _job_store(job)
-    latest = store.latest_completed(job)
-    subtasks = _txn_subtasks(store, job, args.workers)
-    for step in steps:
-        sink = step.params["sink"]
-        print(f"sink {step.name!r} of job {job!r} -> topic {sink.topic!r}")
-        for subtask in range(subtasks):
-            ids = transactional_ids(sink.prefix, step.name, subtask, sink.pool_size)
-            print(f"  subtask {subtask}: transactional ids {', '.join(ids)} (+ spare slots)")
-        markers = read_transaction_markers(settings, job, step.name)
-        print(f"  {len(markers)} commit markers (last {min(len(markers), args.last)}):")
-        for m in markers[-args.last :]:
-            again = " re-published" if m.get("republished") else ""
-            print(
-                f"    subtask {m.get('subtask', '?')} epoch {m['epoch']} "
-                f"checkpoint {m.get('checkpoint', '?')} records {m.get('count')}{again}"
-            )
-        if latest is None:
-            print("  no completed checkpoint: nothing pending")
-            continue
-        for task, handle in sorted(latest.tasks.items()):
-            state = store.read_task_snapshot(handle)
-            for chk, c in state.get("sinks", {}).get(step.name, []):
-                print(
-                    f"  pending in checkpoint {latest.checkpoint_id}: task {task} epoch "
-                    f"{c['epoch']} (checkpoint {chk}) on {c['tid']}, {c['count']} records; "
-                    "committed or re-published when the job next starts"
-                )
-    return 0
-
-
-def _txn_abort(args: argparse.Namespace) -> int:
-    from processor.errors import JobRunningError
-
-    job, steps = cli_jobs.kafka_sinks(args.pipeline)
-    if args.force:
-        store = _job_store(job)
-        cli_jobs.abort_transactions(steps, _txn_subtasks(store, job, args.workers))
-    else:
-        try:  # held while aborting: a job started meanwhile would have its producers fenced
-            with cli_jobs.holding(job) as store:
-                cli_jobs.abort_transactions(steps, _txn_subtasks(store, job, args.workers))
-        except JobRunningError as exc:
-            print(
-                f"eosflow: refusing to abort the transactions of job {job!r}: {exc}. Aborting "
-                "them would fence its producers and force a recovery; pass --force to anyway",
-                file=sys.stderr,
-            )
-            return 1
-    print(
-        "Pending epochs of the last checkpoint are re-published from the log when the job "
-        "next starts (their records stay in the partitions until retention deletes them)."
     )
     return 0
 
@@ -491,8 +406,8 @@ def _parser() -> argparse.ArgumentParser:
     txn = sub.add_parser("txn", help="transactions of a pipeline's Kafka sinks")
     txn_sub = txn.add_subparsers(dest="txn_command", required=True)
     for name, func, text in (
-        ("list", _txn_list, "transactional ids, commit markers and pending epochs"),
-        ("abort", _txn_abort, "abort open transactions of the id pool (job stopped)"),
+        ("list", cli_jobs.txn_list, "transactional ids, commit markers and pending epochs"),
+        ("abort", cli_jobs.txn_abort, "abort open transactions of the id pool (job stopped)"),
     ):
         cmd = txn_sub.add_parser(name, help=text)
         cmd.add_argument("pipeline", help="the pipeline file of the job")

@@ -17,6 +17,9 @@ errors are also :class:`ValueError` so that code written against plain Python ke
     ├── BrokerCapabilityError               the broker lacks a feature the job was told to rely on
     ├── DataLossError                       records a restore needs are gone from the broker
     │                                       (retention deleted them, the topic was recreated)
+    ├── JobRunningError                     another runner holds the job's lease
+    ├── JobNotFoundError (LookupError)      no such job recorded, or it lacks what an operation
+    │                                       needs (its status, a completed checkpoint)
     └── SnapshotError                       a stored snapshot or manifest cannot be used
                                             (``reason``: corrupt, unknown_version, missing,
                                             completed)
@@ -46,6 +49,7 @@ __all__ = [
     "DeserializationError",
     "EosflowError",
     "InfrastructureError",
+    "JobNotFoundError",
     "JobRunningError",
     "KafkaClientError",
     "SerializationError",
@@ -216,6 +220,12 @@ class JobRunningError(EosflowError):
     """Another runner holds the job's lease: two coordinators of one job would share its
     generations, channels, transactional ids and checkpoints. Also raised in the runner that
     lost its lease (it stops, and so do its workers)."""
+
+
+class JobNotFoundError(EosflowError, LookupError):
+    """No job of that name is recorded under the state directory, or it lacks what the
+    operation needs of it: a status (``eosflow status``), a completed checkpoint (a stopped
+    job's savepoint). Raised by :class:`processor.admin.JobAdmin`."""
 
 
 class SnapshotError(EosflowError):

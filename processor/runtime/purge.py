@@ -100,8 +100,10 @@ class _Store(Protocol):
 
 
 class _Task(Protocol):
-    name: str
-    purge_floor: PurgeFloor
+    @property
+    def name(self) -> str: ...
+    @property
+    def purge_floor(self) -> PurgeFloor: ...
 
 
 class ChannelPurger:

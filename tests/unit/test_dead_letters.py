@@ -104,8 +104,8 @@ def _env(tmp_path: Path, flow: Dataflow, log: Log) -> TaskEnv:
 
 
 def _dead(task: Task) -> Recorder:
-    assert task.dead is not None
-    writer = task.dead.writer
+    assert task.chain.dead is not None
+    writer = task.chain.dead.writer
     assert isinstance(writer, Recorder)
     return writer
 
@@ -211,7 +211,7 @@ def test_every_task_opens_its_own_dead_letter_writer_with_a_unique_index(tmp_pat
     env = _env(tmp_path, flow, Log())
     plan = env.plan
     tasks = [Task(env, stage, i) for stage in plan.stages for i in range(2)]
-    contexts = [t.dead.writer.ctx for t in tasks]  # type: ignore[union-attr]
+    contexts = [t.chain.dead.writer.ctx for t in tasks]  # type: ignore[union-attr]
     assert {c.step for c in contexts} == {"dead-letters"}
     assert sorted(c.subtask for c in contexts) == [0, 1, 2, 3]
     assert {c.parallelism for c in contexts} == {4}
@@ -249,7 +249,7 @@ def test_channel_failures_carry_the_channel_record_origin_across_control_records
     task.step(0.0, 100)
     got = {e["key"]: (e["topic"], e["partition"], e["offset"]) for e in _dead(task).epoch}
     assert got == {"bad-1": (*P0, 2), "bad-2": (*P0, 4), "bad-3": (*P2, 1)}
-    assert dict(task.ops["sum"].snapshot()) == {"a": 1, "b": 1}
+    assert dict(task.chain.ops["sum"].snapshot()) == {"a": 1, "b": 1}
     entry = _dead(task).epoch[0]
     assert entry["step"] == "sum" and entry["value"] == {"k": "bad-1"}
     assert entry["cause"] == "cannot add bad-1" and entry["task"] == "sum.0"
@@ -263,7 +263,7 @@ def test_without_a_destination_bad_input_is_skipped_and_a_failing_function_fails
     produce(log, IN, _click(1))
     flow = _source_flow(dead_letters=False)
     task = Task(_env(tmp_path, flow, log), compile_flow(flow, 2).stages[0], 0)
-    assert task.dead is None and [n for n, _w in task.committers] == ["out2"]
+    assert task.chain.dead is None and [n for n, _w in task.chain.committers] == ["out2"]
     task.open(None, {"in": 2})
     with caplog.at_level(logging.ERROR):
         task.step(0.0, 100)

@@ -336,14 +336,14 @@ def test_a_table_holds_the_watermark_back_until_it_has_caught_up_with_its_end(
 
     def watermark(task: Task, lag: dict[tuple[str, int], int]) -> int:
         reader.lag = lag
-        task._last_wm_emit = float("-inf")
-        task._source_watermark()
+        task.inputs._last_wm_emit = float("-inf")
+        task.inputs._source_watermark()
         return task.watermark
 
     counts = {"clicks": 1, "users": 1, "plans": 1, "views": 1, "prices": 1}
     joined = Task(env, plan.stage_of("j"), 0)
     joined.open(None, counts)
-    joined.max_ts.update({("clicks", 0): 500, ("users", 0): 100})
+    joined.inputs.max_ts.update({("clicks", 0): 500, ("users", 0): 100})
     assert watermark(joined, {}) == 100  # not fetched yet: loading
     assert watermark(joined, {("users", 0): 3}) == 100
     assert watermark(joined, {("users", 0): 0}) == 500  # caught up: the clicks decide
@@ -355,7 +355,7 @@ def test_a_table_holds_the_watermark_back_until_it_has_caught_up_with_its_end(
     # like any other: a watermark there of "everything" would make every later record late.
     changelog = Task(env, plan.stage_of("prices"), 0)
     changelog.open(None, counts)
-    changelog.max_ts[("prices", 0)] = 7
+    changelog.inputs.max_ts[("prices", 0)] = 7
     assert watermark(changelog, {("prices", 0): 0}) == 7
 
 
@@ -438,9 +438,11 @@ def test_a_tables_tombstones_are_read_whatever_the_table_feeds(tmp_path: Path) -
     log = Log()
     task = Task(_env(tmp_path, log, plan, reader=Reader(log)), plan.stage_of("j"), 0)
     task.open(None, {"users": 1, "plans": 1})
-    task._source_batch([Keyed(("users", 0), 0, b"row", None), Keyed(("users", 0), 1, None, None)])
-    assert task.bad_records == 0
-    assert task.ops["j"].sides[0].rows == {"u1": [(10, b"row"), (40, None)]}
+    task.inputs._source_batch(
+        [Keyed(("users", 0), 0, b"row", None), Keyed(("users", 0), 1, None, None)]
+    )
+    assert task.inputs.bad_records == 0
+    assert task.chain.ops["j"].sides[0].rows == {"u1": [(10, b"row"), (40, None)]}
 
 
 def test_a_late_table_change_emits_the_joined_row_from_now_on() -> None:

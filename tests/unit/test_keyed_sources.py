@@ -23,7 +23,7 @@ from processor.errors import ConfigError, DefinitionError, DeserializationError
 from processor.runtime.local import LocalRunner, RunOptions
 from processor.runtime.rescale import check_rescalable
 from processor.runtime.task import Task
-from processor.runtime.task.base import message_key_decoder
+from processor.runtime.task.sources import message_key_decoder
 from processor.runtime.topics import KEYED_FILE, check_graph, check_keyed_sources
 from processor.runtime.topology import Topology, current_topology
 from processor.snapshot.store import SnapshotStore
@@ -530,7 +530,7 @@ def _source_task(tmp_path: Path, log: Log, *, dead_letters: bool, **source: Any)
 
 
 def _writer(task: Task, step: str) -> Recorder:
-    (writer,) = [w for name, w in task.committers if name == step]
+    (writer,) = [w for name, w in task.chain.committers if name == step]
     assert isinstance(writer, Recorder)
     return writer
 

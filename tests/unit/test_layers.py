@@ -8,7 +8,8 @@ included (a lazy import is still a dependency):
 * ``connectors`` implements the engine's contracts: from ``processor`` it imports only
   ``processor.contracts`` and ``processor.errors``; nothing from ``sinks`` or ``dedup``.
 * ``sinks`` implement the engine's contracts: they never import the engine's runtime or CLI.
-* ``processor`` imports ``sinks`` and ``connectors`` only in its wiring (the CLI, and the test kit
+* ``processor`` imports ``sinks`` and ``connectors`` only in its wiring (the CLI, the
+  job-administration API it calls, ``processor.admin.jobs``, and the test kit
   ``processor.testing``, which sits on top like the CLI); it may use the ``dedup`` library
   anywhere.
 * No import cycle passes through two packages (a module imports its parent packages too).
@@ -36,7 +37,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("processor", "dedup", "sinks", "connectors")
 #: The modules of ``processor`` allowed to import ``sinks`` and ``connectors``.
-WIRING = {"processor.cli", "processor.cli_jobs"}
+#: ``processor.admin.jobs`` (the job-administration API the CLI calls) deletes a job's internal
+#: topics and fences its Kafka sinks' transactional ids.
+WIRING = {"processor.cli", "processor.cli_jobs", "processor.admin.jobs"}
 #: The test kit writes input and reads output the way a user's test does, and ``eosflow
 #: certify`` runs on it: wiring too.
 TEST_KIT = ("processor.testing", "processor.certify")

@@ -39,7 +39,7 @@ def test_the_task_fires_processing_time_timers_on_its_clock_and_event_time_ones_
 ) -> None:
     log, clock = Log(), [1_000]
     task, topic = _timer_task(tmp_path, log, clock)
-    sink = task.sinks[0].writer
+    sink = task.chain.sinks[0].writer
     p0, p2 = (topic, 0), (topic, 2)
     for tp in (p0, p2):
         log.ctl(tp, GenerationStart(1))

@@ -271,5 +271,5 @@ def test_a_task_snapshots_kinds_and_restores_old_state_into_new_with_map_state(
     env = _env(tmp_path / "again", log, new, generation=2, map_state={"per-user": "per-user-v2"})
     renamed = Task(env, new.stage_of("per-user-v2"), 0)
     renamed.open(snap, {"in": 2})
-    assert renamed.ops["per-user-v2"].snapshot() == {"a": 1, "b": 2}
-    assert renamed.ops["seen"].snapshot() == {"a": 1, "b": 2}
+    assert renamed.chain.ops["per-user-v2"].snapshot() == {"a": 1, "b": 2}
+    assert renamed.chain.ops["seen"].snapshot() == {"a": 1, "b": 2}

@@ -176,13 +176,13 @@ def _task(tmp_path: Path, log: Log, mode: str, generation: int = 1) -> Task:
 
 def _acks(task: Task) -> list[int]:
     deadline = time.monotonic() + 5
-    while task.uploading and time.monotonic() < deadline:
+    while task.checkpoints.uploading and time.monotonic() < deadline:
         time.sleep(0.01)
     return [chk for chk, _h in task.ready_acks()]
 
 
 def _counts(task: Task) -> dict[str, int]:
-    return dict(task.ops["count"].snapshot())
+    return dict(task.chain.ops["count"].snapshot())
 
 
 def test_aligned_task_holds_back_records_after_a_barrier_until_every_channel_delivered_it(
@@ -199,7 +199,7 @@ def test_aligned_task_holds_back_records_after_a_barrier_until_every_channel_del
     task.open(None, {"in": 2})
     task.step(0.0, 100)
     assert _counts(task) == {"a": 1, "b": 1}
-    assert task.blocked == {P0}
+    assert task.inputs.blocked == {P0}
     assert _acks(task) == []
     log.ctl(P2, Barrier(1, 1))
     log.data(P2, "b")
@@ -222,7 +222,7 @@ def test_unaligned_task_snapshots_at_the_first_barrier_and_never_pauses(tmp_path
     task = _task(tmp_path, log, "unaligned")
     task.open(None, {"in": 2})
     task.step(0.0, 100)
-    assert not task.blocked and _counts(task) == {"a": 1, "b": 1}
+    assert not task.inputs.blocked and _counts(task) == {"a": 1, "b": 1}
     assert _acks(task) == []  # snapshot taken, but P2 has not delivered the barrier yet
     log.ctl(P2, Barrier(1, 1, unaligned=True))
     task.step(0.0, 100)
@@ -266,8 +266,8 @@ def test_restored_channels_replay_up_to_the_barrier_then_drop_until_the_new_gene
     task.step(0.0, 100)
     replayed = 1 if seen == [P0] else 0
     assert _counts(task) == {"a": 11, "b": 21 + replayed}
-    assert task.stale_dropped == 2
-    assert not task.modes  # every channel is live again
+    assert task.inputs.stale_dropped == 2
+    assert not task.inputs.modes  # every channel is live again
 
 
 def _state(checkpoint: int, positions: dict[Any, int], seen: list[Any]) -> dict[str, Any]:
@@ -326,7 +326,7 @@ def test_an_unaligned_snapshot_of_a_recovering_channel_restores_its_remaining_ph
     # a: generation 2's (in the snapshot) and 3's; b: generation 1's in flight at checkpoint 1
     # (only when replaying), generation 2's in flight at checkpoint 2, generation 3's.
     assert _counts(gen3) == {"a": 2, "b": 3 if replaying else 2}
-    assert not gen3.modes and not gen3.phases
+    assert not gen3.inputs.modes and not gen3.inputs.phases
 
 
 def test_watermark_is_the_minimum_over_channels_when_channels_disagree(tmp_path: Path) -> None:
@@ -366,7 +366,7 @@ def test_an_aligned_barrier_is_aligned_when_the_task_runs_unaligned(tmp_path: Pa
     task = _task(tmp_path, log, "unaligned")
     task.open(None, {"in": 2})
     task.step(0.0, 100)
-    assert task.blocked == {P0} and _acks(task) == []
+    assert task.inputs.blocked == {P0} and _acks(task) == []
     log.ctl(P2, Barrier(1, 1, unaligned=False))
     task.step(0.0, 100)
     assert _acks(task) == [1]
@@ -442,11 +442,13 @@ def test_restarted_alone_it_processes_live_records_after_the_barrier_and_drops_c
     }
     task = _local_task(tmp_path, log, monkeypatch, stale_through=2)
     task.open(state, {"in": 2})
-    assert not task.modes  # nothing dropped by generation: copies go by ID
+    assert not task.inputs.modes  # nothing dropped by generation: copies go by ID
     task.step(0.0, 100)
     assert _counts(task) == {"a": 2, "b": 2}
     assert task.stats()["replayed"] == 1
-    assert task.aligner is not None and task.aligner.pending_checkpoint is None  # 2 is stale
+    assert (
+        task.inputs.aligner is not None and task.inputs.aligner.pending_checkpoint is None
+    )  # 2 is stale
     log.ctl(P0, Barrier(3, 1))
     log.ctl(P2, Barrier(3, 1))
     task.step(0.0, 100)
@@ -548,7 +550,9 @@ def test_loop_head_snapshots_on_regular_barriers_and_acks_when_the_barrier_comes
     log.data(regular, "b")  # after the barrier: not paused, the head is not aligning any more
     task.open(None, {"in": 2})
     task.step(0.0, 100)
-    assert not task.blocked and _acks(task) == []  # snapshot taken, barrier still going around
+    assert (
+        not task.inputs.blocked and _acks(task) == []
+    )  # snapshot taken, barrier still going around
     _fed_back(log, back, "a", 0)  # the back-edge log of checkpoint 1: three records
     log.ctl(back, Barrier(0, 1))  # late, of an aborted checkpoint: the log goes on
     _fed_back(log, back, "a", 1)
@@ -560,7 +564,7 @@ def test_loop_head_snapshots_on_regular_barriers_and_acks_when_the_barrier_comes
     task.step(0.0, 100)
     assert _acks(task) == [1]
     assert task.loop_log.pop(1) == 3  # what the worker sends with the ack
-    assert task.loop_exhausted == 1
+    assert task.inputs.loop_exhausted == 1
     snap = task.env.store.read_task_snapshot(str(tmp_path / "job/chk-0000000001/loop.0.g1.snap"))
     assert snap["positions"] == {regular: 3, back: 1}  # the back-edge log starts at offset 1
     assert snap["barrier_seen"] == [regular]
@@ -594,17 +598,17 @@ def test_restored_loop_head_replays_the_back_edge_log_before_reading_its_input(
         "sinks": {"out": []},
     }
     task.open(state, {"in": 2})
-    assert task.replaying == {back} and regular in task.reader.paused
+    assert task.inputs.replaying == {back} and regular in task.reader.paused
     task.step(0.0, 100)
     assert _written_iterations(log) == [("x", 1), ("y", 2)]  # the log only
     # Still dropping the failed generation's records: a snapshot now would record a back-edge
     # position among them, and a restore from it would replay them. The input stays held.
-    assert task.replaying == {back} and regular in task.reader.paused
+    assert task.inputs.replaying == {back} and regular in task.reader.paused
     log.ctl(back, GenerationStart(2))
     task.step(0.0, 100)
-    assert not task.replaying and regular not in task.reader.paused
+    assert not task.inputs.replaying and regular not in task.reader.paused
     assert _written_iterations(log) == [("x", 1), ("y", 2), ("new", 0)]  # the log first
-    assert task.log_replayed == 2 and task.stale_dropped == 1
+    assert task.inputs.log_replayed == 2 and task.inputs.stale_dropped == 1
     assert _acks(task) == []  # checkpoint 2: snapshot taken once the back-edge was live
     snap = task.env.store.read_task_snapshot(str(tmp_path / "job/chk-0000000002/loop.0.g2.snap"))
     assert snap["positions"][back] == 6  # after this generation's marker

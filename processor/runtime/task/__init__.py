@@ -5,20 +5,32 @@ triggers a checkpoint. Channel tasks read their ``P`` partitions of every input 
 align barriers with :class:`~processor.checkpoint.BarrierAligner`. Both write to their output
 channels with the worker's idempotent writer and snapshot asynchronously.
 
-The task is one class, :class:`Task`, built in layers, one concept a module, each layer seeing
-the ones below it:
+The task is :class:`Task` (``core``), which owns its collaborators and wires them in one place
+(Flink's ``StreamTask`` with its input gates and barrier handler, its ``OperatorChain`` and its
+``SubtaskCheckpointCoordinator``); each has its own state and a narrow surface, and is testable
+alone:
 
-==================  =============================================================================
-``base``            state, operator construction, pushing records, watermarks, stats
-``checkpoints``     trigger, snapshot, restore, barrier forwarding, acks, completion (2PC sinks)
-``inputs``          channel inputs: the live fast path, recovery modes (replay / drop),
-                    loop back-edges (Algorithm 2), local recovery by record ID, alignment actions
-``sources``         source inputs: decoding, timestamps, bad records, the source watermark
-``core``            the lifecycle and the batch loop: ``open``, ``step``, ``close``
-==================  =============================================================================
+===============  ============================================================================
+``chain``        :class:`OperatorChain`: the fused operators, output channels, sinks,
+                 dead letters; pushing records, watermarks, processing-time timers
+``checkpoints``  :class:`SubtaskCheckpoints`: trigger, snapshot, restore, barrier
+                 forwarding, acks, completion (2PC sinks)
+``inputs``       :class:`ChannelInputs`: the live fast path, recovery modes (replay /
+                 drop), loop back-edges (Algorithm 2), local recovery by record ID, the
+                 barrier aligner's actions
+``sources``      :class:`SourceInputs`: decoding, timestamps, bad records, the source
+                 watermark
+``core``         :class:`Task`: the wiring, the lifecycle and the batch loop: ``open``,
+                 ``step``, ``close``
+===============  ============================================================================
+
+Dependencies point one way: ``core`` -> ``inputs`` -> ``checkpoints`` -> ``chain``, and
+``sources`` -> ``chain``. The inputs push into the chain and hand the aligner's actions to the
+checkpoint coordinator (:class:`~.inputs.Barriers`); the coordinator is given the inputs at each
+call (:class:`~.checkpoints.InputState`), never the task.
 
 Invariants:
-    ``self.pos[tp]`` is the offset after the last record of ``tp`` that went through the
+    ``inputs.pos[tp]`` is the offset after the last record of ``tp`` that went through the
     operators (or was deliberately dropped); records of a paused channel that were fetched
     anyway are stashed, never processed early, and replayed in order on resume.
     Dead letters are written to their writer before the barrier of the epoch that read them.

@@ -1,10 +1,21 @@
-"""Checkpoints of a task: trigger (sources), snapshot, barrier forwarding, acks, completion.
+"""The checkpoints of a task: trigger (sources), snapshot, restore, barrier forwarding, acks and
+completion (the task's ``SubtaskCheckpointCoordinator``, in Flink's words).
 
 The snapshot is a cheap copy taken in the task loop (positions, watermarks, operator state, the
 sinks' committables); serialization and upload run on the worker's upload pool, and the ack is
-sent once both the upload and the alignment are done (:meth:`TaskCheckpoints.ready_acks`). Sinks
-``prepare`` at the barrier and ``commit`` on the completion notice (DESIGN.md, "Sinks: two-phase
-commit"). Restoring is the mirror image (:meth:`TaskCheckpoints._restore`).
+sent once both the upload and the alignment are done (:meth:`SubtaskCheckpoints.ready_acks`).
+Sinks ``prepare`` at the barrier and ``commit`` on the completion notice (DESIGN.md, "Sinks:
+two-phase commit"). Restoring is the mirror image (:meth:`SubtaskCheckpoints.restore`).
+
+The coordinator works on the task's :class:`~.chain.OperatorChain` (flush, prepare, snapshot,
+restore and commit its operators and writers) and on the inputs it is given at each call (an
+:class:`InputState`: their positions and their part of the snapshot); it never reads records.
+
+Invariants:
+    A checkpoint is acked once, only when its snapshot is uploaded and its alignment is done;
+    a sink commits an epoch only after the completion notice of a checkpoint at or after it.
+    Checkpoints up to :meth:`SubtaskCheckpoints.stale` are ignored (restored, or triggered
+    before this task restarted alone).
 """
 
 from __future__ import annotations
@@ -12,12 +23,13 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Protocol
 
+from processor.runtime.channels import TaskEnv
 from processor.runtime.operators import MAX_WATERMARK
 from processor.runtime.purge import PurgeFloor
 from processor.runtime.state_map import restore_sources, state_kind
-from processor.runtime.task.base import TP, TaskBase
+from processor.runtime.task.chain import TP, OperatorChain
 from processor.snapshot.store import SnapshotHandle
 from processor.wire import (
     Barrier,
@@ -28,24 +40,76 @@ log = logging.getLogger(__name__)
 _MAX_UPLOAD_FAILURES = 3
 
 
-class TaskCheckpoints(TaskBase):
-    """Snapshot, restore, barrier forwarding, acks and completion of a task."""
+class InputState(Protocol):
+    """What the checkpoint coordinator needs of a task's inputs (source or channel)."""
+
+    #: the offset after the last record of each input partition that went through the chain
+    pos: dict[TP, int]
+    #: event-time progress of each source partition (source inputs)
+    max_ts: dict[TP, int]
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Takes the inputs' part of a restored snapshot (watermarks per input)."""
+
+    def snapshot(self, checkpoint_id: int) -> dict[str, Any]:
+        """The inputs' part of the snapshot of ``checkpoint_id``: ``barrier_seen``,
+        ``channel_wm``, ``max_ts`` and ``recovering``."""
+
+
+class SubtaskCheckpoints:
+    """Snapshot, restore, barrier forwarding, acks and completion of one task.
+
+    Owns: the id of the restored checkpoint, the mode of each checkpoint's barrier, the
+    snapshots being uploaded and uploaded, the checkpoints aligned, the sinks' pending
+    committables, what to decline, the commit durations, the drained positions of a source
+    task's snapshots, the purge floor, and :attr:`halted` (sync mode).
+    """
 
     #: the channel positions of this task's snapshots: what its worker may purge
     #: (:mod:`processor.runtime.purge`)
     purge_floor: PurgeFloor
 
-    def _restore(self, state: dict[str, Any] | None, positions: dict[TP, int | None]) -> set[TP]:
+    def __init__(self, env: TaskEnv, name: str, chain: OperatorChain, *, is_source: bool) -> None:
+        self.env = env
+        self.plan = env.plan
+        self.name = name
+        self.generation = env.generation
+        self.chain = chain
+        self.is_source = is_source
+        self.restored_id = 0
+        #: Checkpoint -> this source task's positions, when its snapshot had the drained
+        #: (maximum) watermark: recorded in the manifest (runtime.drain).
+        self.drained_at: dict[int, list[list[Any]]] = {}
+        self.barrier_unaligned: dict[int, bool] = {}  # the mode each checkpoint runs in
+        # snapshot bookkeeping: checkpoint id -> future / handle / alignment done
+        self.uploading: dict[int, Future[SnapshotHandle]] = {}
+        self.uploaded: dict[int, SnapshotHandle] = {}
+        self.aligned: set[int] = set()
+        # metrics: the sinks' commit durations since the last stats message
+        self.commit_times: list[list[Any]] = []
+        self.declined: list[tuple[int, str]] = []  # (checkpoint, reason) for the coordinator
+        self._upload_failures = 0  # in a row
+        self.sink_pending: dict[str, list[tuple[int, Any]]] = {n: [] for n, _w in chain.committers}
+        self.halted = False  # sync mode: a source stops between trigger and completion
+
+    def restore(
+        self,
+        state: dict[str, Any] | None,
+        positions: dict[TP, int | None],
+        channels: set[str],
+        inputs: InputState,
+    ) -> set[TP]:
         """Loads ``state`` (``None``: a fresh start) and recovers the sinks from the
         committables it holds; fills ``positions`` with the restored offsets of this task's
-        inputs and returns the inputs whose barrier the snapshot had seen."""
-        channels = {e.topic for e in self.stage.inputs}
+        inputs (``channels``: the channel topics among them) and returns the inputs whose
+        barrier the snapshot had seen."""
+        chain = self.chain
         self.purge_floor = PurgeFloor(tp for tp in positions if tp[0] in channels)
         if state is None:
             for tp, offset in self.env.start_positions.items():
                 if tp in positions:
                     positions[tp] = offset
-            for _name, writer in self.committers:
+            for _name, writer in chain.committers:
                 writer.recover([])
             return set()
         self.restored_id = state["checkpoint"]
@@ -57,87 +121,85 @@ class TaskCheckpoints(TaskBase):
         # (runtime.state_map.check_state); --map-state OLD=NEW gives NEW the state of OLD.
         operators = state["operators"]
         for target, source in restore_sources(operators, self.env.map_state).items():
-            if target in self.ops:
-                self.ops[target].restore(operators[source])
-        self.channel_wm = dict(state["channel_wm"])
-        self.max_ts = dict(state["max_ts"])
-        self.watermark = state["watermark"]
-        for name, writer in self.committers:
+            if target in chain.ops:
+                chain.ops[target].restore(operators[source])
+        inputs.restore(state)
+        chain.watermark = state["watermark"]
+        for name, writer in chain.committers:
             writer.recover(list(state["sinks"].get(name, [])))
         self.purge_floor.record(self.restored_id, positions)
         return set(state["barrier_seen"])
 
+    def stale(self) -> int:
+        """Checkpoints up to this id are over for this task (restored, or triggered before it
+        was restarted alone): their barriers and triggers are ignored."""
+        return max(self.restored_id, self.env.stale_through)
+
     # -- checkpoints -----------------------------------------------------------------------------
 
-    def trigger(self, checkpoint_id: int, *, aligned: bool = False) -> None:
+    def trigger(self, checkpoint_id: int, inputs: InputState, *, aligned: bool = False) -> None:
         """Source tasks: the coordinator started ``checkpoint_id`` (``aligned``: even in
         unaligned mode, as the final checkpoint of a run must be)."""
-        if checkpoint_id <= self._stale():
+        if checkpoint_id <= self.stale():
             return
         self.barrier_unaligned[checkpoint_id] = self.env.mode == "unaligned" and not aligned
-        self._snapshot(checkpoint_id)
-        self._forward_barrier(checkpoint_id)
+        self.snapshot(checkpoint_id, inputs)
+        self.forward_barrier(checkpoint_id)
         self.aligned.add(checkpoint_id)
         if self.env.mode == "sync":
             self.halted = True
 
-    def _forward_barrier(self, checkpoint_id: int) -> None:
+    def note_barrier(self, checkpoint_id: int, unaligned: bool) -> None:
+        """A barrier of ``checkpoint_id`` came in: the first one sets the checkpoint's mode."""
+        self.barrier_unaligned.setdefault(checkpoint_id, unaligned)
+
+    def forward_barrier(self, checkpoint_id: int) -> None:
         unaligned = self.barrier_unaligned.pop(checkpoint_id, self.env.mode == "unaligned")
         for old in [c for c in self.barrier_unaligned if c < checkpoint_id]:
             del self.barrier_unaligned[old]
         barrier = Barrier(checkpoint_id, self.generation, unaligned)
-        for out in self.outputs:
+        for out in self.chain.outputs:
             out.control(barrier)
 
-    def _snapshot(self, checkpoint_id: int) -> None:
-        self._flush()  # partial aggregates belong to the epoch that ends here
-        if self.dead is not None:
-            self.dead.flush()  # so do dead letters (the combiner flush may add some)
-        if self.committers:
+    def snapshot(self, checkpoint_id: int, inputs: InputState) -> None:
+        chain = self.chain
+        chain.flush()  # partial aggregates belong to the epoch that ends here
+        if chain.dead is not None:
+            chain.dead.flush()  # so do dead letters (the combiner flush may add some)
+        if chain.committers:
             self.env.fault("before-prepare")
-        for name, writer in self.committers:
+        for name, writer in chain.committers:
             committable = writer.prepare(checkpoint_id)
             if committable is not None:
                 self.sink_pending[name].append((checkpoint_id, committable))
-        for op in self.ops.values():
+        for op in chain.ops.values():
             op.prepare(checkpoint_id)  # dedup: IDs into the store before the snapshot
-        seen = self.barrier_seen.pop(checkpoint_id, set())
-        for old in [c for c in self.barrier_seen if c < checkpoint_id]:
-            del self.barrier_seen[old]
-        if self.back:  # Algorithm 2: log the back-edges until the barrier comes around
-            self.back_logging.clear()
-            self.back_logging |= self.back - seen
-            self.logging_id = checkpoint_id
-            self.loop_log[checkpoint_id] = 0
-        if self.modes:
-            log.info(
-                "snapshot with recovering channels task=%s checkpoint_id=%d channels=%d",
-                self.name, checkpoint_id, len(self.modes),
-            )  # fmt: skip
+        part = inputs.snapshot(checkpoint_id)
         steps = self.plan.flow.steps
+        pos = inputs.pos
         state = {
             "task": self.name,
             "checkpoint": checkpoint_id,
             "generation": self.generation,
-            "positions": dict(self.pos),
-            "barrier_seen": sorted(seen),
-            "channel_wm": dict(self.channel_wm),
-            "max_ts": dict(self.max_ts),
-            "watermark": self.watermark,
-            "operators": {n: op.snapshot() for n, op in self.ops.items() if op.stateful},
+            "positions": dict(pos),
+            "barrier_seen": part["barrier_seen"],
+            "channel_wm": part["channel_wm"],
+            "max_ts": part["max_ts"],
+            "watermark": chain.watermark,
+            "operators": {n: op.snapshot() for n, op in chain.ops.items() if op.stateful},
             # What kind of state each holds: a restore refuses another kind under the name.
-            "kinds": {n: k for n in self.ops if n in steps and (k := state_kind(steps[n]))},
+            "kinds": {n: k for n in chain.ops if n in steps and (k := state_kind(steps[n]))},
             "sinks": {n: list(p) for n, p in self.sink_pending.items()},
             # Channels still recovering (an unaligned snapshot taken before they were live): a
             # restore must go through their remaining phases from the recorded position, or
             # it would replay a dead generation's records (docs/checkpointing.md).
-            "recovering": {tp: [list(ph) for ph in self.phases[tp]] for tp in self.modes},
+            "recovering": part["recovering"],
         }
-        self.purge_floor.record(checkpoint_id, self.pos)
-        if self.is_source and self.watermark == MAX_WATERMARK:
-            pos = self.pos
+        self.purge_floor.record(checkpoint_id, pos)
+        if self.is_source and chain.watermark == MAX_WATERMARK:
+            max_ts = inputs.max_ts
             self.drained_at[checkpoint_id] = [
-                [t, p, pos[(t, p)]] for t, p in pos if (t, p) in self.max_ts
+                [t, p, pos[(t, p)]] for t, p in pos if (t, p) in max_ts
             ]
         env = self.env
         incarnation = env.sink_generation  # the generation, or this start under local recovery
@@ -159,23 +221,16 @@ class TaskCheckpoints(TaskBase):
             )
         self.uploading[checkpoint_id] = future
 
-    def _forget(self, checkpoint_id: int) -> None:
-        logged = self.loop_log.pop(checkpoint_id, None) is not None
-        if logged and checkpoint_id == self.logging_id:
-            self.back_logging.clear()
+    def alignment_done(self, checkpoint_id: int) -> None:
+        """Every input delivered the barrier of ``checkpoint_id``: acked once uploaded."""
+        self.aligned.add(checkpoint_id)
+
+    def forget(self, checkpoint_id: int) -> None:
+        """``checkpoint_id`` was aborted: its upload, handle and alignment are dropped."""
         self.uploading.pop(checkpoint_id, None)
         self.uploaded.pop(checkpoint_id, None)
         self.drained_at.pop(checkpoint_id, None)
         self.aligned.discard(checkpoint_id)
-
-    def alignment_of(self, checkpoint_id: int) -> float:
-        """Seconds this task aligned its inputs for ``checkpoint_id`` (0: none, a source), when
-        it is acked; what older (aborted, stale) checkpoints left is dropped with it."""
-        seconds = self.align_s.get(checkpoint_id, 0.0)
-        for times in (self.align_start, self.align_s):
-            for old in [c for c in times if c <= checkpoint_id]:
-                del times[old]
-        return seconds
 
     def ready_acks(self) -> list[tuple[int, SnapshotHandle]]:
         """Checkpoints whose snapshot is uploaded and whose alignment is done (ack them now).
@@ -210,7 +265,8 @@ class TaskCheckpoints(TaskBase):
     def complete(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` completed: commit the sinks' epochs up to it."""
         self.halted = False
-        for name, writer in self.committers:
+        chain = self.chain
+        for name, writer in chain.committers:
             pending = self.sink_pending[name]
             due = [(c, x) for c, x in pending if c <= checkpoint_id]
             if due:
@@ -220,7 +276,12 @@ class TaskCheckpoints(TaskBase):
                 writer.commit(chk, committable)
                 self.commit_times.append([name, round(time.monotonic() - began, 6)])
             self.sink_pending[name] = [(c, x) for c, x in pending if c > checkpoint_id]
-        for op in self.ops.values():
+        for op in chain.ops.values():
             op.commit(checkpoint_id)
         for chk in [c for c in self.uploaded if c <= checkpoint_id]:
             del self.uploaded[chk]
+
+    def take_commit_times(self) -> list[list[Any]]:
+        """The sinks' commit durations since the last call (metrics)."""
+        commits, self.commit_times = self.commit_times, []
+        return commits

@@ -1,4 +1,20 @@
-"""The task's lifecycle and batch loop: ``open`` (restore, then read), ``step``, ``close``."""
+"""The task: its collaborators, wired in one place, its lifecycle and its batch loop.
+
+:class:`Task` owns, and builds in :meth:`Task.__init__`:
+
+* :class:`~.chain.OperatorChain` (``chain``): the fused operators, output channels, sinks and
+  dead-letter writer, the watermark;
+* :class:`~.checkpoints.SubtaskCheckpoints` (``checkpoints``): snapshot, restore, barrier
+  forwarding, acks, the sinks' two-phase commit;
+* the task's inputs (``inputs``): :class:`~.sources.SourceInputs` for a source task,
+  :class:`~.inputs.ChannelInputs` (the channels, their recovery phases and the barrier aligner)
+  for the others;
+* the reader of its input partitions, which the inputs share with the batch loop.
+
+Each collaborator gets only what it needs: the inputs push into the chain and hand the aligner's
+actions to the checkpoint coordinator; the coordinator works on the chain and on the inputs it is
+given at each call. The task itself only opens, steps, closes and answers the worker.
+"""
 
 from __future__ import annotations
 
@@ -6,23 +22,51 @@ import logging
 import time
 from typing import Any
 
-from processor.checkpoint.aligner import (
-    BarrierAligner,
-)
-from processor.runtime.operators import (
-    MIN_WATERMARK,
-)
-from processor.runtime.task.base import _DROP, _REPLAY, TP
+from processor.compiler import Stage, channel_inputs
+from processor.runtime.channels import Lineage, Loop, TaskEnv
+from processor.runtime.purge import PurgeFloor
+from processor.runtime.task.chain import TP, OperatorChain
+from processor.runtime.task.checkpoints import SubtaskCheckpoints
+from processor.runtime.task.inputs import ChannelInputs
 from processor.runtime.task.sources import SourceInputs
+from processor.snapshot.store import SnapshotHandle
 from processor.wire import (
     GenerationStart,
+    source_partitions_for,
 )
 
 log = logging.getLogger(__name__)
 
 
-class Task(SourceInputs):
+class Task:
     """One subtask of one stage. See :mod:`processor.runtime.task`."""
+
+    def __init__(self, env: TaskEnv, stage: Stage, subtask: int) -> None:
+        self.env = env
+        self.stage = stage
+        self.subtask = subtask
+        self.name = stage.task(subtask)
+        self.plan = env.plan
+        self.generation = env.generation
+        self.is_source = bool(stage.sources)
+        # Local recovery (docs/local-recovery.md): records are pushed one at a time with their
+        # ID in ``lineage``; channel inputs are checked against the chain's replay check, the
+        # IDs this task processed, so the copies a restarted upstream worker re-emits are
+        # dropped. Loops: the iteration count of what is pushed, for a task with a loop channel.
+        lineage = Lineage() if env.recovery == "local" else None
+        loop_edges = [e for e in (*stage.inputs, *stage.outputs) if e.loop]
+        loop = Loop() if loop_edges else None
+        self.chain = OperatorChain(env, stage, subtask, lineage=lineage, loop=loop)
+        self.reader = env.reader_factory(f"eosflow-{self.plan.job}")
+        self.checkpoints = SubtaskCheckpoints(env, self.name, self.chain, is_source=self.is_source)
+        self.inputs: SourceInputs | ChannelInputs
+        if self.is_source:
+            self.inputs = SourceInputs(env, stage, self.name, self.chain, self.reader)
+        else:
+            self.inputs = ChannelInputs(
+                env, stage, self.name, self.chain, self.reader, self.checkpoints
+            )
+        self.batch_size = 500
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -30,73 +74,42 @@ class Task(SourceInputs):
         """Restore ``state`` (``None``: fresh start), announce the generation, start reading."""
         tps = self.input_partitions(source_counts)
         positions: dict[TP, int | None] = dict.fromkeys(tps)
-        seen = self._restore(state, positions)
+        channels = {e.topic for e in self.stage.inputs}
+        seen = self.checkpoints.restore(state, positions, channels, self.inputs)
         # Restarted alone (local recovery) in the generation the other workers still run: every
         # channel record after the restored positions is live, and copies are dropped by ID.
         alone = (
             state is not None
-            and self.lineage is not None
+            and self.chain.lineage is not None
             and state["generation"] == self.generation
         )
-        recovering = state.get("recovering", {}) if state is not None else {}
-        if not self.is_source:
-            self.back = {tp for tp in tps if tp[0] in self.back_topics}
-            for tp in tps:
-                if tp in self.back:  # a loop's watermark comes from its regular inputs only
-                    self.channel_wm.pop(tp, None)
-                else:
-                    self.channel_wm.setdefault(tp, MIN_WATERMARK)
-                if alone:
-                    continue
-                # What the snapshot's channel still had to go through when it was taken (an
-                # unaligned snapshot during an earlier recovery), then this restore's phases.
-                phases = [(int(m), int(b)) for m, b in recovering.get(tp, [])]
-                if state is not None and tp not in seen and positions[tp] is not None:
-                    phases.append((_REPLAY, self.restored_id))
-                phases.append((_DROP, self.generation))
-                self.phases[tp] = phases
-                self.modes[tp] = phases[0][0]
-            self.aligner = BarrierAligner(
-                tps,
-                unaligned=self.env.mode == "unaligned",
-                restored_checkpoint=self._stale(),
-                back_edges=self.back,
-            )
-            self.replaying = {tp for tp in self.back if tp in self.modes}
+        restored_id = self.checkpoints.restored_id
+        if isinstance(self.inputs, ChannelInputs):
+            self.inputs.open(tps, positions, state, seen, alone=alone, restored_id=restored_id)
         else:
-            for tp in tps:
-                self.max_ts.setdefault(tp, MIN_WATERMARK)
-        start = "earliest"
-        if self.is_source:
-            starts = {self.plan.flow.steps[s].params["start"] for s in self.stage.sources}
-            start = "latest" if starts == {"latest"} else "earliest"
-        # A bounded run reads its sources up to the end offsets it had at start, never past
-        # them: what is appended meanwhile is left for the next run (docs/engine.md, "Bounded
-        # runs"), not read after the drain as late records.
-        ends = self.env.end_offsets if self.is_source else None
-        stop_at = {tp: ends[tp] for tp in tps if tp in ends} if ends is not None else None
-        self.reader.open(positions, start=start, stop_at=stop_at)
-        self.pos = {tp: o for tp, o in self.reader.positions().items()}
-        if self.replaying:  # replay the back-edge log before consuming the regular inputs
-            self.held = [tp for tp in tps if tp not in self.back]
-            self.blocked |= set(self.held)  # anything fetched anyway is stashed, not processed
-            self.reader.pause(self.held)
+            self.inputs.open(tps, positions)
         if state is not None:
             self.env.fault("during-recovery")
-        for out in self.outputs:
+        for out in self.chain.outputs:
             out.control(GenerationStart(self.generation))
         log.info(
             "opened task=%s generation=%d restored_checkpoint=%d inputs=%d recovery=%s%s",
-            self.name, self.generation, self.restored_id, len(tps), self.env.recovery,
+            self.name, self.generation, restored_id, len(tps), self.env.recovery,
             f" alone stale_through={self.env.stale_through}" if alone else "",
         )  # fmt: skip
 
     def close(self) -> None:
         self.reader.close()
-        for _name, writer in self.committers:
-            writer.close()
-        for op in self.ops.values():
-            op.close()
+        self.chain.close()
+
+    def input_partitions(self, source_counts: dict[str, int]) -> list[TP]:
+        P, i = self.plan.parallelism, self.subtask
+        steps = self.plan.flow.steps
+        tps: list[TP] = []
+        for name in self.stage.sources:
+            topic = steps[name].params["topic"]
+            tps += [(topic, p) for p in source_partitions_for(i, P, source_counts[topic])]
+        return tps + channel_inputs(self.plan, self.stage, i)
 
     # -- the data path ---------------------------------------------------------------------------
 
@@ -108,10 +121,11 @@ class Task(SourceInputs):
         user function must not starve the other tasks of its worker (or delay a checkpoint
         trigger) with one long batch.
         """
-        if self.halted:
+        checkpoints, chain, inputs = self.checkpoints, self.chain, self.inputs
+        if checkpoints.halted:
             return 0
-        if self.timed:
-            self._processing_time()
+        if chain.timed:
+            chain.processing_time()
         clock = time.perf_counter
         start = clock()
         total = 0
@@ -120,28 +134,113 @@ class Task(SourceInputs):
             msgs = self.reader.poll(size, timeout if total == 0 else 0.0)
             if msgs:
                 began = clock()
-                if self.is_source:
-                    self._source_batch(msgs)
-                else:
-                    self._channel_batch(msgs)
-                    self._resume_pending()
-                self._flush()
-                if self.dead is not None:
-                    self.dead.flush()
+                inputs.read(msgs)
+                chain.flush()
+                if chain.dead is not None:
+                    chain.dead.flush()
                 per_record = (clock() - began) / len(msgs)
                 target = int(budget_s / 4 / per_record) if per_record > 0 else max_records
                 self.batch_size = max(16, min(max_records, target))
                 total += len(msgs)
-            if self.is_source:
-                if not msgs:
-                    # The reader's position also moves over what it never delivers: transaction
-                    # markers and aborted records. Without this a partition that ends in a
-                    # marker (the output of any exactly-once job) never counts as read.
-                    self.pos = self.reader.positions()
-                self._source_watermark()
-                if self.dead is not None:
-                    self.dead.flush()
-            if not msgs or self.halted or clock() - start >= budget_s:
+            if isinstance(inputs, SourceInputs):
+                inputs.polled(msgs)
+            if not msgs or checkpoints.halted or clock() - start >= budget_s:
                 return total
             if limit and total >= limit:
                 return total
+
+    # -- checkpoints (the worker's messages) -----------------------------------------------------
+
+    def trigger(self, checkpoint_id: int, *, aligned: bool = False) -> None:
+        """Source tasks: the coordinator started ``checkpoint_id`` (``aligned``: even in
+        unaligned mode, as the final checkpoint of a run must be)."""
+        self.checkpoints.trigger(checkpoint_id, self.inputs, aligned=aligned)
+
+    def complete(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` completed: commit the sinks' epochs up to it."""
+        self.checkpoints.complete(checkpoint_id)
+
+    def abort(self, checkpoint_id: int, reason: str) -> None:
+        self.checkpoints.halted = False
+        if isinstance(self.inputs, ChannelInputs):
+            self.inputs.abort(checkpoint_id, reason)
+        else:
+            self.checkpoints.forget(checkpoint_id)
+
+    def ready_acks(self) -> list[tuple[int, SnapshotHandle]]:
+        """Checkpoints whose snapshot is uploaded and whose alignment is done (ack them now)."""
+        return self.checkpoints.ready_acks()
+
+    def alignment_of(self, checkpoint_id: int) -> float:
+        """Seconds this task aligned its inputs for ``checkpoint_id`` (0: none, a source)."""
+        if isinstance(self.inputs, ChannelInputs):
+            return self.inputs.alignment_of(checkpoint_id)
+        return 0.0
+
+    @property
+    def declined(self) -> list[tuple[int, str]]:
+        """(checkpoint, reason) to decline to the coordinator; the worker clears it."""
+        return self.checkpoints.declined
+
+    @property
+    def drained_at(self) -> dict[int, list[list[Any]]]:
+        """Checkpoint -> this source task's positions, when its snapshot was drained."""
+        return self.checkpoints.drained_at
+
+    @property
+    def purge_floor(self) -> PurgeFloor:
+        """The channel positions of this task's snapshots (:mod:`processor.runtime.purge`)."""
+        return self.checkpoints.purge_floor
+
+    @property
+    def loop_log(self) -> dict[int, int]:
+        """Checkpoint -> back-edge records logged (a loop head's; empty otherwise)."""
+        if isinstance(self.inputs, ChannelInputs):
+            return self.inputs.loop_log
+        return {}
+
+    @property
+    def drained(self) -> bool:
+        """A source task read its inputs up to the end offsets of a bounded run."""
+        return isinstance(self.inputs, SourceInputs) and self.inputs.drained
+
+    @property
+    def watermark(self) -> int:
+        return self.chain.watermark
+
+    # -- reporting -------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        inputs = self.inputs
+        counts = self.chain.counts()
+        channels = inputs if isinstance(inputs, ChannelInputs) else None
+        return {
+            "in": inputs.records_in,
+            "out": counts["out"],
+            "sunk": counts["sunk"],
+            "bad": inputs.bad_records if isinstance(inputs, SourceInputs) else 0,
+            "dead": counts["dead"],
+            "late": counts["late"],
+            "dups": counts["dups"],
+            "stale": channels.stale_dropped if channels is not None else 0,
+            "replayed": counts["replayed"],
+            "loop_limit": channels.loop_exhausted if channels is not None else 0,
+            "lag": inputs.lag() if isinstance(inputs, SourceInputs) else 0,
+            "watermark": self.chain.watermark,
+            **self._metrics(),
+        }
+
+    def _metrics(self) -> dict[str, Any]:
+        """What only the metrics and the job page read (docs/observability.md): per step,
+        per partition, per sink, and the dedup steps' store traffic."""
+        chain = self.chain.metrics()
+        return {
+            "steps": chain["steps"],
+            "sinks": chain["sinks"],
+            "parts": [[t, p, n] for (t, p), n in self.reader.cached_lag().items()],
+            "lookups": chain["lookups"],
+            "round_trips": chain["round_trips"],
+            "commits": self.checkpoints.take_commit_times(),
+            "headroom": chain["headroom"],
+            "dead_recent": chain["dead_recent"],
+        }

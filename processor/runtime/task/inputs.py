@@ -21,9 +21,15 @@ Local recovery (docs/local-recovery.md): channel records carry their IDs; the on
 processed already are dropped by :class:`~processor.runtime.dedup_step.ReplayCheck`, the others
 pushed one at a time with their ID as lineage.
 
+:class:`ChannelInputs` owns all of this state (positions, recovery phases, the barrier aligner,
+paused channels and their stash, the loop's back-edge log, alignment times); it pushes records
+into the task's :class:`~.chain.OperatorChain` and hands the aligner's snapshot, barrier and
+abort actions to the task's checkpoint coordinator (a :class:`Barriers`).
+
 Invariants:
-    Records of a paused channel that were fetched anyway are stashed, never processed early, and
-    replayed in order on resume.
+    ``pos[tp]`` is the offset after the last record of ``tp`` that went through the operators
+    (or was deliberately dropped). Records of a paused channel that were fetched anyway are
+    stashed, never processed early, and replayed in order on resume.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -40,20 +46,23 @@ from processor.checkpoint.aligner import (
     AbortCheckpoint,
     Action,
     AlignmentDone,
+    BarrierAligner,
     ForwardBarrier,
     Pause,
     Resume,
     TakeSnapshot,
 )
-from processor.contracts import Message
+from processor.compiler import Stage
+from processor.contracts import Message, Reader
 from processor.errors import EosflowError, IterationLimitError
+from processor.runtime.channels import TaskEnv
 from processor.runtime.dead_letters import channel_origins
 from processor.runtime.operators import (
     MIN_WATERMARK,
     Record,
 )
-from processor.runtime.task.base import _DROP, _REPLAY, TP
-from processor.runtime.task.checkpoints import TaskCheckpoints
+from processor.runtime.task.chain import TP, OperatorChain
+from processor.runtime.task.checkpoints import InputState
 from processor.wire import (
     Barrier,
     EndOfStream,
@@ -64,18 +73,181 @@ from processor.wire import (
 
 log = logging.getLogger(__name__)
 
+#: Recovery modes of a restored channel input.
+_REPLAY, _DROP = 1, 2
 
-class ChannelInputs(TaskCheckpoints):
-    """How a task reads its channel inputs and acts on their control records."""
+
+class Barriers(Protocol):
+    """What the channel inputs hand to the checkpoint coordinator: the aligner's actions."""
+
+    def snapshot(self, checkpoint_id: int, inputs: InputState) -> None: ...
+    def forward_barrier(self, checkpoint_id: int) -> None: ...
+    def note_barrier(self, checkpoint_id: int, unaligned: bool) -> None: ...
+    def alignment_done(self, checkpoint_id: int) -> None: ...
+    def forget(self, checkpoint_id: int) -> None: ...
+    def stale(self) -> int: ...
+
+
+class ChannelInputs:
+    """How a task reads its channel inputs and acts on their control records (Flink's input
+    gates and ``CheckpointBarrierHandler`` of one task)."""
+
+    def __init__(
+        self,
+        env: TaskEnv,
+        stage: Stage,
+        name: str,
+        chain: OperatorChain,
+        reader: Reader,
+        checkpoints: Barriers,
+    ) -> None:
+        self.env = env
+        self.name = name
+        self.generation = env.generation
+        self.chain = chain
+        self.reader = reader
+        self._checkpoints = checkpoints
+        self.loop_topics = {e.topic for e in stage.inputs if e.loop}
+        steps = env.plan.flow.steps
+        self.back_topics: dict[str, int | None] = {
+            e.topic: steps[e.dst_step].params["max_iterations"] for e in stage.inputs if e.back
+        }
+        self.back: set[TP] = set()  # back-edge input partitions
+        self.back_logging: set[TP] = set()  # back-edges whose barrier has not come around yet
+        self.loop_log: dict[int, int] = {}  # checkpoint -> back-edge records logged
+        self.logging_id = 0
+        # Back-edges not live yet (replaying the restored log, then dropping the failed
+        # generation's records until this generation's marker), and the regular inputs held
+        # until every back-edge is live: a snapshot taken before would record a back-edge
+        # position inside a dead generation's records, which a restore would replay.
+        self.replaying: set[TP] = set()
+        self.held: list[TP] = []
+        self.log_replayed = 0
+        self.loop_exhausted = 0
+        self.records_in = 0
+        self.stale_dropped = 0
+        self.pos: dict[TP, int] = {}
+        self.modes: dict[TP, int] = {}  # a recovering channel's current mode (fast to test)
+        # ... and the phases it still has to go through, the current one first: (_REPLAY,
+        # checkpoint whose barrier ends it) or (_DROP, generation whose marker ends it).
+        self.phases: dict[TP, list[tuple[int, int]]] = {}
+        self.blocked: set[TP] = set()
+        self.stash: dict[TP, list[Message]] = {}
+        self.to_resume: set[TP] = set()
+        self.channel_wm: dict[TP, int] = {}
+        #: a source's event-time progress: only what a restored snapshot had, kept as it was
+        self.max_ts: dict[TP, int] = {}
+        self.aligner: BarrierAligner | None = None
+        self.barrier_seen: dict[int, set[TP]] = {}
+        # metrics: when a checkpoint's first barrier came, how long its alignment took (s)
+        self.align_start: dict[int, float] = {}
+        self.align_s: dict[int, float] = {}
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def open(
+        self,
+        tps: list[TP],
+        positions: dict[TP, int | None],
+        state: dict[str, Any] | None,
+        seen: set[TP],
+        *,
+        alone: bool,
+        restored_id: int,
+    ) -> None:
+        """Sets each restored channel's recovery phases, the aligner, and starts reading at
+        ``positions`` (``alone``: restarted alone, every record after them is live)."""
+        recovering = state.get("recovering", {}) if state is not None else {}
+        self.back = {tp for tp in tps if tp[0] in self.back_topics}
+        for tp in tps:
+            if tp in self.back:  # a loop's watermark comes from its regular inputs only
+                self.channel_wm.pop(tp, None)
+            else:
+                self.channel_wm.setdefault(tp, MIN_WATERMARK)
+            if alone:
+                continue
+            # What the snapshot's channel still had to go through when it was taken (an
+            # unaligned snapshot during an earlier recovery), then this restore's phases.
+            phases = [(int(m), int(b)) for m, b in recovering.get(tp, [])]
+            if state is not None and tp not in seen and positions[tp] is not None:
+                phases.append((_REPLAY, restored_id))
+            phases.append((_DROP, self.generation))
+            self.phases[tp] = phases
+            self.modes[tp] = phases[0][0]
+        self.aligner = BarrierAligner(
+            tps,
+            unaligned=self.env.mode == "unaligned",
+            restored_checkpoint=self._checkpoints.stale(),
+            back_edges=self.back,
+        )
+        self.replaying = {tp for tp in self.back if tp in self.modes}
+        self.reader.open(positions, start="earliest", stop_at=None)
+        self.pos = {tp: o for tp, o in self.reader.positions().items()}
+        if self.replaying:  # replay the back-edge log before consuming the regular inputs
+            self.held = [tp for tp in tps if tp not in self.back]
+            self.blocked |= set(self.held)  # anything fetched anyway is stashed, not processed
+            self.reader.pause(self.held)
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.channel_wm = dict(state["channel_wm"])
+        self.max_ts = dict(state["max_ts"])
+
+    def read(self, msgs: list[Message]) -> None:
+        """Processes a polled batch, then resumes the channels its barriers let go."""
+        self._channel_batch(msgs)
+        self._resume_pending()
+
+    # -- checkpoints -----------------------------------------------------------------------------
+
+    def snapshot(self, checkpoint_id: int) -> dict[str, Any]:
+        """The channels' part of the snapshot of ``checkpoint_id`` (see :class:`InputState`);
+        a loop head starts logging its back-edges until the barrier comes around."""
+        seen = self.barrier_seen.pop(checkpoint_id, set())
+        for old in [c for c in self.barrier_seen if c < checkpoint_id]:
+            del self.barrier_seen[old]
+        if self.back:  # Algorithm 2: log the back-edges until the barrier comes around
+            self.back_logging.clear()
+            self.back_logging |= self.back - seen
+            self.logging_id = checkpoint_id
+            self.loop_log[checkpoint_id] = 0
+        if self.modes:
+            log.info(
+                "snapshot with recovering channels task=%s checkpoint_id=%d channels=%d",
+                self.name, checkpoint_id, len(self.modes),
+            )  # fmt: skip
+        return {
+            "barrier_seen": sorted(seen),
+            "channel_wm": dict(self.channel_wm),
+            "max_ts": dict(self.max_ts),
+            "recovering": {tp: [list(ph) for ph in self.phases[tp]] for tp in self.modes},
+        }
+
+    def forget(self, checkpoint_id: int) -> None:
+        """``checkpoint_id`` was aborted: its back-edge log, then the coordinator's part."""
+        logged = self.loop_log.pop(checkpoint_id, None) is not None
+        if logged and checkpoint_id == self.logging_id:
+            self.back_logging.clear()
+        self._checkpoints.forget(checkpoint_id)
+
+    def alignment_of(self, checkpoint_id: int) -> float:
+        """Seconds this task aligned its inputs for ``checkpoint_id`` (0: none), when it is
+        acked; what older (aborted, stale) checkpoints left is dropped with it."""
+        seconds = self.align_s.get(checkpoint_id, 0.0)
+        for times in (self.align_start, self.align_s):
+            for old in [c for c in times if c <= checkpoint_id]:
+                del times[old]
+        return seconds
+
+    # -- the data path ---------------------------------------------------------------------------
 
     def _channel_batch(self, msgs: list[Message]) -> None:
-        if self.replay is not None:
+        if self.chain.replay is not None:
             self._channel_batch_ids(msgs)
             return
-        if self.loop is not None:
+        if self.chain.loop is not None:
             self._loop_batch(msgs)
             return
-        entry, pos, modes, blocked = self.entry, self.pos, self.modes, self.blocked
+        entry, pos, modes, blocked = self.chain.entry, self.pos, self.modes, self.blocked
         buckets: dict[str, list[Record]] = {}
         loads = orjson.loads
         n = 0
@@ -110,13 +282,13 @@ class ChannelInputs(TaskCheckpoints):
                     self.stale_dropped += 1
                     continue
                 k, v, t = loads(m.value())  # type: ignore[arg-type]
-                self._origins = lambda _i, m=m: m
-                self._push(entry[topic], [(tuple(k) if type(k) is list else k, v, t)], True)
+                self.chain.origins = lambda _i, m=m: m
+                self.chain.push(entry[topic], [(tuple(k) if type(k) is list else k, v, t)], True)
                 n += 1
             else:
                 self._control(tp, ctl, mode)
         self._drain(buckets, msgs, after, None)
-        self._origins = None
+        self.chain.origins = None
         self.records_in += n
 
     def _channel_batch_ids(self, msgs: list[Message]) -> None:
@@ -208,41 +380,42 @@ class ChannelInputs(TaskCheckpoints):
     ) -> None:
         if key is None or not run:
             return
-        assert self.loop is not None
-        self.loop.iteration = key[1]
-        self._origins = msgs.__getitem__
-        self._push(self.entry[key[0]], run, True)
-        self._origins = None
+        loop = self.chain.loop
+        assert loop is not None
+        loop.iteration = key[1]
+        self.chain.origins = msgs.__getitem__
+        self.chain.push(self.chain.entry[key[0]], run, True)
+        self.chain.origins = None
 
     def _iteration_limit(self, m: Message, record: Record, limit: int) -> None:
         """A record came around the loop more than ``max_iterations`` times: dropped from the
         loop, counted and logged, and a dead letter when the dataflow has a destination."""
         self.loop_exhausted += 1
-        head = self.entry[m.topic()].name
-        if self.dead is not None:
+        head = self.chain.entry[m.topic()].name
+        if self.chain.dead is not None:
             exc = IterationLimitError(f"went around loop {head!r} more than {limit} times")
-            self.dead.function_failed(head, record, exc, m)
+            self.chain.dead.function_failed(head, record, exc, m)
         if self.loop_exhausted <= 20 or self.loop_exhausted % 10_000 == 0:
             log.warning(
                 "record dropped from loop %r after max_iterations=%d task=%s count=%d%s",
                 head, limit, self.name, self.loop_exhausted,
-                " (dead letter)" if self.dead is not None else "",
+                " (dead letter)" if self.chain.dead is not None else "",
             )  # fmt: skip
 
     def _deliver(self, held: list[tuple[Message, Record, int]]) -> int:
         """Pushes the records of ``held`` whose IDs are new to this task, each on its own."""
         if not held:
             return 0
-        replay, lineage, entry = self.replay, self.lineage, self.entry
+        replay, lineage, entry = self.chain.replay, self.chain.lineage, self.chain.entry
         assert replay is not None and lineage is not None
         fresh = replay.check([rid for _m, _r, rid in held], [r[2] for _m, r, _rid in held])
-        self._origins = self._pushing
+        self.chain.origins = self.chain.pushing
         for (m, record, rid), new in zip(held, fresh, strict=True):
             if new:
                 lineage.set(rid)
-                self._message = m
-                self._push(entry[m.topic()], [record], True)
-        self._origins = None
+                self.chain.message = m
+                self.chain.push(entry[m.topic()], [record], True)
+        self.chain.origins = None
         return len(held)
 
     def _drain(
@@ -255,8 +428,10 @@ class ChannelInputs(TaskCheckpoints):
         """Pushes the buckets, filled from the messages between ``after`` and ``until``."""
         for topic, batch in buckets.items():
             if batch:
-                self._origins = channel_origins(msgs, after, until, topic, self.blocked, self.modes)
-                self._push(self.entry[topic], batch, True)
+                self.chain.origins = channel_origins(
+                    msgs, after, until, topic, self.blocked, self.modes
+                )
+                self.chain.push(self.chain.entry[topic], batch, True)
         buckets.clear()
 
     def _control(self, tp: TP, ctl: Any, mode: int | None) -> None:
@@ -285,7 +460,7 @@ class ChannelInputs(TaskCheckpoints):
             if ctl.checkpoint_id not in self.barrier_seen:
                 self.align_start[ctl.checkpoint_id] = time.monotonic()
             self.barrier_seen.setdefault(ctl.checkpoint_id, set()).add(tp)
-            self.barrier_unaligned.setdefault(ctl.checkpoint_id, ctl.unaligned)
+            self._checkpoints.note_barrier(ctl.checkpoint_id, ctl.unaligned)
             assert self.aligner is not None
             actions = self.aligner.on_barrier(tp, ctl.checkpoint_id, unaligned=ctl.unaligned)
             self._actions(actions)
@@ -295,7 +470,7 @@ class ChannelInputs(TaskCheckpoints):
             if tp in self.back:
                 return  # feedback of this task's own output: waiting for it would stall
             self.channel_wm[tp] = max(self.channel_wm.get(tp, MIN_WATERMARK), ctl.ts_ms)
-            self._advance_watermark(min(self.channel_wm.values()))
+            self.chain.advance_watermark(min(self.channel_wm.values()))
         elif isinstance(ctl, EndOfStream):
             assert self.aligner is not None
             self._actions(self.aligner.on_end_of_stream(tp))
@@ -337,16 +512,16 @@ class ChannelInputs(TaskCheckpoints):
             elif isinstance(action, Resume):
                 self.to_resume |= set(action.channels)  # type: ignore[arg-type]
             elif isinstance(action, TakeSnapshot):
-                self._snapshot(action.checkpoint_id)
+                self._checkpoints.snapshot(action.checkpoint_id, self)
             elif isinstance(action, ForwardBarrier):
-                self._forward_barrier(action.checkpoint_id)
+                self._checkpoints.forward_barrier(action.checkpoint_id)
             elif isinstance(action, AlignmentDone):
-                self.aligned.add(action.checkpoint_id)
+                self._checkpoints.alignment_done(action.checkpoint_id)
                 began = self.align_start.pop(action.checkpoint_id, None)
                 if began is not None:
                     self.align_s[action.checkpoint_id] = time.monotonic() - began
             elif isinstance(action, AbortCheckpoint):
-                self._forget(action.checkpoint_id)
+                self.forget(action.checkpoint_id)
 
     def _resume_pending(self) -> None:
         """Unblock channels once the batch that paused them is done; replay their stash first."""
@@ -362,8 +537,8 @@ class ChannelInputs(TaskCheckpoints):
                 self.reader.resume(live)
 
     def abort(self, checkpoint_id: int, reason: str) -> None:
-        self.halted = False
+        """The coordinator aborted ``checkpoint_id``: the aligner lets go of it."""
         if self.aligner is not None:
             self._actions(self.aligner.on_abort(checkpoint_id, reason))
             self._resume_pending()
-        self._forget(checkpoint_id)
+        self.forget(checkpoint_id)

@@ -3,22 +3,37 @@
 Source tasks read input partitions ``p % P == i`` (:func:`processor.wire.source_partitions_for`);
 the records that fail to decode, or whose ``timestamp`` function raises, are dead letters with
 the cause, or (without a dead-letter destination) counted and logged, never dropped silently.
+
+:class:`SourceInputs` owns the decoding of each source topic, the positions read, the event-time
+progress of each partition (``max_ts``) and whether the inputs are drained (a bounded run at its
+end offsets); it pushes records into the task's :class:`~.chain.OperatorChain` and advances the
+chain's watermark.
+
+Invariants:
+    ``pos`` is the reader's position after each batch (it also moves over what the reader never
+    delivers: transaction markers, aborted records). The source watermark is the minimum of
+    ``max_ts`` (minus the out-of-orderness allowed), except for caught-up quiet tables.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from dedup.ids import source_id
-from processor.contracts import Message
+from processor.compiler import Stage
+from processor.contracts import Message, Reader
 from processor.errors import DeserializationError
+from processor.runtime.channels import TaskEnv
 from processor.runtime.dead_letters import source_origins
+from processor.runtime.joins import joined_as_table_only
 from processor.runtime.operators import (
     MAX_WATERMARK,
+    MIN_WATERMARK,
     Record,
 )
-from processor.runtime.task.inputs import ChannelInputs
+from processor.runtime.task.chain import TP, OperatorChain
 
 log = logging.getLogger(__name__)
 
@@ -27,14 +42,107 @@ _WATERMARK_EVERY_S = 0.2
 _SKIPPABLE = (DeserializationError, KeyError, TypeError, ValueError)
 
 
-class SourceInputs(ChannelInputs):
+class SourceInputs:
     """How a source task reads, decodes and timestamps its input partitions."""
+
+    def __init__(
+        self, env: TaskEnv, stage: Stage, name: str, chain: OperatorChain, reader: Reader
+    ) -> None:
+        self.env = env
+        self.stage = stage
+        self.name = name
+        self.chain = chain
+        self.reader = reader
+        self.records_in = 0
+        self.bad_records = 0
+        self.pos: dict[TP, int] = {}
+        self.max_ts: dict[TP, int] = {}
+        #: the channels' watermarks: only what a restored snapshot had, kept as it was
+        self.channel_wm: dict[TP, int] = {}
+        self.drained = False
+        self._last_wm_emit = 0.0
+        steps = env.plan.flow.steps
+        # topic -> (the value serde's ``deserialize`` or None, timestamp function, lag, message
+        # key decoder or None)
+        self.source_params: dict[str, tuple[Any, Any, int, Any]] = {}
+        self.table_topics: set[str] = set()  # sources read as tables (Dataflow.table)
+        #: the tables that only feed temporal joins' table side: caught up, they leave the
+        #: watermark (runtime.joins.joined_as_table_only)
+        self.quiet_tables: set[str] = set()
+        for source in stage.sources:
+            p = steps[source].params
+            decode = p["serde"].deserialize if p["serde"] is not None else None
+            if p.get("table"):  # a tombstone (null value) deletes the row: not decoded
+                decode = _table_decode(decode)
+                self.table_topics.add(p["topic"])
+                if joined_as_table_only(steps, source):  # may leave the watermark when quiet
+                    self.quiet_tables.add(p["topic"])
+            self.source_params[p["topic"]] = (
+                decode,
+                p["timestamp"],
+                p["max_out_of_orderness_ms"],
+                message_key_decoder(source, p["key_serde"]) if p.get("keyed") else None,
+            )
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def open(self, tps: list[TP], positions: dict[TP, int | None]) -> None:
+        """Starts reading at ``positions`` (where the source's ``start`` says when none)."""
+        for tp in tps:
+            self.max_ts.setdefault(tp, MIN_WATERMARK)
+        steps = self.env.plan.flow.steps
+        starts = {steps[s].params["start"] for s in self.stage.sources}
+        start = "latest" if starts == {"latest"} else "earliest"
+        # A bounded run reads its sources up to the end offsets it had at start, never past
+        # them: what is appended meanwhile is left for the next run (docs/engine.md, "Bounded
+        # runs"), not read after the drain as late records.
+        ends = self.env.end_offsets
+        stop_at = {tp: ends[tp] for tp in tps if tp in ends} if ends is not None else None
+        self.reader.open(positions, start=start, stop_at=stop_at)
+        self.pos = {tp: o for tp, o in self.reader.positions().items()}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.channel_wm = dict(state["channel_wm"])
+        self.max_ts = dict(state["max_ts"])
+
+    def read(self, msgs: list[Message]) -> None:
+        """Decodes, timestamps and pushes a polled batch."""
+        self._source_batch(msgs)
+
+    def polled(self, msgs: list[Message]) -> None:
+        """After each poll (``msgs``, maybe none): positions, the source watermark."""
+        if not msgs:
+            # The reader's position also moves over what it never delivers: transaction
+            # markers and aborted records. Without this a partition that ends in a
+            # marker (the output of any exactly-once job) never counts as read.
+            self.pos = self.reader.positions()
+        self._source_watermark()
+        if self.chain.dead is not None:
+            self.chain.dead.flush()
+
+    def snapshot(self, checkpoint_id: int) -> dict[str, Any]:
+        """The sources' part of the snapshot (see :class:`~.checkpoints.InputState`)."""
+        return {
+            "barrier_seen": [],
+            "channel_wm": dict(self.channel_wm),
+            "max_ts": dict(self.max_ts),
+            "recovering": {},
+        }
+
+    def lag(self) -> int:
+        """Records between the positions and the end offsets of a bounded run (0: unbounded)."""
+        ends = self.env.end_offsets
+        if ends is None:
+            return 0
+        return sum(max(0, ends.get(tp, 0) - o) for tp, o in self.pos.items())
+
+    # -- the data path ---------------------------------------------------------------------------
 
     def _source_batch(self, msgs: list[Message]) -> None:
         params = self.source_params
         by_topic: dict[str, list[Record]] = {}
         single: list[tuple[Message, Record]] = []  # local recovery: pushed one at a time
-        lineage = self.lineage
+        lineage = self.chain.lineage
         max_ts = self.max_ts
         tables = self.table_topics
         failed: set[int] = set()  # id() of the messages that did not enter the operators
@@ -53,10 +161,10 @@ class SourceInputs(ChannelInputs):
             except Exception as exc:
                 if isinstance(exc, DeserializationError):
                     exc = exc.located(topic, m.partition(), m.offset())
-                if self.dead is None and not isinstance(exc, _SKIPPABLE):
+                if self.chain.dead is None and not isinstance(exc, _SKIPPABLE):
                     raise
                 failed.add(id(m))
-                self.entry[topic].n_in += 1  # read, and not emitted (metrics)
+                self.chain.entry[topic].n_in += 1  # read, and not emitted (metrics)
                 self._bad_record(m, exc)
                 continue
             tp = (topic, m.partition())
@@ -71,31 +179,31 @@ class SourceInputs(ChannelInputs):
             batch.append((key, value, ts))
         self.records_in += len(msgs)
         for topic, batch in by_topic.items():
-            self._origins = source_origins(msgs, topic, failed)
-            source = self.entry[topic]
+            self.chain.origins = source_origins(msgs, topic, failed)
+            source = self.chain.entry[topic]
             source.n_in += len(batch)
             source.n_out += len(batch)
             for child in source.children:
-                self._push(child, batch, True)
+                self.chain.push(child, batch, True)
         if single:
             assert lineage is not None
-            self._origins = self._pushing
+            self.chain.origins = self.chain.pushing
         for m, record in single:
             topic = m.topic()
             lineage.set(source_id(topic, m.partition(), m.offset()))  # type: ignore[union-attr]
-            self._message = m
-            source = self.entry[topic]
+            self.chain.message = m
+            source = self.chain.entry[topic]
             source.n_in += 1
             source.n_out += 1
             for child in source.children:
-                self._push(child, [record], True)
-        self._origins = None
+                self.chain.push(child, [record], True)
+        self.chain.origins = None
         self.pos = self.reader.positions()
 
     def _bad_record(self, m: Message, exc: Exception) -> None:
         """A source record that did not decode, or whose ``timestamp`` function raised."""
         topic: Any = m.topic()
-        if self.dead is not None:
+        if self.chain.dead is not None:
             decode = self.source_params[topic][0]
             value: Any = m.value()
             decoded = not isinstance(exc, DeserializationError)
@@ -104,7 +212,9 @@ class SourceInputs(ChannelInputs):
                     value = decode(value)
                 except Exception:
                     decoded = False
-            self.dead.source_record(self.entry[topic].name, m, exc, value, decoded=decoded)
+            self.chain.dead.source_record(
+                self.chain.entry[topic].name, m, exc, value, decoded=decoded
+            )
             return
         # No dead-letter destination: counted and logged with its location, never dropped
         # silently and never a crash loop.
@@ -125,7 +235,7 @@ class SourceInputs(ChannelInputs):
         ):
             self.drained = True  # at the end: the runner takes the final checkpoint
             if self.env.drain:
-                self._advance_watermark(MAX_WATERMARK)
+                self.chain.advance_watermark(MAX_WATERMARK)
                 return
             # --no-drain: the watermark the data put, now, not at the next tick: what the
             # input closed fires in this run (the final checkpoint follows).
@@ -135,7 +245,7 @@ class SourceInputs(ChannelInputs):
             return
         self._last_wm_emit = now
         if not self.quiet_tables:
-            self._advance_watermark(min(self.max_ts.values()))
+            self.chain.advance_watermark(min(self.max_ts.values()))
             return
         # A table's partition that caught up with its end does not hold the watermark back:
         # tables are often quiet for hours (docs/engine.md, "Joins"). While a table loads, the
@@ -146,4 +256,48 @@ class SourceInputs(ChannelInputs):
             for tp, ts in self.max_ts.items()
             if tp[0] not in self.quiet_tables or lag.get(tp, 1) > 0
         ]
-        self._advance_watermark(min(live) if live else MAX_WATERMARK - 1)
+        self.chain.advance_watermark(min(live) if live else MAX_WATERMARK - 1)
+
+
+def _table_decode(decode: Callable[[Any], Any] | None) -> Callable[[Any], Any]:
+    """A table's row decoder: a tombstone (null value) stays ``None``."""
+
+    def row(data: Any) -> Any:
+        return None if data is None else data if decode is None else decode(data)
+
+    return row
+
+
+def message_key_decoder(step: str, serde: Any) -> Callable[[Message], Any]:
+    """The key of a keyed source's record: its message key, decoded by ``serde`` (default
+    UTF-8 text). A record without a key is a bad record: it cannot be given to a key's state.
+    """
+    decode = serde.deserialize if serde is not None else _utf8
+
+    def key_of(m: Message) -> Any:
+        raw = m.key()
+        if raw is not None:
+            try:
+                return decode(raw)  # the bytes only: the place is added on failure
+            except DeserializationError as exc:
+                where: Any = (m.topic(), m.partition(), m.offset())
+                raise exc.located(*where) from exc.__cause__
+        raise DeserializationError(
+            f"source {step!r} is keyed by the message key (keyed=True) and this record has no "
+            "key; produce it with a key, or read the topic unkeyed and key_by(...) a field of "
+            "the value",
+            topic=m.topic(), partition=m.partition(), offset=m.offset(), serde="key",
+        )  # fmt: skip
+
+    return key_of
+
+
+def _utf8(data: bytes) -> str:
+    try:
+        return str(data, "utf-8")
+    except UnicodeDecodeError as exc:
+        raise DeserializationError(
+            f"message key is not UTF-8 text ({exc}); give the keyed source a key_serde",
+            serde="key",
+            data=data,
+        ) from exc

@@ -1,0 +1,433 @@
+"""What :class:`JobAdmin` does: reads and changes jobs' status files, snapshot stores, internal
+topics, Kafka sinks' transactional ids and Redis keys (see :mod:`processor.admin`)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from processor.admin.values import (
+    FencedSink,
+    JobStatus,
+    JobSummary,
+    PendingEpoch,
+    ResetPlan,
+    ResetResult,
+    Savepoint,
+    SinkTransactions,
+    TransactionalSinks,
+    WorkerStatus,
+)
+from processor.errors import JobNotFoundError, JobRunningError
+from processor.runtime.job import default_snapshot_url, job_dir, jobs_dir
+from processor.snapshot.lease import JobLease
+from processor.snapshot.store import SnapshotStore
+from processor.wire import job_topic_prefix
+
+if TYPE_CHECKING:
+    from connectors import KafkaSettings
+
+__all__ = ["JobAdmin", "pid_alive"]
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs on this host (a zombie, killed but not reaped yet, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc (macOS): kill(0) is all there is
+    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+
+
+class JobAdmin:
+    """Administration of the jobs recorded under a state directory.
+
+    Args:
+        state_dir: the state directory (default: ``$EOSFLOW_STATE_DIR``, else eosflow's).
+        kafka: the broker of the jobs' internal topics and Kafka sinks (default:
+            ``KafkaSettings.from_env()`` at each call).
+        redis_url: the Redis of their dedup and record IDs (default: ``$EOSFLOW_REDIS_URL`` at
+            each call; none: nothing to delete there).
+
+    A job's snapshot store is the URL its last run recorded in its status, else the default
+    under its directory; the methods that take ``snapshot_url`` use that one instead.
+    """
+
+    def __init__(
+        self,
+        state_dir: str | Path | None = None,
+        *,
+        kafka: KafkaSettings | None = None,
+        redis_url: str | None = None,
+    ) -> None:
+        self._state = str(state_dir) if state_dir is not None else None
+        self._kafka = kafka
+        self._redis_url = redis_url
+
+    @property
+    def jobs_dir(self) -> Path:
+        """Where jobs keep status, worker logs and (by default) checkpoints."""
+        return jobs_dir(self._state)
+
+    def snapshot_url(self, job: str, snapshot_url: str | None = None) -> str:
+        """``snapshot_url``, else the store ``job`` last ran with, else its default."""
+        st = _read_status(job_dir(job, self._state) / "status.json") or {}
+        return snapshot_url or st.get("snapshot_url") or default_snapshot_url(job, self._state)
+
+    def store(self, job: str, snapshot_url: str | None = None) -> SnapshotStore:
+        """The job's snapshot store (see :meth:`snapshot_url`)."""
+        return SnapshotStore(self.snapshot_url(job, snapshot_url))
+
+    @contextlib.contextmanager
+    def holding(self, job: str, snapshot_url: str | None = None) -> Iterator[SnapshotStore]:
+        """Holds ``job``'s lease (the job cannot start meanwhile) and yields its snapshot store.
+
+        Raises:
+            JobRunningError: the job is running; the message names its runner.
+        """
+        store = self.store(job, snapshot_url)
+        lease = JobLease(store, job)
+        lease.acquire()
+        try:
+            yield store
+        finally:
+            lease.release()
+
+    def status(self, job: str | None = None) -> JobStatus:
+        """``job``'s status, or the most recently updated job's.
+
+        Raises:
+            JobNotFoundError: no job is recorded, or ``job`` has no status.
+        """
+        base = self.jobs_dir
+        if job:
+            path = base / job / "status.json"
+        else:
+            found = sorted(base.glob("*/status.json"), key=lambda p: p.stat().st_mtime)
+            if not found:
+                raise JobNotFoundError(f"no jobs recorded under {base}")
+            path = found[-1]
+        st = _read_status(path)
+        if st is None:
+            raise JobNotFoundError(f"no status for job {job!r} (looked for {path})")
+        alive = _alive(st)
+        for w in st["workers"]:
+            w["state"] = _worker_state(w, alive)
+        workers = tuple(
+            WorkerStatus(w["worker"], w.get("pid"), w.get("host"), w["state"])
+            for w in st["workers"]
+        )
+        return JobStatus(st["job"], st["state"], alive, st["updated_ms"], workers, path, st)
+
+    def list_jobs(self) -> list[JobSummary]:
+        """Every job recorded under the state directory, by name: state, last checkpoint."""
+        rows = []
+        for directory in sorted(p for p in self.jobs_dir.glob("*") if p.is_dir()):
+            st = _read_status(directory / "status.json") or {}
+            job = directory.name
+            url = st.get("snapshot_url") or default_snapshot_url(job, self._state)
+            latest = SnapshotStore(url).latest_completed(job)
+            if not st:
+                state = "never ran"
+            elif _alive(st):
+                state = "running"
+            else:
+                state = st["state"] if st["state"] != "running" else "died"
+            # a bounded run drained its watermark: the job takes no new input (runtime.drain)
+            drained = latest is not None and latest.metadata.get("drained") is not None
+            rows.append(
+                JobSummary(
+                    job=job,
+                    state=state,
+                    snapshot_url=url,
+                    last_checkpoint=None if latest is None else latest.checkpoint_id,
+                    last_checkpoint_ms=None if latest is None else latest.created_ms,
+                    drained=drained,
+                    records_out=st["records_out"] if st else None,
+                    runner_pid=st.get("pid"),
+                )
+            )
+        return rows
+
+    def savepoint(
+        self,
+        job: str,
+        *,
+        stop: bool = False,
+        path: str | None = None,
+        timeout: float = 300.0,
+        snapshot_url: str | None = None,
+    ) -> Savepoint:
+        """A running job's savepoint (an aligned checkpoint it takes now; ``stop``: it stops
+        after it), or a stopped job's newest completed checkpoint, copied where retention keeps
+        it (``path``, default ``<snapshot store>/_savepoints/<job>/``).
+
+        Raises:
+            JobNotFoundError: the job is stopped and has no completed checkpoint.
+            ConfigError: the checkpoint is unaligned, or the running job answered with an error
+                or not within ``timeout`` seconds.
+        """
+        try:
+            return self.copy_checkpoint(job, path=path, snapshot_url=snapshot_url)
+        except JobRunningError:
+            return self.request_savepoint(
+                job, stop=stop, path=path, timeout=timeout, snapshot_url=snapshot_url
+            )
+
+    def copy_checkpoint(
+        self, job: str, *, path: str | None = None, snapshot_url: str | None = None
+    ) -> Savepoint:
+        """The stopped job's newest completed checkpoint, copied as a savepoint.
+
+        Raises:
+            JobRunningError: the job is running (see :meth:`request_savepoint`).
+            JobNotFoundError: it has no completed checkpoint.
+            ConfigError: that checkpoint is unaligned.
+        """
+        from processor.runtime.savepoints import write_savepoint
+
+        url = self.snapshot_url(job, snapshot_url)
+        with self.holding(job, url) as store:  # stopped: nothing can change its checkpoints
+            latest = store.latest_completed(job)
+            if latest is None:
+                raise JobNotFoundError(f"job {job!r} has no completed checkpoint in {url}")
+            written = write_savepoint(store, latest, path=_where(path))
+        return Savepoint(job, written, latest.checkpoint_id)
+
+    def request_savepoint(
+        self,
+        job: str,
+        *,
+        stop: bool = False,
+        path: str | None = None,
+        timeout: float = 300.0,
+        snapshot_url: str | None = None,
+    ) -> Savepoint:
+        """Asks the running job for a savepoint and waits at most ``timeout`` seconds.
+
+        Raises:
+            ConfigError: the runner answered with an error, or did not answer in time.
+        """
+        from processor.runtime.savepoints import request_savepoint
+
+        store = self.store(job, snapshot_url)
+        written = request_savepoint(store, job, stop=stop, path=_where(path), timeout=timeout)
+        return Savepoint(job, written, None)
+
+    def reset_plan(
+        self, job: str, *, pipeline: str | None = None, snapshot_url: str | None = None
+    ) -> ResetPlan:
+        """What :meth:`reset` would delete (it lists the job's internal topics)."""
+        prefix = job_topic_prefix(job)
+        return ResetPlan(
+            job=job,
+            snapshot_url=self.snapshot_url(job, snapshot_url),
+            directory=job_dir(job, self._state),
+            topic_prefix=prefix,
+            topics=tuple(self._topic_admin().list_topics(prefix)),
+            pipeline=pipeline,
+        )
+
+    def reset(
+        self,
+        job: str,
+        *,
+        pipeline: str | None = None,
+        workers: int = 8,
+        snapshot_url: str | None = None,
+        confirm: Callable[[ResetPlan], bool] | None = None,
+    ) -> ResetResult | None:
+        """Deletes a stopped job's checkpoints, job files, internal topics, dedup IDs and state
+        directory; given its ``pipeline``, fences its Kafka sinks' transactional ids (at least
+        ``workers`` subtasks, more if it ran wider) first, which aborts their open transactions.
+        Its next run starts afresh.
+
+        ``confirm`` is shown the plan while the job's lease is held; ``False`` deletes nothing
+        and returns ``None``.
+
+        Raises:
+            JobRunningError: the job is running.
+        """
+        with self.holding(job, snapshot_url) as store:
+            plan = self.reset_plan(job, pipeline=pipeline, snapshot_url=store.url)
+            if confirm is not None and not confirm(plan):
+                return None
+            fenced: tuple[FencedSink, ...] = ()
+            if pipeline:
+                from processor.runtime.topology import recorded_parallelism
+
+                subtasks = max(workers, recorded_parallelism(store, job))
+                fenced = self._fence(self.transactional_sinks(pipeline).steps, subtasks)
+            deleted = store.delete_job(job)
+            if plan.topics:
+                self._topic_admin().delete_topics(plan.topics)
+            keys = self._delete_redis_keys(job)
+            shutil.rmtree(plan.directory, ignore_errors=True)
+        store.delete_job(job)  # the lease file that the release just wrote
+        return ResetResult(job, fenced, deleted, plan.topics, keys)
+
+    def transactional_sinks(self, pipeline: str) -> TransactionalSinks:
+        """The job name and the transactional Kafka sink steps of a pipeline file (it runs)."""
+        from processor.runtime.pipeline import load_flow
+
+        flow = load_flow(pipeline)
+        steps = tuple(
+            s
+            for s in flow.steps.values()
+            if s.kind == "sink" and getattr(s.params["sink"], "mode", None) == "transactional"
+        )
+        return TransactionalSinks(flow.name, pipeline, steps)
+
+    def sink_subtasks(self, job: str, workers: int, store: SnapshotStore | None = None) -> int:
+        """Sink subtasks whose transactional ids to cover: ``workers``, or more when the job ran
+        at a higher parallelism before a rescale (job file ``_SINK_SUBTASKS``): the ids of
+        removed subtasks exist on the broker too."""
+        from processor.runtime.topology import recorded_parallelism
+
+        return max(workers, recorded_parallelism(store or self.store(job), job))
+
+    def transactions(
+        self, sinks: TransactionalSinks | str, *, workers: int = 2
+    ) -> list[SinkTransactions]:
+        """The transactional ids, commit markers and pending epochs of a pipeline's
+        transactional Kafka sinks (a pipeline file, or :meth:`transactional_sinks`)."""
+        from sinks.kafka import read_transaction_markers, transactional_ids
+
+        if isinstance(sinks, str):
+            sinks = self.transactional_sinks(sinks)
+        if not sinks.steps:
+            return []
+        job = sinks.job
+        settings = self._settings()
+        store = self.store(job)
+        latest = store.latest_completed(job)
+        subtasks = self.sink_subtasks(job, workers, store)
+        found = []
+        for step in sinks.steps:
+            sink = step.params["sink"]
+            ids = tuple(
+                tuple(transactional_ids(sink.prefix, step.name, subtask, sink.pool_size))
+                for subtask in range(subtasks)
+            )
+            markers = tuple(read_transaction_markers(settings, job, step.name))
+            pending = []
+            if latest is not None:
+                for task, handle in sorted(latest.tasks.items()):
+                    state = store.read_task_snapshot(handle)
+                    for chk, c in state.get("sinks", {}).get(step.name, []):
+                        pending.append(PendingEpoch(task, c["epoch"], chk, c["tid"], c["count"]))
+            found.append(
+                SinkTransactions(
+                    job=job,
+                    step=step.name,
+                    topic=sink.topic,
+                    subtask_ids=ids,
+                    markers=markers,
+                    checkpoint_id=None if latest is None else latest.checkpoint_id,
+                    pending=tuple(pending),
+                )
+            )
+        return found
+
+    def abort_transactions(
+        self, sinks: TransactionalSinks | str, *, workers: int = 2, force: bool = False
+    ) -> list[FencedSink]:
+        """Fences the transactional ids of a pipeline's transactional Kafka sinks: their open
+        transactions abort. Pending epochs of the last checkpoint are re-published from the log
+        when the job next starts.
+
+        Raises:
+            JobRunningError: the job is running and not ``force``: fencing would fence its
+                producers and force a recovery.
+        """
+        if isinstance(sinks, str):
+            sinks = self.transactional_sinks(sinks)
+        if force:
+            store = self.store(sinks.job)
+            return list(self._fence(sinks.steps, self.sink_subtasks(sinks.job, workers, store)))
+        # held while aborting: a job started meanwhile would have its producers fenced
+        with self.holding(sinks.job) as store:
+            subtasks = self.sink_subtasks(sinks.job, workers, store)
+            return list(self._fence(sinks.steps, subtasks))
+
+    def _fence(self, steps: tuple[Any, ...], workers: int) -> tuple[FencedSink, ...]:
+        from sinks.kafka import abort_lingering
+
+        settings = self._settings()
+        fenced = []
+        for step in steps:
+            sink = step.params["sink"]
+            done = abort_lingering(settings, sink.prefix, step.name, workers)
+            fenced.append(FencedSink(step.name, tuple(done)))
+        return tuple(fenced)
+
+    def _settings(self) -> KafkaSettings:
+        from connectors import KafkaSettings
+
+        return self._kafka if self._kafka is not None else KafkaSettings.from_env()
+
+    def _topic_admin(self) -> Any:
+        from connectors import TopicAdmin
+
+        return TopicAdmin(self._settings(), timeout=10.0)
+
+    def _delete_redis_keys(self, job: str) -> int | None:
+        url = self._redis_url or os.environ.get("EOSFLOW_REDIS_URL")
+        if not url:
+            return None
+        from dedup.store import redis_client
+
+        client = redis_client(url, name="eosflow-reset")
+        count = 0
+        batch: list[Any] = []
+        for key in client.scan_iter(match=f"eosflow:{job}:*", count=1000):
+            batch.append(key)
+            if len(batch) >= 1000:
+                count += client.delete(*batch)
+                batch = []
+        if batch:
+            count += client.delete(*batch)
+        return int(count)
+
+
+def _where(path: str | None) -> str | None:
+    """A savepoint path as the runner must read it: its directory is not this one."""
+    if path is not None and "://" not in path:
+        return str(Path(path).resolve())
+    return path
+
+
+def _read_status(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _alive(status: dict[str, Any]) -> bool:
+    return status.get("state") == "running" and pid_alive(int(status["pid"]))
+
+
+def _worker_state(worker: dict[str, Any], job_alive: bool) -> str:
+    """``alive`` / ``dead`` for a worker on this host; ``unknown`` on another (Spark)."""
+    local = worker.get("host") in (None, "", socket.gethostname(), "localhost", "127.0.0.1")
+    if not job_alive:
+        return "stopped"
+    if not local or not worker.get("pid"):
+        return "connected" if worker.get("connected") else "not connected"
+    if not pid_alive(int(worker["pid"])):
+        return "dead"
+    return "alive, connected" if worker.get("connected") else "alive, not connected"
