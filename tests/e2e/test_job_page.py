@@ -25,7 +25,8 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.integration
+# One Chromium at a time (xdist loadgroup): 4 browsers driving pages at once went stale under load.
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("browser")]
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
