@@ -267,6 +267,33 @@ def _rows(driver: Any, table: str) -> list[list[str]]:
     )
 
 
+def _drawn(driver: Any) -> dict[str, Any]:
+    """What the page drew, read in one script: it redraws on every poll, so elements found by
+    one WebDriver call may be stale by the next (seen in CI under load)."""
+    return driver.execute_script(  # type: ignore[no-any-return]
+        """
+        const q = (s) => [...document.querySelectorAll(s)];
+        const text = (id) => document.getElementById(id).textContent.trim();
+        return {
+          name: text("job-name"),
+          state: text("job-state"),
+          workers: text("job-workers"),
+          stages: Object.fromEntries(q("#graph svg g.stage").map(
+            (g) => [g.dataset.stage, g.getBoundingClientRect().x])),
+          edges: q("#graph svg g.edge").map((g) => ({src: g.dataset.src, dst: g.dataset.dst,
+            class: g.getAttribute("class"), text: g.textContent})),
+          rates: Object.fromEntries(q("#graph text.step-rate").map(
+            (t) => [t.dataset.step, t.textContent])),
+          bars: q("#checkpoints svg rect.ckpt-duration").map((r) => ({id: r.dataset.id,
+            class: r.getAttribute("class"),
+            title: (r.querySelector("title") || {}).textContent || ""})),
+          legends: q("#checkpoints svg .legend").length,
+          ticks: q("#checkpoints svg text.tick").length,
+          dead_letters_total: text("dead-letters-total"),
+        };"""
+    )
+
+
 def _screenshot(driver: Any, tmp_path: Path) -> Path:
     """The whole page, not the window: resize to its height first."""
     height = driver.execute_script("return document.documentElement.scrollHeight")
@@ -281,46 +308,32 @@ def _screenshot(driver: Any, tmp_path: Path) -> Path:
 def test_job_page_draws_graph_plot_and_tables_when_served_a_job(
     browser: Any, tmp_path: Path
 ) -> None:
-    from selenium.webdriver.common.by import By
-
     job = fixture_job()
     with _PageServer(job) as server:
         browser.get(server.url)
         _wait(browser, lambda d: _body(d, "loaded") == "1", "the page never rendered api/job")
 
-        assert browser.find_element(By.ID, "job-name").text == "clicks-by-user"
-        assert browser.find_element(By.ID, "job-state").text.lower() == "running"
-        assert browser.find_element(By.ID, "job-workers").text == "2 / 2"
+        page = _drawn(browser)
+        assert page["name"] == "clicks-by-user"
+        assert page["state"].lower() == "running"
+        assert page["workers"] == "2 / 2"
 
-        stages = browser.find_elements(By.CSS_SELECTOR, "#graph svg g.stage")
-        assert sorted(s.get_attribute("data-stage") for s in stages) == ["clicks", "count"]
-        [edge] = browser.find_elements(By.CSS_SELECTOR, "#graph svg g.edge")
-        assert (edge.get_attribute("data-src"), edge.get_attribute("data-dst")) == (
-            "clicks",
-            "count",
-        )
-        assert "edge-shuffle" in edge.get_attribute("class")
-        assert "eosflow.clicks-by-user.ch0" in edge.text
+        assert sorted(page["stages"]) == ["clicks", "count"]
+        [edge] = page["edges"]
+        assert (edge["src"], edge["dst"]) == ("clicks", "count")
+        assert "edge-shuffle" in edge["class"]
+        assert "eosflow.clicks-by-user.ch0" in edge["text"]
         # Left to right by depth: the shuffle's target is drawn right of its source.
-        boxes = {s.get_attribute("data-stage"): s.rect["x"] for s in stages}
-        assert boxes["count"] > boxes["clicks"]
-        rate = browser.find_element(By.CSS_SELECTOR, '#graph text.step-rate[data-step="parse"]')
-        assert rate.text == "2.0k \u2192 2.0k /s"
+        assert page["stages"]["count"] > page["stages"]["clicks"]
+        assert page["rates"]["parse"] == "2.0k \u2192 2.0k /s"
 
-        bars = browser.find_elements(By.CSS_SELECTOR, "#checkpoints svg rect.ckpt-duration")
-        assert [int(b.get_attribute("data-id")) for b in bars] == list(range(112, 142))
-        failed = {
-            b.get_attribute("data-id"): b.find_element(By.TAG_NAME, "title").get_attribute(
-                "textContent"
-            )
-            for b in bars
-            if "failed" in b.get_attribute("class")
-        }
+        bars = page["bars"]
+        assert [int(b["id"]) for b in bars] == list(range(112, 142))
+        failed = {b["id"]: b["title"] for b in bars if "failed" in b["class"]}
         assert sorted(failed) == ["121", "133"]
         assert "timeout" in failed["121"] and "declined" in failed["133"]
-        assert browser.find_elements(By.CSS_SELECTOR, "#checkpoints svg .legend")
-        ticks = browser.find_elements(By.CSS_SELECTOR, "#checkpoints svg text.tick")
-        assert len(ticks) > 8
+        assert page["legends"] > 0
+        assert page["ticks"] > 8
 
         [restart] = _rows(browser, "restarts")
         assert restart[1:] == ["killed", "worker 1 killed by signal SIGKILL"]
@@ -331,7 +344,7 @@ def test_job_page_draws_graph_plot_and_tables_when_served_a_job(
         ]
         assert [row[0] for row in lag].count("channel") == 2
         assert len(_rows(browser, "dead-letters")) == 2
-        assert "12" in browser.find_element(By.ID, "dead-letters-total").text
+        assert "12" in _drawn(browser)["dead_letters_total"]
 
         # It polls: a new document is drawn within a couple of seconds.
         job["restarts_list"].append(
