@@ -247,6 +247,10 @@ class KafkaTransport:
     def end_offsets(self, tps: Iterable[TP]) -> dict[TP, int]:
         return self._admin.end_offsets(list(tps))
 
+    def beginning_offsets(self, tps: Iterable[TP]) -> dict[TP, int]:
+        """Each partition's first offset (above it: records deleted by retention or a purge)."""
+        return self._admin.beginning_offsets(list(tps))
+
     def reader(self, *, group_id: str, deleted: str = "fail") -> PartitionReader:
         return PartitionReader(self.settings, group_id=group_id, deleted=deleted)
 

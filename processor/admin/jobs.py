@@ -203,7 +203,7 @@ class JobAdmin:
             latest = store.latest_completed(job)
             if latest is None:
                 raise JobNotFoundError(f"job {job!r} has no completed checkpoint in {url}")
-            written = write_savepoint(store, latest, path=_where(path))
+            written = write_savepoint(store, latest, path=_where(path), redis_url=self._redis)
         return Savepoint(job, written, latest.checkpoint_id)
 
     def request_savepoint(
@@ -383,8 +383,12 @@ class JobAdmin:
 
         return TopicAdmin(self._settings(), timeout=10.0)
 
+    def _redis(self, _step: str = "") -> str | None:
+        """The Redis of the jobs' dedup IDs (``redis_url``, else ``$EOSFLOW_REDIS_URL``)."""
+        return self._redis_url or os.environ.get("EOSFLOW_REDIS_URL")
+
     def _delete_redis_keys(self, job: str) -> int | None:
-        url = self._redis_url or os.environ.get("EOSFLOW_REDIS_URL")
+        url = self._redis()
         if not url:
             return None
         from dedup.store import redis_client

@@ -47,6 +47,7 @@ from processor.runtime.pipeline import load_flow, load_object
 from processor.runtime.preflight import check_local_recovery, extra_environ, preflight
 from processor.runtime.recovery import RunnerRecovery
 from processor.runtime.rescale import prepare_shape
+from processor.runtime.savepoint_state import redis_urls
 from processor.runtime.savepoints import SavepointRequests, restore_savepoint, undo_restore
 from processor.runtime.settle import settle_checkpoint
 from processor.runtime.state_map import STATE_KEY, check_state, state_layout
@@ -264,8 +265,9 @@ class Runner(RunnerRecovery):
             restored = None
             if o.from_savepoint:
                 restored = restore_savepoint(
-                    self.store, self.job, o.from_savepoint, allow_rewind=o.allow_rewind
-                )
+                    self.store, self.job, o.from_savepoint, allow_rewind=o.allow_rewind,
+                    transport=transport, redis_url=redis_urls(self.plan.flow, o.environ),
+                )  # fmt: skip
             latest = self.store.latest_completed(self.job)
             try:
                 check_graph(self.plan, list(latest.tasks) if latest is not None else [])
@@ -349,6 +351,8 @@ class Runner(RunnerRecovery):
                 stop=self.stop_for,
                 say=self._say,
                 renew=self.lease.renew,
+                committed=lambda c: self.committed.get(c, set()) >= self.coordinator.tasks,
+                redis_url=redis_urls(self.plan.flow, self.options.environ),
             )
             while True:
                 self.lease.renew()

@@ -41,7 +41,21 @@ from fsspec.core import url_to_fs
 
 from processor.errors import ConfigError
 from processor.runtime.coordinator import LAST_CHECKPOINT, CheckpointCoordinator, last_checkpoint
-from processor.snapshot.store import MANIFEST, Manifest, SnapshotHandle, SnapshotStore
+from processor.runtime.savepoint_state import (
+    RedisUrls,
+    load_saved_ids,
+    rebase,
+    redis_urls,
+    save_ids,
+)
+from processor.snapshot.store import (
+    GENERATION_FILE,
+    MANIFEST,
+    Manifest,
+    SnapshotStore,
+    decode_snapshot,
+    encode_snapshot,
+)
 
 __all__ = [
     "LAST_CHECKPOINT",
@@ -79,14 +93,21 @@ def write_savepoint(
     path: str | None = None,
     stop: bool = False,
     each_file: Callable[[], None] | None = None,
+    committed: bool = False,
+    redis_url: RedisUrls | None = None,
 ) -> str:
-    """Copies the completed checkpoint ``manifest`` to ``path`` (default: :func:`default_path`);
-    returns the savepoint's path. ``each_file``: called after each file (the runner renews its
-    lease: a big copy must not let it lapse).
+    """Copies the completed checkpoint ``manifest`` to ``path`` (default: :func:`default_path`),
+    with the dedup IDs its states rely on (:mod:`processor.runtime.savepoint_state`); returns
+    the savepoint's path. ``each_file``: called after each file (the runner renews its lease: a
+    big copy must not let it lapse). ``committed``: every sink of the checkpoint committed (a
+    restore drops its pending committables). ``redis_url``: a dedup step's Redis (default:
+    ``EOSFLOW_REDIS_URL``).
 
     Raises:
         ConfigError: the checkpoint is not aligned (its in-flight channel records are offsets
-            in internal topics that a savepoint does not keep).
+            in internal topics that a savepoint does not keep), or a dedup step's Redis is
+            not known.
+        RedisDataLost: Redis lost IDs the checkpoint relies on.
     """
     job, chk = manifest.job, manifest.checkpoint_id
     if manifest.metadata.get("aligned") is False:
@@ -107,6 +128,13 @@ def write_savepoint(
         dst_fs.pipe_file(f"{root}/{name}", src_fs.cat_file(handle.path))
         if each_file is not None:
             each_file()
+
+    def write(name: str, blob: bytes) -> None:
+        dst_fs.pipe_file(f"{root}/{name}", blob)
+        if each_file is not None:
+            each_file()
+
+    ids = save_ids(store, manifest, write, redis_url or redis_urls())
     manifest_path = f"{store.checkpoint_dir(job, chk)}/{MANIFEST}"
     dst_fs.pipe_file(f"{root}/{MANIFEST}", src_fs.cat_file(manifest_path))
     marker = {
@@ -115,7 +143,11 @@ def write_savepoint(
         "created_ms": int(time.time() * 1000),
         "tasks": sorted(manifest.tasks),
         "stop": stop,
+        "committed": stop or committed,  # the sinks committed it: nothing pending to recover
         "last_checkpoint": max(chk, last_checkpoint(store, job)),  # ids continue after it
+        # generations never go back either: a restore after eosflow reset continues after it
+        "generation": int(manifest.metadata.get("generation") or 0),
+        "ids": ids,  # the dedup IDs it carries, per task (savepoint_state)
     }
     dst_fs.pipe_file(f"{root}/{_MARKER}", json.dumps(marker, indent=2).encode())
     log.info("savepoint job=%r checkpoint_id=%d path=%s", job, chk, target)
@@ -136,15 +168,26 @@ def _read_marker(path: str) -> tuple[Any, str, dict[str, Any]]:
 
 
 def restore_savepoint(
-    store: SnapshotStore, job: str, path: str, *, allow_rewind: bool = False
+    store: SnapshotStore,
+    job: str,
+    path: str,
+    *,
+    allow_rewind: bool = False,
+    transport: Any = None,
+    redis_url: RedisUrls | None = None,
 ) -> tuple[int, bool]:
     """Makes the savepoint at ``path`` the job's newest completed checkpoint (copying it back
     into the store if needed); returns its checkpoint id and whether it was copied back
     (:func:`undo_restore` removes the copy when a later start-up check refuses the start).
 
+    The copy-back rebases it (:func:`processor.runtime.savepoint_state.rebase`): its channels
+    start at their current ends on ``transport`` (created if ``eosflow reset`` deleted them),
+    and its dedup IDs are written back into Redis (``redis_url``: a dedup step's).
+
     Raises:
-        ConfigError: not a complete savepoint, one of another job, or a restore that would
-            not be the job's newest state (see the module docstring).
+        ConfigError: not a complete savepoint, one of another job, a restore that would not
+            be the job's newest state (see the module docstring), or a savepoint whose
+            records in flight are gone (refused before any worker starts).
     """
     fs, root, marker = _read_marker(path)
     chk = int(marker["checkpoint_id"])
@@ -171,12 +214,27 @@ def restore_savepoint(
         )
     copied = chk not in store.completed_ids(job)
     if copied:
-        _copy_back(store, job, chk, fs, root)
+        _copy_back(store, job, path, marker, fs, root, transport)
+        try:
+            loaded = load_saved_ids(
+                lambda name: bytes(fs.cat_file(f"{root}/{name}")),
+                marker.get("ids") or {},
+                redis_url or redis_urls(),
+            )
+        except BaseException:
+            undo_restore(store, job, chk)
+            raise
+        if loaded:
+            log.info("savepoint %s: %d dedup IDs written back into Redis", path, loaded)
     else:
         _same_checkpoint(store, job, chk, fs, root, path)
     ever = int(marker.get("last_checkpoint", chk))
     if ever > last:  # the store forgot (eosflow reset): ids must still not go back
         store.write_job_file(job, LAST_CHECKPOINT, str(ever).encode())
+    generation = int(marker.get("generation") or 0)
+    raw = store.read_job_file(job, GENERATION_FILE)
+    if generation > (int(raw) if raw else 0):  # nor generations (the zombie checks compare)
+        store.write_job_file(job, GENERATION_FILE, f"{generation}\n".encode())
     log.info("restoring job=%r from savepoint=%s checkpoint_id=%d", job, path, chk)
     return chk, copied
 
@@ -187,8 +245,12 @@ def _same_checkpoint(
     """The job's own checkpoint ``chk`` must be the savepoint's (after a reset, a new run of
     the job may have a checkpoint of the same id)."""
     saved = json.loads(fs.cat_file(f"{root}/{MANIFEST}"))["tasks"]
-    own = store.load(job, chk).tasks
-    if {t: e["checksum"] for t, e in saved.items()} != {t: h.checksum for t, h in own.items()}:
+    own = store.load(job, chk)
+    # a copy-back rebased the snapshots (savepoint_state): it recorded the savepoint's
+    checksums = own.metadata.get("savepoint_checksums") or {
+        t: h.checksum for t, h in own.tasks.items()
+    }
+    if {t: e["checksum"] for t, e in saved.items()} != checksums:
         raise ConfigError(
             f"job {job!r} has a checkpoint {chk} that is not savepoint {path}'s checkpoint {chk} "
             "(another run of the job since, e.g. after eosflow reset): its state would be "
@@ -203,18 +265,40 @@ def undo_restore(store: SnapshotStore, job: str, chk: int) -> None:
     fs.rm(store.checkpoint_dir(job, chk), recursive=True)
 
 
-def _copy_back(store: SnapshotStore, job: str, chk: int, fs: Any, root: str) -> None:
-    """The savepoint's files into ``chk-<id>``, each snapshot checked against the manifest,
-    the manifest last (only then is it a completed checkpoint)."""
+def _copy_back(
+    store: SnapshotStore,
+    job: str,
+    path: str,
+    marker: dict[str, Any],
+    fs: Any,
+    root: str,
+    transport: Any,
+) -> None:
+    """The savepoint's snapshots into ``chk-<id>``, each checked against the manifest and
+    rebased for a restore now (:func:`processor.runtime.savepoint_state.rebase`), the manifest
+    last (only then is it a completed checkpoint)."""
     manifest = json.loads(fs.cat_file(f"{root}/{MANIFEST}"))
+    chk = int(manifest["checkpoint_id"])
+    states: dict[str, dict[str, Any]] = {}
+    for task, entry in manifest["tasks"].items():
+        blob = fs.cat_file(f"{root}/{entry['file']}")
+        if (len(blob), blob[16:32].hex()) != (int(entry["size"]), entry["checksum"]):
+            raise ConfigError(
+                f"savepoint {path}: {entry['file']} is not the snapshot its manifest names "
+                "(size or checksum): the savepoint was changed or its copy is incomplete"
+            )
+        states[task] = decode_snapshot(blob, f"{root}/{entry['file']}")
+    rebase(job, path, manifest, states, transport, committed=bool(marker.get("committed")))
     dst_fs, _ = url_to_fs(store.url)
     chk_dir = store.checkpoint_dir(job, chk)
     dst_fs.makedirs(chk_dir, exist_ok=True)
-    for entry in manifest["tasks"].values():
-        copied = f"{chk_dir}/{entry['file']}"
-        dst_fs.pipe_file(copied, fs.cat_file(f"{root}/{entry['file']}"))
-        store.read_task_snapshot(SnapshotHandle(copied, int(entry["size"]), entry["checksum"]))
-    dst_fs.pipe_file(f"{chk_dir}/{MANIFEST}", fs.cat_file(f"{root}/{MANIFEST}"))
+    original = {t: e["checksum"] for t, e in manifest["tasks"].items()}
+    for task, entry in manifest["tasks"].items():
+        blob, checksum = encode_snapshot(states[task])
+        dst_fs.pipe_file(f"{chk_dir}/{entry['file']}", blob)
+        entry.update(size=len(blob), checksum=checksum)
+    manifest.setdefault("metadata", {})["savepoint_checksums"] = original
+    dst_fs.pipe_file(f"{chk_dir}/{MANIFEST}", json.dumps(manifest, indent=2).encode())
 
 
 def request_savepoint(
@@ -248,8 +332,10 @@ class SavepointRequests:
 
     Owned by the runner, which wires it in: its store, job and coordinator, and what it does
     for the requests: ``ready()`` (every worker connected), ``broadcast(msg)`` to the workers,
-    ``stop(reason)`` after a final checkpoint, ``say(text)`` on the progress output and
-    ``renew()`` the job's lease while a copy runs.
+    ``stop(reason)`` after a final checkpoint, ``say(text)`` on the progress output,
+    ``renew()`` the job's lease while a copy runs, ``committed(checkpoint)``: every task
+    reported its sinks' commit of it (a running job's savepoint is copied once they did, so
+    that it records ``committed``), and ``redis_url`` of its dedup steps.
     """
 
     def __init__(
@@ -263,8 +349,12 @@ class SavepointRequests:
         stop: Callable[[str], None],
         say: Callable[[str], None],
         renew: Callable[[], None],
+        committed: Callable[[int], bool] | None = None,
+        redis_url: RedisUrls | None = None,
     ) -> None:
         self.store = store
+        self._committed = committed
+        self._redis_url = redis_url
         self.job = job
         self.coordinator = coordinator
         self._ready, self._broadcast, self._stop = ready, broadcast, stop
@@ -301,7 +391,9 @@ class SavepointRequests:
         if coordinator.pending is not None and coordinator.pending.checkpoint_id == self.checkpoint:
             return  # still pending
         if coordinator.stats.last_completed == self.checkpoint:
-            self._answer(self.checkpoint)
+            if self._committed is not None and not self._committed(self.checkpoint):
+                return  # its sinks commit it now: the savepoint then says so
+            self._answer(self.checkpoint, committed=self._committed is not None)
         else:
             self.checkpoint = None  # aborted (a restart, a timeout): trigger another
 
@@ -309,7 +401,7 @@ class SavepointRequests:
         """The runner stopped after its final checkpoint: a stop request's savepoint (and a
         request that came too late for the final checkpoint, the same one)."""
         if self.request is not None and final_checkpoint:
-            self._answer(final_checkpoint)
+            self._answer(final_checkpoint, committed=True)  # the run waited for its commits
 
     def abandon(self, why: str) -> None:
         """The run ends without a savepoint for the open request: answer it with why."""
@@ -318,7 +410,7 @@ class SavepointRequests:
             self.request = None
             self.store.write_job_file(self.job, RESULT, json.dumps(body).encode())
 
-    def _answer(self, checkpoint_id: int) -> None:
+    def _answer(self, checkpoint_id: int, *, committed: bool) -> None:
         request, self.request, self.checkpoint = self.request, None, None
         assert request is not None
         answer: dict[str, Any] = {"id": request["id"]}
@@ -330,6 +422,8 @@ class SavepointRequests:
                 path=request.get("path"),
                 stop=bool(request.get("stop")),
                 each_file=self._renew,
+                committed=committed,
+                redis_url=self._redis_url,
             )
             self._say(f"savepoint of checkpoint {checkpoint_id}: {answer['path']}")
         except Exception as exc:  # the command waits for an answer: give it the cause
