@@ -6,8 +6,11 @@ directories, where retention (``--keep-checkpoints``) never looks::
     <store>/_savepoints/<job>/sp-<id:010d>/  (or any directory/URL given with --path; outside
                                              the job's directory, so `eosflow reset` keeps it)
         <task>.g<n>.snap ...   the checkpoint's snapshots, byte for byte
+        <task>.ids             the dedup IDs the task's states rely on, copied out of Redis
+                               (:mod:`processor.runtime.savepoint_state`)
         _MANIFEST              the checkpoint's manifest, byte for byte (written after them)
-        _SAVEPOINT             what it is (job, checkpoint, workers, stop), written last: a
+        _SAVEPOINT             what it is (job, checkpoint, workers, stop, committed, the ids
+                               files, the last checkpoint id and generation), written last: a
                                directory without it is an interrupted copy and is refused
 
 Taking one (``eosflow savepoint JOB [--stop]``): the command writes the job file
@@ -20,7 +23,11 @@ file in the snapshot store, which the command and the driver both reach).
 Restoring (``eosflow run ... --from-savepoint PATH``): before anything starts, the savepoint is
 copied back into the job's store as the completed checkpoint it was (``chk-<id>``), unless that
 checkpoint is still there; then the job starts as from any checkpoint, and restarts restore the
-newest checkpoint completed since. Refused, with what to do: a savepoint of another job; a job
+newest checkpoint completed since. The copy-back makes it restorable whatever was deleted since
+(``eosflow reset``, retention, the channel purge, the dedup GC): its channels start at their
+current ends, its dedup IDs go back into Redis, generations continue after its own
+(:mod:`processor.runtime.savepoint_state`); a savepoint whose records in flight are gone is
+refused there, before any worker starts. Refused, with what to do: a savepoint of another job; a job
 that has completed checkpoints newer than the savepoint (they would win); and, unless
 ``allow_rewind``, a job that completed later checkpoints that were deleted since (restoring
 would emit again what those committed). Checkpoint ids never go back: the coordinator continues
