@@ -40,6 +40,7 @@ __all__ = ["SAVED_VERSION", "load_ids", "saved_ids"]
 #: The layout of :func:`saved_ids`'s value (a restore refuses another).
 SAVED_VERSION = 1
 _ENTRY = ID_BYTES + 16  # an ID and its tag
+MIN_TS = -(2**63)
 
 # KEYS[1] the GC mark; ARGV[1] the mark to lower it to (never raised here).
 _LOWER_MARK_LUA = """
@@ -56,6 +57,15 @@ for i = 1, #ARGV, 2 do
 end
 return 1
 """
+
+
+def _run(store: RedisIdStore, script: Any, key: str, args: list[int]) -> None:
+    """``script`` on ``key`` with the store's retries (fail closed, as every store call)."""
+
+    def call() -> Any:
+        return script(keys=[key], args=args)
+
+    store._call("load", call)
 
 
 def _ints(mapping: Mapping[Any, Any] | None) -> dict[int, int]:
@@ -132,7 +142,7 @@ def load_ids(client: Any, saved: Mapping[str, Any]) -> int:
         written = _ints(entry["written"])
         args: list[int] = [n for run, count in written.items() for n in (run, count)]
         if args:  # after the IDs: the markers vouch for what is back
-            store._call("load", lambda a=args, s=store: raise_written(keys=[s._written], args=a))
-        mark = cutoff - cutoff % bucket_ms
-        store._call("load", lambda m=mark, s=store: lower(keys=[s._mark], args=[m]))
+            _run(store, raise_written, store._written, args)
+        mark = max(cutoff - cutoff % bucket_ms, MIN_TS)
+        _run(store, lower, store._mark, [mark])
     return loaded

@@ -185,7 +185,7 @@ def rebase(
         task: {tuple(tp) for tp in state.get("positions", {}) if str(tp[0]).startswith(prefix)}
         for task, state in states.items()
     }
-    tps: list[TP] = sorted({tp for found in channels.values() for tp in found})  # type: ignore[misc]
+    tps: list[TP] = sorted({tp for found in channels.values() for tp in found})
     loop = int(manifest.get("metadata", {}).get("loop_log", 0)) > 0
     replay = {t: _needs_replay(states[t], channels[t], loop) for t in states}
     if tps and transport is not None:
