@@ -112,7 +112,11 @@ def test_a_fresh_start_over_an_earlier_runs_channel_topics_reads_none_of_their_r
     assert committed_output(env) == want
     shutil.rmtree(env["EOSFLOW_STATE_DIR"])
     env["OUTPUT_DIR"] = str(tmp_path / "out-again")
-    again = subprocess.run(run, env=env, capture_output=True, text=True, timeout=180)
+    # The job's consumer group holds the first run's offsets: without --start-over the start
+    # is refused (tests/e2e/test_job_identity.py).
+    again = subprocess.run(
+        [*run, "--start-over"], env=env, capture_output=True, text=True, timeout=180
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     assert committed_output(env) == want
 
