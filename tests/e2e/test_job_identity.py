@@ -109,7 +109,7 @@ def test_a_second_runner_with_another_state_dir_is_refused_while_the_first_has_h
         second = _run(env_b, timeout=120)
         assert second.returncode == 2, second.stderr[-3000:]
         assert "has history in Kafka but no checkpoint" in second.stderr, second.stderr[-3000:]
-        out, _ = first.communicate(timeout=240)
+        first.communicate(timeout=240)
     finally:
         if first.poll() is None:
             first.kill()
