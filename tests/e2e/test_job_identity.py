@@ -123,7 +123,7 @@ def test_a_second_runner_fences_the_first_which_stops_saying_so(
     kafka_endpoint: tuple[str, str], broker_caps: Any, tmp_path: Path, sink: str
 ) -> None:
     """Issue 35 item 1, the runner that has not checkpointed yet: runner A (state dir A, a
-    long checkpoint interval) reads; runner B of the same job (state dir B) starts, finds no
+    long checkpoint interval, reading slowly: ``--max-rate``) reads; runner B of the same job (state dir B) starts, finds no
     history, and takes the job, fencing A. A stops with "another runner took job" and a
     non-zero exit status (on main it went on and finished with exit status 0): at its first
     checkpoint (file sink), or as soon as its workers' transactional ids are fenced by B's
@@ -135,7 +135,7 @@ def test_a_second_runner_fences_the_first_which_stops_saying_so(
             "here, this one on Apache Kafka"
         )
     records = 4_000
-    env_a = job_env(kafka_endpoint[0], tmp_path / "a", prefix="fence", WORK_US="2000")
+    env_a = job_env(kafka_endpoint[0], tmp_path / "a", prefix="fence", WORK_US="0")
     produce_clicks(kafka_endpoint[0], env_a["CLICKS_TOPIC"], records)
     settings = KafkaSettings.from_env(brokers=kafka_endpoint[0])
     if sink == "kafka":
@@ -143,11 +143,11 @@ def test_a_second_runner_fences_the_first_which_stops_saying_so(
         env_a["TXN_PREFIX"] = env_a["JOB_NAME"]
         TopicAdmin(settings).ensure_topic(env_a["OUTPUT_TOPIC"], 4)
     env_b = {**env_a, "EOSFLOW_STATE_DIR": str(tmp_path / "b" / "state"),
-             "OUTPUT_DIR": str(tmp_path / "b" / "out"), "WORK_US": "0"}  # fmt: skip
+             "OUTPUT_DIR": str(tmp_path / "b" / "out")}  # fmt: skip
     with (tmp_path / "a.err").open("w") as err:
         first = subprocess.Popen(
-            eosflow("run", TAGGED, "--workers", "2", "--checkpoint-interval", "20s",
-                    "--until-idle"),
+            eosflow("run", TAGGED, "--workers", "2", "--checkpoint-interval", "60s",
+                    "--max-rate", "60", "--until-idle"),
             env=env_a, stdout=subprocess.PIPE, stderr=err, text=True,
         )  # fmt: skip
     try:
