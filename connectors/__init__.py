@@ -6,6 +6,7 @@ Serializers a pipeline names in ``Dataflow.source(..., serde=)`` and in sinks: :
 """
 
 from connectors.admin import TopicAdmin, TopicInfo, TopicSpec
+from connectors.claim import KafkaJobClaim, delete_job_group, job_group, job_group_offsets
 from connectors.config import (
     KafkaSettings,
     consumer_config,
@@ -32,6 +33,7 @@ __all__ = [
     "ConfluentAvroSerde",
     "ErrorClass",
     "JsonSerde",
+    "KafkaJobClaim",
     "KafkaSettings",
     "PartitionReader",
     "RawSerde",
@@ -44,7 +46,10 @@ __all__ = [
     "create_admin",
     "create_consumer",
     "create_producer",
+    "delete_job_group",
     "error_class",
+    "job_group",
+    "job_group_offsets",
     "probe_broker",
     "producer_config",
     "serde_for",

@@ -25,7 +25,15 @@ from confluent_kafka import KafkaError, KafkaException
 
 from processor.errors import KafkaClientError
 
-__all__ = ["ErrorClass", "classify", "error_class", "raise_for", "retrying"]
+__all__ = [
+    "FENCED_CODES",
+    "ErrorClass",
+    "classify",
+    "error_class",
+    "is_fenced",
+    "raise_for",
+    "retrying",
+]
 
 _T = TypeVar("_T")
 
@@ -45,6 +53,20 @@ _LEADERSHIP_CODES = frozenset(
         KafkaError.OFFSET_NOT_AVAILABLE,
     }
 )
+
+
+#: A transactional producer fenced by a newer one with its transactional id: librdkafka's own
+#: ``_FENCED`` (fatal on Apache Kafka; Tansu answers the broker's PRODUCER_FENCED, which
+#: librdkafka maps to an abortable ``_FENCED``), and the broker codes of older clients' paths.
+FENCED_CODES = frozenset(
+    {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
+)
+
+
+def is_fenced(error: KafkaError | KafkaException) -> bool:
+    """Whether ``error`` says a newer producer with the same transactional id fenced this one
+    (whatever librdkafka's class of it: fatal on Kafka, abortable on Tansu)."""
+    return _kafka_error(error).code() in FENCED_CODES
 
 
 class ErrorClass(enum.Enum):

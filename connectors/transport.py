@@ -22,6 +22,7 @@ from connectors.admin import (
     quiet_admin_client,
     sharing_admin_clients,
 )
+from connectors.claim import KafkaJobClaim
 from connectors.config import (
     KafkaSettings,
     create_producer,
@@ -250,6 +251,11 @@ class KafkaTransport:
     def beginning_offsets(self, tps: Iterable[TP]) -> dict[TP, int]:
         """Each partition's first offset (above it: records deleted by retention or a purge)."""
         return self._admin.beginning_offsets(list(tps))
+
+    def job_claim(self, job: str) -> KafkaJobClaim:
+        """The job's claim: its runner's transactional id and its consumer group
+        (:mod:`connectors.claim`)."""
+        return KafkaJobClaim(self.settings, job)
 
     def reader(self, *, group_id: str, deleted: str = "fail") -> PartitionReader:
         return PartitionReader(self.settings, group_id=group_id, deleted=deleted)

@@ -178,6 +178,7 @@ def _run(args: argparse.Namespace) -> int:
             faults=[Fault.parse(f) for f in args.fault],
             map_state=map_state,
             allow_dropped_state=args.allow_dropped_state,
+            start_over=args.start_over,
             environ=endpoints.as_env(),
             progress=sys.stderr,
             log_level="DEBUG" if args.verbose > 1 else "INFO",
@@ -355,6 +356,13 @@ def _parser() -> argparse.ArgumentParser:
         "--allow-dropped-state", action="store_true",
         help="restore a checkpoint holding state of steps the pipeline no longer has, "
         "dropping that state (logged); without it such a restore is refused",
+    )  # fmt: skip
+    run.add_argument(
+        "--start-over", action="store_true",
+        help="start although the job's consumer group in Kafka holds offsets its state does "
+        "not account for (the state directory or snapshot store was lost, or is an old copy): "
+        "from the state it has (none: the sources' start), replacing the group's offsets; the "
+        "output since is committed again. Without it such a start is refused",
     )  # fmt: skip
     run.add_argument("--explain", action="store_true", help="print the compiled stages and exit")
     run.set_defaults(func=_run)

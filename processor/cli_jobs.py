@@ -52,11 +52,28 @@ def status(args: argparse.Namespace) -> int:
         )
     if st.get("web") and alive:
         print(f"job page   {st['web']}  (Prometheus: {st['web']}metrics)")
+    _print_group(st["job"])
     for w in found.workers:
         print(f"worker {w.worker}   pid {w.pid}  {w.state}")
     for cause in st["restart_causes"]:
         print(f"restart    {cause}")
     return 0
+
+
+def _print_group(job: str) -> None:
+    """The job's consumer group and its committed source offsets (where the last committed
+    checkpoint is, as ``kafka-consumer-groups --describe --group`` shows it), when the broker
+    (``EOSFLOW_KAFKA_BROKERS``) answers."""
+    from connectors import job_group
+
+    try:
+        offsets = JobAdmin().group_offsets(job)
+    except Exception as exc:  # status works without a broker: say so, go on
+        print(f"group      {job_group(job)}  (offsets not read: {str(exc).splitlines()[0][:120]})")
+        return
+    shown = ", ".join(f"{t}[{p}]={o}" for (t, p), o in sorted(offsets.items())[:8])
+    more = f", +{len(offsets) - 8} more" if len(offsets) > 8 else ""
+    print(f"group      {job_group(job)}  committed {shown or 'nothing yet'}{more}")
 
 
 def jobs(args: argparse.Namespace) -> int:
@@ -140,6 +157,8 @@ def reset(args: argparse.Namespace) -> int:
         print(f"deleted {len(done.topics)} topics")
     if done.redis_keys is not None:
         print(f"deleted {done.redis_keys} Redis keys")
+    if done.group:
+        print(f"deleted consumer group {done.group} (its committed source offsets)")
     print(f"job {done.job!r} reset: its next run starts afresh")
     return 0
 
@@ -152,6 +171,8 @@ def _confirm(plan: ResetPlan, yes: bool) -> bool:
     print(f"  its state directory {plan.directory}")
     print(f"  {len(topics)} internal topics ({plan.topic_prefix}*): {', '.join(topics) or 'none'}")
     print(f"  its dedup and record-ID keys in Redis (eosflow:{job}:*), if Redis is set")
+    if plan.group:
+        print(f"  its consumer group {plan.group} (the sources' committed offsets)")
     if plan.pipeline:
         print(f"  and aborts the open transactions of {plan.pipeline}'s Kafka sinks")
     if yes:

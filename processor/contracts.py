@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 __all__ = [
+    "JobClaim",
     "KeyState",
     "Message",
     "ProcessContext",
@@ -290,6 +291,42 @@ class Transport(Protocol):
     def purge(self, before: Mapping[TP, int]) -> Mapping[TP, Future[object]]:
         """Delete each channel partition's records below its offset; returns without waiting,
         one future per partition."""
+
+
+class JobClaim(Protocol):
+    """A job's identity in the broker (``connectors.claim.KafkaJobClaim``; a transport offers
+    one as ``transport.job_claim(job)``): who runs the job, and where its sources are.
+
+    Attributes:
+        group: the job's consumer group, which holds the sources' checkpointed offsets.
+        transactional_id: the runner's transactional id; initializing it fences every earlier
+            runner of the job, wherever it runs.
+
+    Invariants:
+        After :meth:`open` returned, every :meth:`commit` of an earlier opener of the same job
+        fails with :class:`~processor.errors.JobFencedError`, and so does this one's once a
+        later opener opened. A commit is atomic: its offsets and its claim record are both
+        visible, or neither.
+    """
+
+    group: str
+    transactional_id: str
+
+    def committed(self) -> dict[TP, int]:
+        """The offsets the job's group holds, every topic (empty: none, or no group)."""
+
+    def open(self) -> None:
+        """Take the job: initialize the transactional id (fencing earlier runners)."""
+
+    def commit(self, offsets: Mapping[TP, int], claim: Mapping[str, Any]) -> None:
+        """In one transaction: the claim record (who, which checkpoint) and ``offsets`` into
+        the group. Raises ``JobFencedError`` when another runner took the job, else
+        ``KafkaClientError`` (the transaction aborted; committing again may succeed)."""
+
+    def forget(self) -> None:
+        """Delete the job's group and its offsets (a start over, a reset)."""
+
+    def close(self) -> None: ...
 
 
 # -- the context of a keyed process function (KeyedStream.process) -------------------------------

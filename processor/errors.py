@@ -5,7 +5,9 @@ errors are also :class:`ValueError` so that code written against plain Python ke
 
     EosflowError
     ├── ConfigError (ValueError)            bad settings; raised at start-up, says how to fix it
-    │   └── UnsafeKafkaConfigError          a librdkafka override that would break exactly-once
+    │   ├── UnsafeKafkaConfigError          a librdkafka override that would break exactly-once
+    │   └── JobHistoryError                 the broker holds the job's history, this state does
+    │                                       not (lost or stale state: refused, with the ways on)
     ├── DefinitionError (ValueError)        a dataflow that cannot be built (names, missing sinks)
     ├── SerializationError                  a value could not be encoded
     ├── DeserializationError                bytes read from Kafka could not be decoded
@@ -18,6 +20,7 @@ errors are also :class:`ValueError` so that code written against plain Python ke
     ├── DataLossError                       records a restore needs are gone from the broker
     │                                       (retention deleted them, the topic was recreated)
     ├── JobRunningError                     another runner holds the job's lease
+    │   └── JobFencedError                  another runner took the job in the broker (fenced)
     ├── JobNotFoundError (LookupError)      no such job recorded, or it lacks what an operation
     │                                       needs (its status, a completed checkpoint)
     └── SnapshotError                       a stored snapshot or manifest cannot be used
@@ -49,6 +52,8 @@ __all__ = [
     "DeserializationError",
     "EosflowError",
     "InfrastructureError",
+    "JobFencedError",
+    "JobHistoryError",
     "JobNotFoundError",
     "JobRunningError",
     "KafkaClientError",
@@ -220,6 +225,21 @@ class JobRunningError(EosflowError):
     """Another runner holds the job's lease: two coordinators of one job would share its
     generations, channels, transactional ids and checkpoints. Also raised in the runner that
     lost its lease (it stops, and so do its workers)."""
+
+
+class JobFencedError(JobRunningError):
+    """Another runner of the job took it over in the broker: it initialized the job's runner
+    transactional id (``eosflow.<job>.runner``) after this runner did, which fences this one
+    (:mod:`processor.runtime.identity`). The fenced runner stops its workers and fails; the
+    other one goes on with the job. Never a success."""
+
+
+class JobHistoryError(ConfigError):
+    """The job's consumer group in Kafka holds committed source offsets (the job ran and
+    committed output) that the job's state does not account for: no checkpoint (the state
+    directory or snapshot store was lost or is another one), or a checkpoint behind them (a
+    stale copy). Starting would read the sources again and commit their output again, so the
+    start is refused with the ways on (:mod:`processor.runtime.identity`)."""
 
 
 class JobNotFoundError(EosflowError, LookupError):

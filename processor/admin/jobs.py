@@ -238,6 +238,7 @@ class JobAdmin:
             topic_prefix=prefix,
             topics=tuple(self._topic_admin().list_topics(prefix)),
             pipeline=pipeline,
+            group=self._group(job),
         )
 
     def reset(
@@ -249,9 +250,10 @@ class JobAdmin:
         snapshot_url: str | None = None,
         confirm: Callable[[ResetPlan], bool] | None = None,
     ) -> ResetResult | None:
-        """Deletes a stopped job's checkpoints, job files, internal topics, dedup IDs and state
-        directory; given its ``pipeline``, fences its Kafka sinks' transactional ids (at least
-        ``workers`` subtasks, more if it ran wider) first, which aborts their open transactions.
+        """Deletes a stopped job's checkpoints, job files, internal topics, consumer group (its
+        committed source offsets), dedup IDs and state directory; given its ``pipeline``,
+        fences its Kafka sinks' transactional ids (at least ``workers`` subtasks, more if it
+        ran wider) first, which aborts their open transactions.
         Its next run starts afresh.
 
         ``confirm`` is shown the plan while the job's lease is held; ``False`` deletes nothing
@@ -274,9 +276,12 @@ class JobAdmin:
             if plan.topics:
                 self._topic_admin().delete_topics(plan.topics)
             keys = self._delete_redis_keys(job)
+            # The job's history in Kafka: without it the next run may start afresh
+            # (processor.runtime.identity refuses a start without state while it exists).
+            group = self._delete_group(job)
             shutil.rmtree(plan.directory, ignore_errors=True)
         store.delete_job(job)  # the lease file that the release just wrote
-        return ResetResult(job, fenced, deleted, plan.topics, keys)
+        return ResetResult(job, fenced, deleted, plan.topics, keys, group)
 
     def transactional_sinks(self, pipeline: str) -> TransactionalSinks:
         """The job name and the transactional Kafka sink steps of a pipeline file (it runs)."""
@@ -377,6 +382,23 @@ class JobAdmin:
         from connectors import KafkaSettings
 
         return self._kafka if self._kafka is not None else KafkaSettings.from_env()
+
+    def _group(self, job: str) -> str:
+        from connectors import job_group
+
+        return job_group(job)
+
+    def _delete_group(self, job: str) -> str | None:
+        from connectors import delete_job_group
+
+        return self._group(job) if delete_job_group(self._settings(), job) else None
+
+    def group_offsets(self, job: str) -> dict[tuple[str, int], int]:
+        """The source offsets committed to the job's consumer group (where the job's last
+        checkpoint is, as ``kafka-consumer-groups --describe`` shows it); empty if none."""
+        from connectors import job_group_offsets
+
+        return job_group_offsets(self._settings(), job)
 
     def _topic_admin(self) -> Any:
         from connectors import TopicAdmin

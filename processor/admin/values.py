@@ -113,6 +113,8 @@ class ResetPlan:
     topic_prefix: str
     topics: tuple[str, ...]
     pipeline: str | None
+    #: the job's consumer group (its sources' committed offsets, the job's history in Kafka)
+    group: str = ""
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,7 @@ class ResetResult:
 
     Attributes:
         redis_keys: the Redis keys deleted; ``None`` when no Redis is set.
+        group: the consumer group deleted (its committed offsets), ``None`` if it had none.
     """
 
     job: str
@@ -136,6 +139,7 @@ class ResetResult:
     checkpoints: int
     topics: tuple[str, ...]
     redis_keys: int | None
+    group: str | None = None
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ class _Pending:
     aligned: bool = True  # every barrier of it aligned (savepoints need it)
     drained: list[list[Any]] | None = None  # drained source tasks' positions
     undrained: bool = False  # some source task did not drain
+    sources: list[list[Any]] = field(default_factory=list)  # source tasks' positions
 
 
 @dataclass
@@ -61,6 +62,9 @@ class CheckpointStats:
     #: of the recent ones
     last_loop_log: int = 0
     loop_logs: list[tuple[int, int, float]] = field(default_factory=list)
+    #: the source positions of the last completed checkpoint, ``[[topic, partition, offset]]``
+    #: (what the job's consumer group is given: runtime.identity)
+    last_sources: list[list[Any]] = field(default_factory=list)
     #: aborted checkpoints by kind: ``timeout``, ``declined``, ``restart``
     failed: dict[str, int] = field(
         default_factory=lambda: {"timeout": 0, "declined": 0, "restart": 0}
@@ -173,12 +177,14 @@ class CheckpointCoordinator:
         loop_log: int = 0,
         alignment_s: float = 0.0,
         drained: list[list[Any]] | bool | None = False,
+        sources: list[list[Any]] | None = None,
     ) -> bool:
         """Records an acknowledgement; True when it completed the checkpoint. ``loop_log``: the
         back-edge records a loop head logged for it (docs/iterations.md); ``alignment_s``: how
         long the task aligned its inputs for it; ``drained``: a source task's positions if its
         snapshot had the drained watermark, else ``None``; ``False`` for other tasks (the
-        manifest's ``drained``: runtime.drain)."""
+        manifest's ``drained``: runtime.drain); ``sources``: a source task's source positions
+        (the manifest's ``sources``, and :attr:`CheckpointStats.last_sources`)."""
         pending = self.pending
         if pending is None or pending.checkpoint_id != checkpoint_id:
             log.debug("late ack checkpoint_id=%d task=%s ignored", checkpoint_id, task)
@@ -193,6 +199,7 @@ class CheckpointCoordinator:
                 pending.drained = [*(pending.drained or []), *drained]
             elif drained is None:  # a source task that did not drain
                 pending.undrained = True
+            pending.sources.extend(sources or ())
         pending.acks[task] = handle
         if len(pending.acks) < len(self.tasks):
             return False
@@ -209,6 +216,7 @@ class CheckpointCoordinator:
                 "duration_ms": int(duration * 1000),
                 "loop_log": pending.loop_log,
                 "aligned": pending.aligned,
+                "sources": sorted(pending.sources),
                 **drained_metadata(pending.drained, every=not pending.undrained),
             },
         )
@@ -220,6 +228,7 @@ class CheckpointCoordinator:
         stats.durations.append(duration)
         del stats.durations[:-1000]
         stats.last_loop_log = pending.loop_log
+        stats.last_sources = sorted(pending.sources)
         stats.loop_logs.append((checkpoint_id, pending.loop_log, duration))
         del stats.loop_logs[:-1000]
         self._next_due = self.clock() + (self.interval_s or 0.0)

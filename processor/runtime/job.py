@@ -165,6 +165,10 @@ class RunOptions:
     #: ``--allow-dropped-state``: restore a checkpoint holding state of steps the pipeline no
     #: longer has, dropping it (logged); without it such a restore is refused.
     allow_dropped_state: bool = False
+    #: ``--start-over``: start although the job's consumer group holds offsets that its state
+    #: does not account for (no checkpoint: the state was lost; an older one: a stale copy),
+    #: replacing them; the output since is committed again (runtime.identity).
+    start_over: bool = False
 
     def metrics_address(self) -> str | None:
         """The address to serve on, ``None`` for off (checked: a bad one is a ConfigError)."""

@@ -11,6 +11,7 @@ from typing import Any
 
 from processor.runtime.control import ControlServer
 from processor.runtime.health import stuck_worker
+from processor.runtime.identity import JobIdentity
 from processor.runtime.job import JobFailed, WorkerHandle
 from processor.runtime.lifecycle import RunnerLifecycle, same_cause
 
@@ -27,6 +28,7 @@ class RunnerRecovery(RunnerLifecycle):
     """Worker supervision and recovery of a :class:`~processor.runtime.runner.Runner`."""
 
     server: ControlServer
+    identity: JobIdentity
     failed_worker: int | None
     final_chk: int | None
     committed: dict[int, set[str]]
@@ -93,6 +95,7 @@ class RunnerRecovery(RunnerLifecycle):
         self.server.drop_all()
 
     def _recover(self, cause: str, counts: dict[str, int], ends: list[list[Any]] | None) -> None:
+        self.identity.verify(cause)  # fenced by another runner of the job: stop, not restart
         self.restarts += 1
         self.restart_causes.append(cause)
         if self.metrics is not None:

@@ -32,6 +32,7 @@ from processor.errors import ConfigError
 from processor.runtime.control import Connection, ControlServer
 from processor.runtime.coordinator import CheckpointCoordinator
 from processor.runtime.drain import check_drained
+from processor.runtime.identity import JobIdentity
 from processor.runtime.job import (
     Fault,
     JobFailed,
@@ -132,6 +133,7 @@ class Runner(RunnerRecovery):
         self.metrics: JobMetrics | None = None  # metrics and the job page (runtime.metrics)
         self.web: WebServer | None = None
         self.savepoints: SavepointRequests | None = None
+        self.identity = JobIdentity(self.job, None)  # the job's claim in the broker, once taken
         self._publish_next = 0.0
 
     # -- setup -----------------------------------------------------------------------------------
@@ -306,6 +308,12 @@ class Runner(RunnerRecovery):
                 self.plan, transport, until_idle=self.options.until_idle, run_dir=self.dir
             )
             check_keyed_sources(self.plan, self.store, counts)
+            # Refuses lost or stale state, then fences every earlier runner of the job anywhere
+            # (runtime.identity).
+            self.identity = JobIdentity.take(
+                self.job, transport, latest, start_over=o.start_over,
+                rewind=o.from_savepoint is not None, store_url=self.store.url, say=self._say,
+            )  # fmt: skip
             if latest is None:
                 self.starts = start_positions(self.plan, self.store, transport, counts)
             # Whether the broker deletes channel records on request: probed once, here, not
@@ -357,6 +365,8 @@ class Runner(RunnerRecovery):
             while True:
                 self.lease.renew()
                 self._pump()
+                for chk in self.identity.ready():  # its offsets are in the job's group
+                    self.server.broadcast({"t": "complete", "chk": chk})
                 failed = self._dead_worker() or self._stuck_worker()
                 if failed is not None:
                     self._recover(failed, counts, ends)
@@ -383,6 +393,7 @@ class Runner(RunnerRecovery):
                 self.server.close()
             if hasattr(self, "coordinator"):
                 self._close()
+            self.identity.close()
             self.lease.release()
 
     def _pump(self, timeout: float = 0.05) -> None:
@@ -435,8 +446,10 @@ class Runner(RunnerRecovery):
             align = float(msg.get("align", 0.0))
             drained = msg.get("drained", False)  # False: not a source task (runtime.drain)
             chk_id, task_name = int(msg["chk"]), str(msg["task"])
-            if self.coordinator.on_ack(chk_id, task_name, handle, log_n, align, drained):
-                self.server.broadcast({"t": "complete", "chk": chk_id})
+            sources = msg.get("sources")
+            if self.coordinator.on_ack(chk_id, task_name, handle, log_n, align, drained, sources):
+                # its completion notice once the job's group has its offsets (runtime.identity)
+                self.identity.completed(chk_id, self.coordinator.stats.last_sources)
         elif kind == "decline":
             chk = self.coordinator.decline(int(msg["chk"]), str(msg["task"]), str(msg["reason"]))
             if chk is not None:

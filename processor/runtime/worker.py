@@ -303,6 +303,7 @@ def send_acks(client: ControlClient, tasks: list[Task], fault: Callable[[str], N
             }
             if task.is_source:  # its positions if it drained its watermark, else null
                 ack["drained"] = task.drained_at.pop(chk, None)
+                ack["sources"] = task.sources_at.pop(chk, [])  # for the job's consumer group
             client.send(ack)
 
 

@@ -112,7 +112,11 @@ def test_a_fresh_start_over_an_earlier_runs_channel_topics_reads_none_of_their_r
     assert committed_output(env) == want
     shutil.rmtree(env["EOSFLOW_STATE_DIR"])
     env["OUTPUT_DIR"] = str(tmp_path / "out-again")
-    again = subprocess.run(run, env=env, capture_output=True, text=True, timeout=180)
+    # The job's consumer group holds the first run's offsets: without --start-over the start
+    # is refused (tests/e2e/test_job_identity.py).
+    again = subprocess.run(
+        [*run, "--start-over"], env=env, capture_output=True, text=True, timeout=180
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     assert committed_output(env) == want
 
@@ -288,7 +292,9 @@ def test_jobs_lists_a_job_and_reset_refuses_while_it_runs_then_starts_it_afresh(
     assert admin.list_topics(f"eosflow.{job}.")  # nothing deleted
     done = subprocess.run(eosflow("reset", job, "--yes"), env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert "deleted 1 topics" in done.stdout and f"job '{job}' reset" in done.stdout
+    # its channel topic and its claim topic (eosflow.JOB.claim), and its consumer group
+    assert "deleted 2 topics" in done.stdout and f"job '{job}' reset" in done.stdout
+    assert f"deleted consumer group eosflow-{job}" in done.stdout, done.stdout
     assert not admin.list_topics(f"eosflow.{job}.")
     listed = subprocess.run(eosflow("jobs", "--json"), env=env, capture_output=True, text=True)
     assert not [r for r in json.loads(listed.stdout) if r["job"] == job]

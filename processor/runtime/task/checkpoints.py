@@ -80,6 +80,11 @@ class SubtaskCheckpoints:
         #: Checkpoint -> this source task's positions, when its snapshot had the drained
         #: (maximum) watermark: recorded in the manifest (runtime.drain).
         self.drained_at: dict[int, list[list[Any]]] = {}
+        #: Checkpoint -> this source task's source positions (``[[topic, partition, offset]]``),
+        #: sent with its ack: the runner commits them to the job's consumer group when the
+        #: checkpoint completes (runtime.identity).
+        self.sources_at: dict[int, list[list[Any]]] = {}
+        self._channels: set[str] = set()
         self.barrier_unaligned: dict[int, bool] = {}  # the mode each checkpoint runs in
         # snapshot bookkeeping: checkpoint id -> future / handle / alignment done
         self.uploading: dict[int, Future[SnapshotHandle]] = {}
@@ -104,6 +109,7 @@ class SubtaskCheckpoints:
         inputs (``channels``: the channel topics among them) and returns the inputs whose
         barrier the snapshot had seen."""
         chain = self.chain
+        self._channels = set(channels)
         self.purge_floor = PurgeFloor(tp for tp in positions if tp[0] in channels)
         if state is None:
             for tp, offset in self.env.start_positions.items():
@@ -196,6 +202,11 @@ class SubtaskCheckpoints:
             "recovering": part["recovering"],
         }
         self.purge_floor.record(checkpoint_id, pos)
+        if self.is_source:
+            channels = self._channels
+            self.sources_at[checkpoint_id] = [
+                [t, p, o] for (t, p), o in pos.items() if t not in channels
+            ]
         if self.is_source and chain.watermark == MAX_WATERMARK:
             max_ts = inputs.max_ts
             self.drained_at[checkpoint_id] = [
@@ -230,6 +241,7 @@ class SubtaskCheckpoints:
         self.uploading.pop(checkpoint_id, None)
         self.uploaded.pop(checkpoint_id, None)
         self.drained_at.pop(checkpoint_id, None)
+        self.sources_at.pop(checkpoint_id, None)
         self.aligned.discard(checkpoint_id)
 
     def ready_acks(self) -> list[tuple[int, SnapshotHandle]]:

@@ -188,6 +188,11 @@ class Task:
         return self.checkpoints.drained_at
 
     @property
+    def sources_at(self) -> dict[int, list[list[Any]]]:
+        """Checkpoint -> this source task's source positions (sent with its ack)."""
+        return self.checkpoints.sources_at
+
+    @property
     def purge_floor(self) -> PurgeFloor:
         """The channel positions of this task's snapshots (:mod:`processor.runtime.purge`)."""
         return self.checkpoints.purge_floor

@@ -1,0 +1,216 @@
+"""A job's claim in the broker: one runner per job anywhere, and its sources' offsets in its
+consumer group (implements :class:`processor.contracts.JobClaim`).
+
+Kafka Streams keeps a job's identity in the broker, not on a disk: its consumer group, and
+transactional ids that a newer instance initializes to fence the older one (KIP-98, KIP-447).
+eosflow does the same with three names derived from the job's:
+
+* transactional id ``eosflow.<job>.runner``: the runner initializes it at start
+  (``init_transactions``), which fences every earlier runner of the job, on any host, with any
+  state directory; the fenced one learns it at its next transaction;
+* consumer group ``eosflow-<job>`` (the group id the job's readers already report): each
+  transaction commits the sources' checkpointed offsets to it (``send_offsets_to_transaction``
+  with the group's metadata), so ``kafka-consumer-groups --describe``, Burrow and lag exporters
+  see where the job is, and a start without state sees that the job has history;
+* topic ``eosflow.<job>.claim`` (compacted, one partition): each transaction also writes one
+  small record saying who holds the job and at which checkpoint.
+
+The record is what makes the commit a real round trip to the transaction coordinator even
+before any offset exists (a restart checks that it still holds the job this way), and Tansu
+0.6 applies the offsets of a transaction only when the transaction also wrote a record (a
+transaction of offsets alone after the first of a producer left the group's offsets where they
+were: measured). So the same transaction runs on every broker; nothing here is chosen by a
+timeout or by the broker's name.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from confluent_kafka import (
+    ConsumerGroupTopicPartitions,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
+
+from connectors.admin import TopicAdmin, admin_client
+from connectors.config import (
+    KafkaSettings,
+    consumer_config,
+    create_consumer,
+    create_producer,
+    producer_config,
+)
+from connectors.errors import classify, is_fenced, retrying
+from processor.errors import ConfigError, JobFencedError
+
+__all__ = [
+    "CLAIM_TOPIC_CONFIG",
+    "KafkaJobClaim",
+    "claim_topic",
+    "delete_job_group",
+    "job_group",
+    "job_group_offsets",
+    "runner_transactional_id",
+]
+
+log = logging.getLogger(__name__)
+TP = tuple[str, int]
+
+#: The claim topic keeps the newest record (one key): who holds the job, at which checkpoint.
+CLAIM_TOPIC_CONFIG: Mapping[str, str] = {"cleanup.policy": "compact"}
+_KEY = b"claim"
+
+
+def job_group(job: str) -> str:
+    """The job's consumer group: where its sources' checkpointed offsets are committed."""
+    return f"eosflow-{job}"
+
+
+def runner_transactional_id(job: str) -> str:
+    """The transactional id whose newest initializer holds the job."""
+    return f"eosflow.{job}.runner"
+
+
+def claim_topic(job: str) -> str:
+    """The topic of the job's claim records (under the job's internal topic prefix, so that
+    ``eosflow reset`` deletes it with the channels)."""
+    return f"eosflow.{job}.claim"
+
+
+def job_group_offsets(settings: KafkaSettings, job: str, *, timeout: float = 10.0) -> dict[TP, int]:
+    """The committed offsets of the job's group, every topic (``kafka-consumer-groups
+    --describe``; empty when the group has none or does not exist). Stable: offsets of a
+    transaction still completing are waited for (``require_stable``, KIP-447)."""
+    group = job_group(job)
+    admin = admin_client(settings)
+
+    def fetch(t: float) -> dict[TP, int]:
+        request = [ConsumerGroupTopicPartitions(group)]
+        futures = admin.list_consumer_group_offsets(request, require_stable=True, request_timeout=t)
+        try:
+            found = futures[group].result()
+        except KafkaException as exc:
+            if exc.args and exc.args[0].code() == KafkaError.GROUP_ID_NOT_FOUND:
+                return {}
+            raise
+        return {
+            (str(tp.topic), int(tp.partition)): int(tp.offset)
+            for tp in found.topic_partitions or []
+            if tp.error is None and tp.offset is not None and tp.offset >= 0
+        }
+
+    return retrying(fetch, f"listing the offsets of consumer group {group!r}", deadline_s=timeout)
+
+
+def delete_job_group(settings: KafkaSettings, job: str, *, timeout: float = 10.0) -> bool:
+    """Delete the job's group (its committed offsets): True if there was one.
+
+    Raises:
+        ConfigError: the group has active members (a consumer subscribed under its name).
+    """
+    group = job_group(job)
+    admin = admin_client(settings)
+    try:
+        admin.delete_consumer_groups([group], request_timeout=timeout)[group].result()
+    except KafkaException as exc:
+        code = exc.args[0].code() if exc.args else None
+        if code == KafkaError.GROUP_ID_NOT_FOUND:
+            return False
+        if code == KafkaError.NON_EMPTY_GROUP:
+            raise ConfigError(
+                f"consumer group {group!r} of job {job!r} has active members (a consumer "
+                "subscribed under the job's group id); stop them, then delete the group: "
+                f"kafka-consumer-groups.sh --bootstrap-server {settings.brokers} --delete "
+                f"--group {group}"
+            ) from None
+        raise classify(exc, context=f"deleting consumer group {group!r}") from exc
+    return True
+
+
+class KafkaJobClaim:
+    """The claim of ``job`` on the cluster of ``settings`` (see the module docstring)."""
+
+    def __init__(self, settings: KafkaSettings, job: str, *, timeout: float = 30.0) -> None:
+        self.settings = settings
+        self.job = job
+        self.group = job_group(job)
+        self.transactional_id = runner_transactional_id(job)
+        self.topic = claim_topic(job)
+        self._timeout = timeout
+        self._producer: Any = None
+        self._metadata: Any = None
+        self._consumer: Any = None
+
+    def __repr__(self) -> str:
+        return f"KafkaJobClaim({self.job!r}, {self.settings.brokers!r})"
+
+    def committed(self) -> dict[TP, int]:
+        return job_group_offsets(self.settings, self.job, timeout=self._timeout)
+
+    def open(self) -> None:
+        TopicAdmin(self.settings).ensure_topic(self.topic, 1, CLAIM_TOPIC_CONFIG, any_count=True)
+        # The group's metadata for send_offsets_to_transaction: a consumer that never joins
+        # (no subscribe) gives generation -1 and no member id, which the broker accepts from a
+        # transactional producer for a group without members (how Kafka's own tools commit).
+        self._consumer = create_consumer(consumer_config(self.settings, group_id=self.group))
+        self._metadata = self._consumer.consumer_group_metadata()
+        self._producer = create_producer(
+            producer_config(
+                self.settings,
+                transactional_id=self.transactional_id,
+                overrides={"client.id": f"eosflow-{self.job}-runner"},
+            )
+        )
+        retrying(
+            self._producer.init_transactions,
+            f"initializing transactional id {self.transactional_id!r} (taking job {self.job!r})",
+            deadline_s=self._timeout,
+        )
+        log.info("job=%s claimed transactional_id=%s", self.job, self.transactional_id)
+
+    def commit(self, offsets: Mapping[TP, int], claim: Mapping[str, Any]) -> None:
+        producer = self._producer
+        if producer is None:
+            raise RuntimeError("KafkaJobClaim.commit before open")
+        try:
+            producer.begin_transaction()
+            producer.produce(self.topic, json.dumps(dict(claim)).encode(), _KEY, partition=0)
+            if offsets:
+                tps = [TopicPartition(t, p, o) for (t, p), o in sorted(offsets.items())]
+                producer.send_offsets_to_transaction(tps, self._metadata, self._timeout)
+            producer.commit_transaction(self._timeout)
+        except KafkaException as exc:
+            if is_fenced(exc):
+                raise JobFencedError(
+                    f"transactional id {self.transactional_id!r} was initialized by a newer "
+                    f"runner ({exc.args[0].str() if exc.args else exc})"
+                ) from None
+            error = classify(exc, context=f"committing job {self.job!r}'s claim and offsets")
+            if not error.fatal:
+                try:
+                    producer.abort_transaction(self._timeout)
+                except KafkaException as again:
+                    if is_fenced(again):
+                        raise JobFencedError(
+                            f"transactional id {self.transactional_id!r} was initialized by a "
+                            "newer runner"
+                        ) from None
+                    log.warning(
+                        "job=%s: aborting the claim transaction failed: %s", self.job, again
+                    )
+            raise error from exc
+
+    def forget(self) -> None:
+        if delete_job_group(self.settings, self.job, timeout=self._timeout):
+            log.info("job=%s deleted consumer group=%s", self.job, self.group)
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            consumer, self._consumer = self._consumer, None
+            consumer.close()
+        self._producer = None  # nothing is left to flush: every transaction ended

@@ -1,0 +1,325 @@
+"""One job, one identity, in the broker: a second runner anywhere fences the first, and a start
+without the job's state never reprocesses silently.
+
+The lease (:mod:`processor.snapshot.lease`) sees one snapshot store. Two runners of one job with
+two state directories (two hosts, a container restarted on a fresh volume) would both run over
+the job's channel topics and transactional ids, and a runner whose state was lost would read
+every source again and commit its output again. So the job's identity also lives where every
+runner of it must go, the broker, as Kafka Streams keeps it (the transport's
+:class:`~processor.contracts.JobClaim`, ``connectors.claim`` on Kafka):
+
+* **At start** (:meth:`JobIdentity.take`): the job's consumer group (``eosflow-<job>``) holds
+  the source offsets of the job's last committed checkpoint, wherever it ran. A start whose
+  store has no checkpoint while the group holds offsets, or whose checkpoint is behind them
+  (a stale copy of the state), is refused with :class:`~processor.errors.JobHistoryError`,
+  naming the ways on, unless ``--start-over``. Then the runner initializes the job's runner
+  transactional id (``eosflow.<job>.runner``), which fences every earlier runner of the job,
+  and (no checkpoint) looks at the group once more: a runner that committed in between is
+  fenced now, and its offsets refuse this start too.
+* **On every completed checkpoint** (:meth:`completed`, :meth:`ready`): the source tasks'
+  checkpointed positions are committed to the group in a transaction of that producer, in the
+  background, and the checkpoint's completion notice (on which the sinks commit) goes out only
+  once that commit succeeded. So no runner commits output the group does not account for, and
+  a fenced runner learns it at its next checkpoint: :class:`~processor.errors.JobFencedError`
+  ("another runner took job ..."), never a success.
+* **Before every restart** (:meth:`verify`): the same commit, synchronously, so a runner whose
+  workers failed because another runner fenced their transactional ids stops with that message
+  instead of restarting into the other runner's way.
+
+The group is a visibility tool and a history marker, never the source of truth: a job with a
+checkpoint restores its source positions from the checkpoint (DESIGN.md, "Sources").
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from processor.contracts import JobClaim
+from processor.errors import EosflowError, JobFencedError, JobHistoryError
+from processor.snapshot.store import Manifest
+
+__all__ = ["JobIdentity", "describe_offsets"]
+
+log = logging.getLogger(__name__)
+
+TP = tuple[str, int]
+_RETRY_S = 1.0
+
+
+def describe_offsets(offsets: Mapping[TP, int], limit: int = 6) -> str:
+    """``clicks[0]=812, clicks[1]=790`` (at most ``limit``, then ``+N more``)."""
+    items = [f"{t}[{p}]={o}" for (t, p), o in sorted(offsets.items())]
+    more = f", +{len(items) - limit} more" if len(items) > limit else ""
+    return ", ".join(items[:limit]) + more
+
+
+def _positions(sources: Any) -> dict[TP, int]:
+    return {(str(t), int(p)): int(o) for t, p, o in sources or ()}
+
+
+class JobIdentity:
+    """The job's claim while a runner holds it (see the module docstring).
+
+    Without a claim (a transport that offers none) every method is a pass-through: completed
+    checkpoints are ready at once.
+    """
+
+    def __init__(
+        self,
+        job: str,
+        claim: JobClaim | None,
+        *,
+        store_url: str = "",
+        say: Callable[[str], None] = lambda _text: None,
+    ) -> None:
+        self.job = job
+        self.claim = claim
+        self._store_url = store_url
+        self._say = say
+        self._since_ms = int(time.time() * 1000)
+        self._lock = threading.Lock()  # one transaction at a time on the claim's producer
+        self._wake = threading.Condition()
+        self._queued: tuple[int, dict[TP, int]] | None = None
+        self._latest: tuple[int, dict[TP, int]] | None = None  # newest completed checkpoint
+        self._done: list[int] = []
+        self._failure: EosflowError | None = None
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._last_warning = 0.0
+
+    # -- at start --------------------------------------------------------------------------------
+
+    @classmethod
+    def take(
+        cls,
+        job: str,
+        transport: Any,
+        latest: Manifest | None,
+        *,
+        start_over: bool = False,
+        rewind: bool = False,
+        store_url: str = "",
+        say: Callable[[str], None] = lambda _text: None,
+    ) -> JobIdentity:
+        """Checks the job's history against its state, then takes the job (fencing every
+        earlier runner of it). ``rewind``: the start restores a savepoint on purpose, so a
+        group ahead of it is expected.
+
+        Raises:
+            JobHistoryError: the group holds offsets that the state does not account for.
+        """
+        make = getattr(transport, "job_claim", None)
+        if make is None:
+            return cls(job, None, store_url=store_url, say=say)
+        claim: JobClaim = make(job)
+        identity = cls(job, claim, store_url=store_url, say=say)
+        mine = _positions(latest.metadata.get("sources")) if latest is not None else {}
+        if not start_over:  # refused before fencing: the runner that holds the job goes on
+            identity._check_history(claim.committed(), latest, mine, rewind=rewind)
+        claim.open()
+        try:
+            history = claim.committed()
+            if not start_over and latest is None:  # one that committed meanwhile is fenced now
+                identity._check_history(history, latest, mine, rewind=rewind, fenced=True)
+            if start_over and history:
+                claim.forget()
+                say(
+                    f"--start-over: deleted the offsets of consumer group {claim.group!r} "
+                    f"({describe_offsets(history)}); they are committed anew from this run's "
+                    "checkpoints"
+                )
+            if latest is not None and mine:  # the group shows the state this run restores
+                identity._latest = (latest.checkpoint_id, mine)
+                identity._commit(latest.checkpoint_id, mine)
+        except BaseException:
+            claim.close()
+            raise
+        log.info(
+            "job=%s took transactional_id=%s group=%s", job, claim.transactional_id, claim.group
+        )
+        return identity
+
+    def _check_history(
+        self,
+        history: Mapping[TP, int],
+        latest: Manifest | None,
+        mine: Mapping[TP, int],
+        *,
+        rewind: bool,
+        fenced: bool = False,
+    ) -> None:
+        assert self.claim is not None
+        group = self.claim.group
+        ways = (
+            f"Ways on: (1) run with the job's state: the state directory it ran with "
+            f"(EOSFLOW_STATE_DIR) or its snapshot store (--snapshot-url), or --from-savepoint "
+            f"PATH; (2) 'eosflow reset {self.job}' deletes its checkpoints, internal topics "
+            f"and consumer group, and the next run starts afresh; (3) 'eosflow run ... "
+            f"--start-over' starts from the state it has anyway (the output since is "
+            f"committed again: duplicates downstream) and replaces the group's offsets"
+        )
+        also = (
+            " (this start had fenced the job's transactional id already: a runner holding "
+            "the job committed while this one started, and stops now)"
+            if fenced
+            else ""
+        )
+        if latest is None and history:
+            raise JobHistoryError(
+                f"job {self.job!r} has history in Kafka but no checkpoint in "
+                f"{self._store_url or 'its snapshot store'}: its consumer group {group!r} holds "
+                f"the source offsets of a run that committed output ({describe_offsets(history)}"
+                f"), and starting without that run's state would read the sources again and "
+                f"commit their output again{also}. {ways}"
+            )
+        if latest is None or rewind:
+            return
+        ahead = {tp: o for tp, o in history.items() if tp in mine and o > mine[tp]}
+        if ahead:
+            behind = {tp: mine[tp] for tp in ahead}
+            raise JobHistoryError(
+                f"job {self.job!r}: its consumer group {group!r} shows the job read further "
+                f"({describe_offsets(ahead)}) than checkpoint {latest.checkpoint_id} in "
+                f"{self._store_url or 'its snapshot store'} ({describe_offsets(behind)}): "
+                "another run of the job went on from newer state (a stale copy of the state "
+                "directory, another snapshot store), and restoring this one would commit that "
+                f"output again. {ways}"
+            )
+
+    # -- checkpoints -----------------------------------------------------------------------------
+
+    def completed(self, checkpoint_id: int, sources: Any) -> None:
+        """Checkpoint ``checkpoint_id`` completed with these source positions
+        (``[[topic, partition, offset]]``): committed to the group in the background; its
+        completion notice is due once :meth:`ready` returns it."""
+        positions = _positions(sources)
+        with self._wake:
+            self._latest = (checkpoint_id, positions)
+            if self.claim is None:
+                self._done.append(checkpoint_id)
+                return
+            self._queued = (checkpoint_id, positions)  # a newer one covers an older one
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="job-identity", daemon=True)
+                self._thread.start()
+            self._wake.notify()
+
+    def ready(self) -> list[int]:
+        """The completed checkpoints whose offsets are committed: send their completion
+        notices now.
+
+        Raises:
+            JobFencedError: another runner took the job (this one must stop).
+        """
+        with self._wake:
+            if self._failure is not None:
+                raise self._failure
+            done, self._done = self._done, []
+        return done
+
+    def verify(self, cause: str = "") -> None:
+        """Before a restart: commit the newest completed checkpoint's offsets now (or the claim
+        alone), which fails if another runner took the job.
+
+        Raises:
+            JobFencedError: another runner took the job; ``cause`` (the worker failure that
+                led here, often the fencing of its sinks' transactional ids) is named.
+        """
+        if self.claim is None:
+            return
+        with self._wake:
+            if self._failure is not None:
+                raise self._failure
+            latest = self._latest
+            self._queued = None
+        chk, positions = latest if latest is not None else (0, {})
+        try:
+            self._commit(chk, positions)
+        except JobFencedError as exc:
+            if cause:
+                raise JobFencedError(f"{exc}; the workers failed meanwhile: {cause}") from None
+            raise
+        except EosflowError as exc:  # the broker in trouble: the restart goes on, and retries
+            log.warning("job=%s: committing the claim before a restart failed: %s", self.job, exc)
+            return
+        if latest is not None:
+            with self._wake:
+                self._done.append(chk)
+
+    def close(self) -> None:
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join(35.0)
+        if self.claim is not None:
+            with self._lock:
+                self.claim.close()
+
+    # -- the commit ------------------------------------------------------------------------------
+
+    def _commit(self, checkpoint_id: int, positions: Mapping[TP, int]) -> None:
+        assert self.claim is not None
+        record = {
+            "job": self.job,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "since_ms": self._since_ms,
+            "at_ms": int(time.time() * 1000),
+            "checkpoint": checkpoint_id,
+            "store": self._store_url,
+        }
+        with self._lock:
+            try:
+                self.claim.commit(positions, record)
+            except JobFencedError as exc:
+                raise JobFencedError(self._fenced_message(str(exc))) from None
+
+    def _fenced_message(self, detail: str) -> str:
+        assert self.claim is not None
+        return (
+            f"another runner took job {self.job!r} (fenced: {detail}). Another 'eosflow run' "
+            "of this job (on another host, or with another state directory or snapshot store) "
+            f"started after this one and took its transactional id "
+            f"{self.claim.transactional_id!r}; two runners would write the same channels and "
+            "transactions, so this runner stopped its workers and commits nothing more. The "
+            "other runner goes on with the job; stop it first if this one should run it"
+        )
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while self._queued is None and not self._closed:
+                    self._wake.wait()
+                if self._queued is None:
+                    return
+                chk, positions = self._queued
+                self._queued = None
+            try:
+                self._commit(chk, positions)
+            except JobFencedError as exc:
+                with self._wake:
+                    self._failure = exc
+                return
+            except EosflowError as exc:  # broker trouble: retried, with the newest offsets
+                now = time.monotonic()
+                if now - self._last_warning > 10.0:
+                    self._last_warning = now
+                    self._say(
+                        f"committing checkpoint {chk}'s source offsets to consumer group "
+                        f"{self.claim.group if self.claim else ''!r} failed ({exc}); retrying: "
+                        "the sinks commit once it succeeds"
+                    )
+                time.sleep(_RETRY_S)
+                with self._wake:
+                    if self._queued is None and not self._closed:
+                        self._queued = (chk, positions)
+                continue
+            with self._wake:
+                self._done.append(chk)
