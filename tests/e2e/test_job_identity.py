@@ -123,11 +123,12 @@ def test_a_second_runner_fences_the_first_which_stops_saying_so(
     kafka_endpoint: tuple[str, str], broker_caps: Any, tmp_path: Path, sink: str
 ) -> None:
     """Issue 35 item 1, the runner that has not checkpointed yet: runner A (state dir A, a
-    long checkpoint interval, reading slowly: ``--max-rate``) reads; runner B of the same job (state dir B) starts, finds no
-    history, and takes the job, fencing A. A stops with "another runner took job" and a
-    non-zero exit status (on main it went on and finished with exit status 0): at its first
-    checkpoint (file sink), or as soon as its workers' transactional ids are fenced by B's
-    (Kafka sink). A committed nothing; B's output is the input exactly once."""
+    long checkpoint interval, reading slowly: ``--max-rate``) reads; runner B of the same job
+    (state dir B) starts, finds no history, and takes the job, fencing A. A stops with
+    "another runner took job" and a non-zero exit status (on main it went on and finished with
+    exit status 0): at its first checkpoint (file sink), or as soon as its workers'
+    transactional ids are fenced by B's (Kafka sink). A committed nothing; B's output is the
+    input exactly once."""
     if sink == "kafka" and not broker_caps.read_committed_hides_aborted:
         pytest.skip(
             "this broker's read_committed delivers aborted records (Tansu): the fenced "
