@@ -196,7 +196,7 @@ class JobAdmin:
             JobNotFoundError: it has no completed checkpoint.
             ConfigError: that checkpoint is unaligned.
         """
-        from processor.runtime.savepoints import write_savepoint
+        from processor.runtime.checkpoints.savepoints import write_savepoint
 
         url = self.snapshot_url(job, snapshot_url)
         with self.holding(job, url) as store:  # stopped: nothing can change its checkpoints
@@ -220,7 +220,7 @@ class JobAdmin:
         Raises:
             ConfigError: the runner answered with an error, or did not answer in time.
         """
-        from processor.runtime.savepoints import request_savepoint
+        from processor.runtime.checkpoints.savepoints import request_savepoint
 
         store = self.store(job, snapshot_url)
         written = request_savepoint(store, job, stop=stop, path=_where(path), timeout=timeout)
@@ -266,7 +266,7 @@ class JobAdmin:
                 return None
             fenced: tuple[FencedSink, ...] = ()
             if pipeline:
-                from processor.runtime.topology import recorded_parallelism
+                from processor.runtime.shape.topology import recorded_parallelism
 
                 subtasks = max(workers, recorded_parallelism(store, job))
                 fenced = self._fence(self.transactional_sinks(pipeline).steps, subtasks)
@@ -294,7 +294,7 @@ class JobAdmin:
         """Sink subtasks whose transactional ids to cover: ``workers``, or more when the job ran
         at a higher parallelism before a rescale (job file ``_SINK_SUBTASKS``): the ids of
         removed subtasks exist on the broker too."""
-        from processor.runtime.topology import recorded_parallelism
+        from processor.runtime.shape.topology import recorded_parallelism
 
         return max(workers, recorded_parallelism(store or self.store(job), job))
 

@@ -25,11 +25,11 @@ import time
 from concurrent.futures import Future
 from typing import Any, Protocol
 
-from processor.runtime.channels import TaskEnv
-from processor.runtime.operators import MAX_WATERMARK
-from processor.runtime.purge import PurgeFloor
-from processor.runtime.state_map import restore_sources, state_kind
+from processor.runtime.operators.core import MAX_WATERMARK
+from processor.runtime.operators.state_map import restore_sources, state_kind
 from processor.runtime.task.chain import TP, OperatorChain
+from processor.runtime.task.channels import TaskEnv
+from processor.runtime.task.purge import PurgeFloor
 from processor.snapshot.store import SnapshotHandle
 from processor.wire import (
     Barrier,
@@ -66,7 +66,7 @@ class SubtaskCheckpoints:
     """
 
     #: the channel positions of this task's snapshots: what its worker may purge
-    #: (:mod:`processor.runtime.purge`)
+    #: (:mod:`processor.runtime.task.purge`)
     purge_floor: PurgeFloor
 
     def __init__(self, env: TaskEnv, name: str, chain: OperatorChain, *, is_source: bool) -> None:

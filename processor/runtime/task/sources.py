@@ -25,15 +25,15 @@ from dedup.ids import source_id
 from processor.compiler import Stage
 from processor.contracts import Message, Reader
 from processor.errors import DeserializationError
-from processor.runtime.channels import TaskEnv
-from processor.runtime.dead_letters import source_origins
-from processor.runtime.joins import joined_as_table_only
-from processor.runtime.operators import (
+from processor.runtime.operators.core import (
     MAX_WATERMARK,
     MIN_WATERMARK,
     Record,
 )
+from processor.runtime.operators.joins import joined_as_table_only
 from processor.runtime.task.chain import TP, OperatorChain
+from processor.runtime.task.channels import TaskEnv
+from processor.runtime.task.dead_letters import source_origins
 
 log = logging.getLogger(__name__)
 
