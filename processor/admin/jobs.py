@@ -145,7 +145,8 @@ class JobAdmin:
                 state = "running"
             else:
                 state = st["state"] if st["state"] != "running" else "died"
-            # a bounded run drained its watermark: the job takes no new input (runtime.drain)
+            # a bounded run drained its watermark: the job takes no new input
+            # (runtime.checkpoints.drain)
             drained = latest is not None and latest.metadata.get("drained") is not None
             rows.append(
                 JobSummary(

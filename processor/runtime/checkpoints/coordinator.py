@@ -178,7 +178,7 @@ class CheckpointCoordinator:
         back-edge records a loop head logged for it (docs/iterations.md); ``alignment_s``: how
         long the task aligned its inputs for it; ``drained``: a source task's positions if its
         snapshot had the drained watermark, else ``None``; ``False`` for other tasks (the
-        manifest's ``drained``: runtime.drain)."""
+        manifest's ``drained``: runtime.checkpoints.drain)."""
         pending = self.pending
         if pending is None or pending.checkpoint_id != checkpoint_id:
             log.debug("late ack checkpoint_id=%d task=%s ignored", checkpoint_id, task)

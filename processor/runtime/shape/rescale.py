@@ -284,7 +284,8 @@ def rescale(
             "duration_ms": int((time.monotonic() - started) * 1000),
             "loop_log": 0,
             "aligned": True,
-            # a drained job stays drained: its sources keep their positions (runtime.drain)
+            # a drained job stays drained: its sources keep their positions
+            # (runtime.checkpoints.drain)
             **{k: v for k, v in latest.metadata.items() if k == "drained"},
             "rescaled_from": {
                 "checkpoint": latest.checkpoint_id,

@@ -200,9 +200,9 @@ def settle_checkpoint(
     checkpoint_interval: float | None,
 ) -> int:
     """Commit what the completed checkpoint ``latest`` left pending, in its own shape, without
-    restoring it: a start refused after it (``runtime.drain``) must not leave the output of a
-    job killed before its sinks committed uncommitted. Idempotent, as ``recover`` is: a later
-    restore of ``latest`` commits nothing twice. Returns the committables recovered."""
+    restoring it: a start refused after it (``runtime.checkpoints.drain``) must not leave the
+    output of a job killed before its sinks committed uncommitted. Idempotent, as ``recover`` is:
+    a later restore of ``latest`` commits nothing twice. Returns the committables recovered."""
     from processor.compiler import compile_flow
 
     job = latest.job

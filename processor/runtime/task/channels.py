@@ -80,7 +80,8 @@ class TaskEnv:
         self.sink_generation = generation if sink_generation is None else sink_generation
         # Processing time (epoch ms) for processing-time timers (``process`` steps).
         self.now_ms = now_ms or wall_clock_ms
-        # ``--map-state OLD=NEW``: NEW restores the snapshot state of OLD (runtime.state_map).
+        # ``--map-state OLD=NEW``: NEW restores the snapshot state of OLD
+        # (runtime.operators.state_map).
         self.map_state = map_state or {}
         # A bounded run's sources at their end: emit the maximum watermark (``--no-drain``: no).
         self.drain = drain

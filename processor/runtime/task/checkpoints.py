@@ -78,7 +78,7 @@ class SubtaskCheckpoints:
         self.is_source = is_source
         self.restored_id = 0
         #: Checkpoint -> this source task's positions, when its snapshot had the drained
-        #: (maximum) watermark: recorded in the manifest (runtime.drain).
+        #: (maximum) watermark: recorded in the manifest (runtime.checkpoints.drain).
         self.drained_at: dict[int, list[list[Any]]] = {}
         self.barrier_unaligned: dict[int, bool] = {}  # the mode each checkpoint runs in
         # snapshot bookkeeping: checkpoint id -> future / handle / alignment done
@@ -118,7 +118,7 @@ class SubtaskCheckpoints:
                 positions[tp] = offset
         # By step name; a step whose state is not restored here (renamed, removed, moved to
         # another stage) was refused, or allowed, by the runner before any worker started
-        # (runtime.state_map.check_state); --map-state OLD=NEW gives NEW the state of OLD.
+        # (runtime.operators.state_map.check_state); --map-state OLD=NEW gives NEW the state of OLD.
         operators = state["operators"]
         for target, source in restore_sources(operators, self.env.map_state).items():
             if target in chain.ops:

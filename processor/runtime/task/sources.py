@@ -67,7 +67,7 @@ class SourceInputs:
         self.source_params: dict[str, tuple[Any, Any, int, Any]] = {}
         self.table_topics: set[str] = set()  # sources read as tables (Dataflow.table)
         #: the tables that only feed temporal joins' table side: caught up, they leave the
-        #: watermark (runtime.joins.joined_as_table_only)
+        #: watermark (runtime.operators.joins.joined_as_table_only)
         self.quiet_tables: set[str] = set()
         for source in stage.sources:
             p = steps[source].params
