@@ -337,15 +337,18 @@ def test_no_module_of_the_four_packages_is_in_an_import_cycle() -> None:
 
 
 def test_the_runtime_rooms_import_only_the_rooms_they_may() -> None:
-    assert _room_violations(_graph(), ROOMS) == []
+    bad = _room_violations(_graph(), ROOMS)
+    assert not bad, "imports between the runtime's rooms:\n" + "\n".join(bad)
 
 
 def test_the_runtime_rooms_form_no_cycle() -> None:
-    assert _cycles({room: dict.fromkeys(below, 0) for room, below in ROOMS.items()}) == []
+    cycles = _cycles({room: dict.fromkeys(below, 0) for room, below in ROOMS.items()})
+    assert not cycles, f"ROOMS lets these rooms import each other in a circle: {cycles}"
 
 
 def test_every_room_says_what_it_owns_and_may_import() -> None:
-    assert _room_docstring_problems() == []
+    problems = _room_docstring_problems()
+    assert not problems, "\n".join(problems)
 
 
 def test_the_public_api_imports_nothing_of_the_runtime() -> None:
