@@ -49,7 +49,7 @@ from jobs import drop_channel_topics  # noqa: E402
 from loop_hops import MAX_ITERATIONS, expected_hops  # noqa: E402
 
 from processor.embedded import servers  # noqa: E402
-from processor.runtime.local import LocalRunner, RunOptions  # noqa: E402
+from processor.runtime.supervision.local import LocalRunner, RunOptions  # noqa: E402
 from sinks import read_jsonl  # noqa: E402
 
 

@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from processor.runtime.local import LocalRunner, RunOptions
-from processor.runtime.runner import Runner
+from processor.runtime.supervision.local import LocalRunner, RunOptions
+from processor.runtime.supervision.runner import Runner
 
 __all__ = ["broker_cpu_s", "check_output", "drop_channel_topics", "make_runner", "run_job"]
 
@@ -34,7 +34,7 @@ __all__ = ["broker_cpu_s", "check_output", "drop_channel_topics", "make_runner",
 def make_runner(kind: str, pipeline: Path, options: RunOptions) -> Runner:
     """``local`` or ``spark`` (``local[workers]``)."""
     if kind == "spark":
-        from processor.runtime.spark import SparkRunner
+        from processor.runtime.supervision.spark import SparkRunner
 
         return SparkRunner(pipeline, options)
     return LocalRunner(pipeline, options)

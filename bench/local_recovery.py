@@ -56,7 +56,7 @@ from clicks import (  # noqa: E402
 from jobs import drop_channel_topics  # noqa: E402
 
 from processor.embedded import servers  # noqa: E402
-from processor.runtime.local import LocalRunner, RunOptions  # noqa: E402
+from processor.runtime.supervision.local import LocalRunner, RunOptions  # noqa: E402
 
 PIPELINE = ROOT / "tests" / "e2e" / "pipelines" / "two_level_count.py"
 

@@ -53,7 +53,7 @@ def child(variant: str, topic: str, brokers: str, workers: int, work: Path) -> N
     """One run (in a subprocess): prints one JSON line."""
     from jobs import check_output
 
-    from processor.runtime.local import LocalRunner, RunOptions
+    from processor.runtime.supervision.local import LocalRunner, RunOptions
 
     name = f"metrics-cost-{uuid.uuid4().hex[:6]}"
     out = work / name

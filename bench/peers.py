@@ -413,7 +413,7 @@ def table(outcomes: list[Outcome], records: int) -> str:
 def child_eosflow(workers: int, keyed_source: bool, record_ids: bool = True) -> None:
     """Runs ``pipelines/keyed_count.py`` until idle (in the subprocess of a run);
     ``keyed_source``: keyed by the message key, without a shuffle."""
-    from processor.runtime.local import LocalRunner, RunOptions
+    from processor.runtime.supervision.local import LocalRunner, RunOptions
 
     options = RunOptions(
         workers=workers,

@@ -28,8 +28,8 @@ from typing import Any
 
 from jobs import drop_channel_topics, make_runner
 
-from processor.runtime.local import RunOptions
-from processor.runtime.runner import Runner
+from processor.runtime.supervision.local import RunOptions
+from processor.runtime.supervision.runner import Runner
 
 __all__ = ["measure_recovery"]
 

@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from processor.embedded import servers
-from processor.runtime.local import RunOptions
-from processor.runtime.savepoints import request_savepoint
+from processor.runtime.shape.savepoints import request_savepoint
+from processor.runtime.supervision.local import RunOptions
 from processor.snapshot.store import SnapshotStore
 from processor.testing.chaos import input_read
 

@@ -1,5 +1,5 @@
 """Record-ID deduplication, a library of its own: it imports nothing from the engine
-(:mod:`processor`); the engine's ``dedup`` step is :mod:`processor.runtime.dedup_step`.
+(:mod:`processor`); the engine's ``dedup`` step is :mod:`processor.runtime.operators.dedup_step`.
 
 Record-ID deduplication (DESIGN.md, "Record IDs and deduplication"; docs/dedup.md).
 

@@ -179,7 +179,7 @@ def run_until_idle(
     import uuid
 
     from processor.embedded import servers
-    from processor.runtime.local import LocalRunner, RunOptions
+    from processor.runtime.supervision.local import LocalRunner, RunOptions
 
     with servers(["kafka", "redis"] if args.recovery == "local" else ["kafka"]) as endpoints:
         assert endpoints.kafka_brokers is not None
@@ -200,7 +200,7 @@ def run_until_idle(
             recovery=args.recovery,
         )
         if args.runner == "spark":
-            from processor.runtime.spark import SparkOptions, SparkRunner
+            from processor.runtime.supervision.spark import SparkOptions, SparkRunner
 
             return SparkRunner(pipeline, options, SparkOptions(master=args.master)).run()
         return LocalRunner(pipeline, options).run()

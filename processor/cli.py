@@ -140,8 +140,8 @@ def _probe(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from processor.runtime.local import Fault, JobFailed, LocalRunner, RunOptions
-    from processor.runtime.runner import Runner
+    from processor.runtime.supervision.local import Fault, JobFailed, LocalRunner, RunOptions
+    from processor.runtime.supervision.runner import Runner
 
     if args.runner == "local" and (args.master or args.conf or args.control_host):
         print(
@@ -185,7 +185,7 @@ def _run(args: argparse.Namespace) -> int:
         )
         runner: Runner
         if args.runner == "spark":
-            from processor.runtime.spark import SparkOptions, SparkRunner
+            from processor.runtime.supervision.spark import SparkOptions, SparkRunner
 
             spark = SparkOptions(
                 master=args.master,

@@ -116,7 +116,7 @@ class Plan:
     #: The job's key-group count ``G``: a keyed record goes to the owner of key group
     #: ``crc32(key) % G`` (:func:`processor.wire.owner_of`); chosen at the job's first start
     #: and kept by a change of parallelism, which moves whole key groups (a larger count only
-    #: when the new parallelism is above it: :mod:`processor.runtime.rescale`).
+    #: when the new parallelism is above it: :mod:`processor.runtime.shape.rescale`).
     key_groups: int = 128
     #: The job's shape epoch: one more after each change of parallelism. The channel topics of
     #: each epoch are new topics (their partition count is ``P*P``).
@@ -273,7 +273,7 @@ def compile_flow(
     """Turns ``flow`` into stages and channel edges.
 
     ``key_groups`` (default :func:`processor.wire.default_key_groups` of ``parallelism``) and
-    ``epoch``: the job's topology (:mod:`processor.runtime.rescale`), from its ``_TOPOLOGY``
+    ``epoch``: the job's topology (:mod:`processor.runtime.shape.rescale`), from its ``_TOPOLOGY``
     file; the defaults are a new job's.
 
     ``combine=False``: no combiner before shuffles (local recovery needs it: a combiner's

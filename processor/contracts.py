@@ -6,7 +6,7 @@ file system or database is behind them.
 
 The context of a keyed process function (:class:`ProcessContext`, with :class:`KeyState` and
 :class:`Timers`) is here too: the public API (``KeyedStream.process``) names it, and the runtime
-(:mod:`processor.runtime.process`) implements it; the API imports nothing of the runtime.
+(:mod:`processor.runtime.operators.process`) implements it; the API imports nothing of the runtime.
 """
 
 from __future__ import annotations
@@ -87,9 +87,9 @@ class SinkContext:
             visible but before its own bookkeeping is done, so tests can kill it there (a
             no-op outside tests).
         epoch: the job's shape epoch: 0 until its parallelism first changes, one more at each
-            change (:mod:`processor.runtime.rescale`). State a writer keys by ``subtask`` outside
-            the snapshot (a dedup step's IDs in Redis) must also be keyed by the epoch, since
-            subtask ``i`` of a new shape is not subtask ``i`` of the old one.
+            change (:mod:`processor.runtime.shape.rescale`). State a writer keys by ``subtask``
+            outside the snapshot (a dedup step's IDs in Redis) must also be keyed by the epoch,
+            since subtask ``i`` of a new shape is not subtask ``i`` of the old one.
     """
 
     job: str

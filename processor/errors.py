@@ -230,8 +230,8 @@ class JobRunningError(EosflowError):
 class JobFencedError(JobRunningError):
     """Another runner of the job took it over in the broker: it initialized the job's runner
     transactional id (``eosflow.<job>.runner``) after this runner did, which fences this one
-    (:mod:`processor.runtime.identity`). The fenced runner stops its workers and fails; the
-    other one goes on with the job. Never a success."""
+    (:mod:`processor.runtime.supervision.identity`). The fenced runner stops its workers and fails;
+    the other one goes on with the job. Never a success."""
 
 
 class JobHistoryError(ConfigError):
@@ -239,7 +239,7 @@ class JobHistoryError(ConfigError):
     committed output) that the job's state does not account for: no checkpoint (the state
     directory or snapshot store was lost or is another one), or a checkpoint behind them (a
     stale copy). Starting would read the sources again and commit their output again, so the
-    start is refused with the ways on (:mod:`processor.runtime.identity`)."""
+    start is refused with the ways on (:mod:`processor.runtime.supervision.identity`)."""
 
 
 class JobNotFoundError(EosflowError, LookupError):

@@ -17,7 +17,7 @@ batch. The per-page stage has six keys only, so it is skewed across subtasks on 
 jobs have hot keys.
 
 Accumulators are tuples and every aggregate returns a new one (the engine snapshots state by a
-shallow copy while the task keeps running; see ``processor/runtime/operators.py``).
+shallow copy while the task keeps running; see ``processor/runtime/operators/core.py``).
 
 Configured by the environment variables ``JOB_NAME``, ``CLICKS_TOPIC`` and ``OUTPUT_DIR`` (see
 ``keyed_count.py``).

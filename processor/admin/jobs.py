@@ -145,7 +145,8 @@ class JobAdmin:
                 state = "running"
             else:
                 state = st["state"] if st["state"] != "running" else "died"
-            # a bounded run drained its watermark: the job takes no new input (runtime.drain)
+            # a bounded run drained its watermark: the job takes no new input
+            # (runtime.checkpoints.drain)
             drained = latest is not None and latest.metadata.get("drained") is not None
             rows.append(
                 JobSummary(
@@ -196,7 +197,7 @@ class JobAdmin:
             JobNotFoundError: it has no completed checkpoint.
             ConfigError: that checkpoint is unaligned.
         """
-        from processor.runtime.savepoints import write_savepoint
+        from processor.runtime.shape.savepoints import write_savepoint
 
         url = self.snapshot_url(job, snapshot_url)
         with self.holding(job, url) as store:  # stopped: nothing can change its checkpoints
@@ -220,7 +221,7 @@ class JobAdmin:
         Raises:
             ConfigError: the runner answered with an error, or did not answer in time.
         """
-        from processor.runtime.savepoints import request_savepoint
+        from processor.runtime.shape.savepoints import request_savepoint
 
         store = self.store(job, snapshot_url)
         written = request_savepoint(store, job, stop=stop, path=_where(path), timeout=timeout)
@@ -268,7 +269,7 @@ class JobAdmin:
                 return None
             fenced: tuple[FencedSink, ...] = ()
             if pipeline:
-                from processor.runtime.topology import recorded_parallelism
+                from processor.runtime.shape.topology import recorded_parallelism
 
                 subtasks = max(workers, recorded_parallelism(store, job))
                 fenced = self._fence(self.transactional_sinks(pipeline).steps, subtasks)
@@ -277,7 +278,8 @@ class JobAdmin:
                 self._topic_admin().delete_topics(plan.topics)
             keys = self._delete_redis_keys(job)
             # The job's history in Kafka: without it the next run may start afresh
-            # (processor.runtime.identity refuses a start without state while it exists).
+            # (processor.runtime.supervision.identity refuses a start without state while it
+            # exists).
             group = self._delete_group(job)
             shutil.rmtree(plan.directory, ignore_errors=True)
         store.delete_job(job)  # the lease file that the release just wrote
@@ -299,7 +301,7 @@ class JobAdmin:
         """Sink subtasks whose transactional ids to cover: ``workers``, or more when the job ran
         at a higher parallelism before a rescale (job file ``_SINK_SUBTASKS``): the ids of
         removed subtasks exist on the broker too."""
-        from processor.runtime.topology import recorded_parallelism
+        from processor.runtime.shape.topology import recorded_parallelism
 
         return max(workers, recorded_parallelism(store or self.store(job), job))
 

@@ -42,8 +42,8 @@ from processor.certify.services import Services, services
 from processor.errors import ConfigError, EosflowError
 from processor.runtime.job import RunOptions
 from processor.runtime.pipeline import load_flow
-from processor.runtime.preflight import extra_environ
 from processor.runtime.redirect import Rewrite, redirected, sink_steps
+from processor.runtime.supervision.preflight import extra_environ
 from processor.testing.chaos import (
     Killer,
     Outage,
@@ -256,7 +256,7 @@ def _run(
     sinks: dict[str, Any],
     keyed: dict[str, bool],
 ) -> RunOutcome:
-    from processor.runtime.local import LocalRunner
+    from processor.runtime.supervision.local import LocalRunner
 
     job = f"{report.job[:40]}-c{tag}-{plan.name}"
     has_redis_sink = any(type(s).__name__ == "RedisSink" for s in sinks.values())
@@ -301,7 +301,7 @@ def _run(
     started = time.monotonic()
     try:
         if options.runner == "spark":
-            from processor.runtime.spark import SparkRunner
+            from processor.runtime.supervision.spark import SparkRunner
 
             runner: Any = SparkRunner(options.pipeline, run_options)
         else:

@@ -65,8 +65,8 @@ class Fault:
     (0: the first start, 1: after the first restart...).
 
     ``action``: ``kill`` (default) SIGKILLs the worker there; ``hold`` pauses it there until
-    the test releases it (see :func:`processor.runtime.worker.hold_paths`), so that a test can
-    break the network exactly while a worker sits at a protocol point. Text form:
+    the test releases it (see :func:`processor.runtime.supervision.worker.hold_paths`), so that a
+    test can break the network exactly while a worker sits at a protocol point. Text form:
     ``ATTEMPT:WORKER:POINT[:N][:ACTION]``, e.g. ``0:1:mid-alignment:2:hold``.
     """
 
@@ -155,12 +155,13 @@ class RunOptions:
     #: ``EOSFLOW_METRICS`` variable, else ``127.0.0.1:9249-9258`` (docs/observability.md).
     metrics: str | None = None
     #: Restore this savepoint (a directory ``eosflow savepoint`` printed) before starting
-    #: (processor/runtime/savepoints.py); ``allow_rewind``: even when the job completed later
-    #: checkpoints since (deleted), whose output is then committed again.
+    #: (processor/runtime/shape/savepoints.py); ``allow_rewind``: even when the job completed
+    #: later checkpoints since (deleted), whose output is then committed again.
     from_savepoint: str | None = None
     allow_rewind: bool = False
     #: ``--map-state OLD=NEW``: restore the checkpoint's state of step OLD (no longer in the
-    #: pipeline) into NEW, a stateful step of the same kind (:mod:`processor.runtime.state_map`).
+    #: pipeline) into NEW, a stateful step of the same kind
+    #: (:mod:`processor.runtime.operators.state_map`).
     map_state: dict[str, str] = field(default_factory=dict)
     #: ``--allow-dropped-state``: restore a checkpoint holding state of steps the pipeline no
     #: longer has, dropping it (logged); without it such a restore is refused.

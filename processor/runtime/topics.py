@@ -151,7 +151,7 @@ def check_graph(plan: Plan, restored_tasks: list[str]) -> None:
     stateful step to another task, where its state would not be found; a stage added (even a
     new branch) has no snapshot to start from and no start positions (the workers failed on it
     with a ``KeyError``); a stage removed would drop its state. Changing a running job's graph
-    is a migration. (Another parallelism is a rescale: :mod:`processor.runtime.rescale`.)
+    is a migration. (Another parallelism is a rescale: :mod:`processor.runtime.shape.rescale`.)
 
     Raises:
         ConfigError: naming the stages added and removed.

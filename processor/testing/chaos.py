@@ -1,8 +1,8 @@
 """Killing a running job's workers at random moments, placed by the job's progress.
 
-:class:`Killer` SIGKILLs workers of a :class:`~processor.runtime.runner.Runner` running in this
-process (a test's or ``eosflow certify``'s); it reads the runner's live state (workers, restarts,
-checkpoints, source lag), so it needs the runner in-process, not ``eosflow run`` as a
+:class:`Killer` SIGKILLs workers of a :class:`~processor.runtime.supervision.runner.Runner` running
+in this process (a test's or ``eosflow certify``'s); it reads the runner's live state (workers,
+restarts, checkpoints, source lag), so it needs the runner in-process, not ``eosflow run`` as a
 subprocess.
 """
 
@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from processor.runtime.runner import Runner
+from processor.runtime.supervision.runner import Runner
 
 __all__ = [
     "Killer",

@@ -110,7 +110,7 @@ def run_pipeline(
         ConfigError, DefinitionError: the pipeline or the options are invalid (before any
             worker starts).
     """
-    from processor.runtime.local import LocalRunner
+    from processor.runtime.supervision.local import LocalRunner
 
     run = RunOptions(**{**_options(env, state_dir, workers, checkpoint_interval), **options})
     try:

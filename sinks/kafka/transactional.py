@@ -345,7 +345,7 @@ class KafkaSinkWriter:
         """Publish the epoch of ``committable`` unless its marker says it committed."""
         slot, tag = int(committable["slot"]), str(committable["epoch"])
         # The epoch's own subtask (the same as this writer's when the engine restores a task,
-        # or settles an old shape with its old context: processor.runtime.settle).
+        # or settles an old shape with its old context: processor.runtime.shape.settle).
         subtask = committable_subtask(committable)
         subtask_b = str(subtask).encode()
         producer = self._producer(slot, fresh=fresh)

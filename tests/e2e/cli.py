@@ -98,7 +98,7 @@ def held_then_killed(
 ) -> None:
     """Runs ``argv`` (an ``eosflow run`` with a ``...:hold`` fault at ``point`` in ``worker``)
     until that worker is held there, then SIGKILLs the whole job (:func:`kill_job`)."""
-    from processor.runtime.worker import hold_paths
+    from processor.runtime.supervision.worker import hold_paths
 
     holds.mkdir(parents=True, exist_ok=True)
     # stderr to a file, not a pipe: reading a pipe of a job still running blocks until it

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from processor.runtime.local import Fault, LocalRunner, RunOptions, RunResult
-from processor.runtime.runner import Runner
+from processor.runtime.supervision.local import Fault, LocalRunner, RunOptions, RunResult
+from processor.runtime.supervision.runner import Runner
 from processor.testing.chaos import Killer
 from sinks import read_jsonl
 
@@ -203,7 +203,7 @@ def run_chaos(
     )
     job: Runner
     if runner == "spark":
-        from processor.runtime.spark import SparkRunner
+        from processor.runtime.supervision.spark import SparkRunner
 
         job = SparkRunner(str(PIPELINES / pipeline), options)
     else:

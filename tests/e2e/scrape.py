@@ -12,8 +12,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from processor.runtime.metrics import METRICS
-from processor.runtime.runner import Runner
+from processor.runtime.observe.metrics import METRICS
+from processor.runtime.supervision.runner import Runner
 from tests.e2e.harness import ChaosRun, chaos_seed, run_chaos
 
 __all__ = ["Samples", "Scraper", "assert_monotonic", "run_paced", "samples", "value"]

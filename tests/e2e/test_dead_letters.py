@@ -20,7 +20,7 @@ import pytest
 
 from connectors import KafkaSettings, TopicAdmin, create_producer, producer_config
 from connectors.transport import produce_waiting
-from processor.runtime.local import Fault
+from processor.runtime.supervision.local import Fault
 from sinks import read_jsonl
 from tests.e2e.harness import (
     assert_exactly_once,

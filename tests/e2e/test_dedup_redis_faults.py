@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from processor.runtime.job import JobFailed
-from processor.runtime.runner import Runner
+from processor.runtime.supervision.runner import Runner
 from processor.testing import FaultProxy
 from processor.testing.chaos import input_read
 from processor.testing.redis import kill_redis, private_redis, restart_redis

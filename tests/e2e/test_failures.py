@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from processor.compiler import Plan
-from processor.runtime.local import JobFailed, LocalRunner, RunOptions
+from processor.runtime.supervision.local import JobFailed, LocalRunner, RunOptions
 from tests.e2e.harness import PIPELINES, produce_clicks
 
 pytestmark = pytest.mark.integration

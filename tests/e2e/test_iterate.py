@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from processor.runtime.runner import RunResult
+from processor.runtime.supervision.runner import RunResult
 from sinks import read_jsonl
 from tests.e2e.harness import (
     ENGINE_FAULTS,

@@ -1,12 +1,13 @@
-"""The job page (processor/runtime/ui) in a real browser: Debian's chromium, driven by selenium
-through Debian's chromedriver (named explicitly, so that Selenium Manager never downloads one).
+"""The job page (processor/runtime/observe/ui) in a real browser: Debian's chromium, driven by
+selenium through Debian's chromedriver (named explicitly, so that Selenium Manager never downloads
+one).
 
 The fixture tests serve the page's files and a fixed ``/api/job`` document (the schema of
 docs/observability.md) from a stdlib HTTP server, and check what the page draws from it: the
 stage boxes and the edge of the graph, one bar per checkpoint with the failed ones marked, the
 tables, the banner when ``/api/job`` fails. ``EOSFLOW_UPDATE_SCREENSHOT=1`` writes the first
 one's screenshot to ``docs/job-page.png``. The live test loads the page from the runner's own
-server (processor/runtime/webui.py) while a paced job runs on the embedded broker.
+server (processor/runtime/observe/webui.py) while a paced job runs on the embedded broker.
 
 Without chromium or chromedriver the tests skip, except under ``CI`` (which installs them),
 where they fail.
@@ -31,7 +32,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("browser")]
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 ROOT = Path(__file__).resolve().parents[2]
-UI = ROOT / "processor" / "runtime" / "ui"
+UI = ROOT / "processor" / "runtime" / "observe" / "ui"
 ASSETS = {"app.js": "text/javascript", "style.css": "text/css"}
 WAIT_S = 10.0
 
@@ -471,9 +472,9 @@ class _LiveChecks:
 def test_job_page_draws_a_running_job_from_its_runner(
     browser: Any, kafka_endpoint: tuple[str, str], tmp_path: Path
 ) -> None:
-    """The page as the runner serves it (processor/runtime/webui.py), while a paced two-stage
-    job runs: its stages, the shuffle between them, its checkpoints; then, the job over and its
-    server gone, the banner over the last data."""
+    """The page as the runner serves it (processor/runtime/observe/webui.py), while a paced
+    two-stage job runs: its stages, the shuffle between them, its checkpoints; then, the job over
+    and its server gone, the banner over the last data."""
     from selenium.webdriver.common.by import By
 
     from tests.e2e.scrape import run_paced

@@ -31,8 +31,8 @@ from connectors import KafkaSettings, TopicAdmin, create_producer, producer_conf
 from connectors.transport import produce_waiting
 from processor.compiler import Plan
 from processor.errors import ConfigError
-from processor.runtime.local import LocalRunner, RunOptions
-from processor.runtime.runner import Runner
+from processor.runtime.supervision.local import LocalRunner, RunOptions
+from processor.runtime.supervision.runner import Runner
 from sinks import read_jsonl
 from tests.e2e.harness import (
     ENGINE_FAULTS,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from processor.runtime.runner import Fault
+from processor.runtime.supervision.runner import Fault
 from tests.e2e.harness import (
     assert_exactly_once,
     assert_faults_fired,

@@ -35,8 +35,8 @@ import pytest
 from connectors import KafkaSettings
 from connectors.admin import TopicAdmin
 from processor.runtime.job import Fault
-from processor.runtime.runner import Runner
-from processor.runtime.worker import hold_paths
+from processor.runtime.supervision.runner import Runner
+from processor.runtime.supervision.worker import hold_paths
 from processor.testing import BrokerBehindProxy
 from tests.e2e.harness import (
     assert_exactly_once,

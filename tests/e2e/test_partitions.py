@@ -36,7 +36,7 @@ import pytest
 
 from connectors import KafkaSettings
 from connectors.admin import TopicAdmin
-from processor.runtime.runner import Runner
+from processor.runtime.supervision.runner import Runner
 from processor.testing import BrokerBehindProxy
 from tests.e2e.harness import (
     assert_exactly_once,

@@ -33,9 +33,9 @@ import pytest
 from connectors import KafkaSettings
 from connectors.admin import TopicAdmin
 from processor.runtime.job import default_snapshot_url
-from processor.runtime.local import Fault, LocalRunner, RunOptions, RunResult
-from processor.runtime.runner import Runner
-from processor.runtime.savepoints import request_savepoint
+from processor.runtime.shape.savepoints import request_savepoint
+from processor.runtime.supervision.local import Fault, LocalRunner, RunOptions, RunResult
+from processor.runtime.supervision.runner import Runner
 from processor.snapshot.store import SnapshotStore
 from processor.testing.chaos import Killer, input_read
 from tests.e2e.cli import (
@@ -131,7 +131,7 @@ def _phase(
     )
     job: Runner
     if runner == "spark":  # local[workers]: its master follows the parallelism
-        from processor.runtime.spark import SparkRunner
+        from processor.runtime.supervision.spark import SparkRunner
 
         job = SparkRunner(PIPELINE, options)
     else:

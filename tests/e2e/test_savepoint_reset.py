@@ -29,7 +29,7 @@ import orjson
 import pytest
 
 from connectors import KafkaSettings, TopicAdmin
-from processor.runtime.savepoints import _MARKER
+from processor.runtime.shape.savepoints import _MARKER
 from processor.snapshot.store import decode_snapshot, encode_snapshot
 from sinks import read_jsonl
 from tests.e2e.cli import eosflow, job_env

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from processor.errors import ConfigError
-from processor.runtime.local import Fault, JobFailed, LocalRunner, RunOptions
-from processor.runtime.savepoints import request_savepoint
+from processor.runtime.shape.savepoints import request_savepoint
+from processor.runtime.supervision.local import Fault, JobFailed, LocalRunner, RunOptions
 from processor.snapshot.store import SnapshotStore
 from sinks import read_jsonl
 from tests.e2e.harness import (

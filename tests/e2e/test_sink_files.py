@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from processor.runtime.local import Fault
+from processor.runtime.supervision.local import Fault
 from sinks.files import read_avro
 from tests.e2e.harness import (
     ChaosRun,

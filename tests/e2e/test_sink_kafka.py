@@ -21,7 +21,7 @@ import pytest
 
 from connectors import KafkaSettings
 from connectors.admin import TopicAdmin
-from processor.runtime.local import Fault
+from processor.runtime.supervision.local import Fault
 from sinks.kafka import HEADER_ID, HEADER_TXN, read_transaction_markers
 from tests.e2e.harness import (
     assert_exactly_once,

@@ -19,7 +19,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from processor.runtime.local import Fault
+from processor.runtime.supervision.local import Fault
 from tests.e2e.harness import (
     RUNNERS,
     ChaosRun,

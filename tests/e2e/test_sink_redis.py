@@ -20,7 +20,7 @@ import orjson
 import pytest
 import redis
 
-from processor.runtime.local import Fault
+from processor.runtime.supervision.local import Fault
 from tests.e2e.harness import (
     ChaosRun,
     assert_exactly_once,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from processor.runtime.local import Fault
+from processor.runtime.supervision.local import Fault
 from tests.e2e.harness import (
     assert_exactly_once,
     chaos_seed,

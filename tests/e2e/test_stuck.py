@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from processor.runtime.runner import Runner, default_snapshot_url
+from processor.runtime.supervision.runner import Runner, default_snapshot_url
 from processor.snapshot.store import SnapshotStore
 from tests.e2e.harness import (
     RUNNERS,

@@ -58,7 +58,7 @@ def test_txn_commands_cover_the_subtasks_of_an_earlier_higher_parallelism_when_r
     """After a rescale from 3 to 1 the ids of subtasks 1 and 2 exist on the broker too: the
     job file _SINK_SUBTASKS makes `txn list|abort --workers 1` cover them (issue 24)."""
     from processor.runtime.job import default_snapshot_url
-    from processor.runtime.topology import record_parallelism
+    from processor.runtime.shape.topology import record_parallelism
     from processor.snapshot.store import SnapshotStore
 
     TopicAdmin(kafka_settings).ensure_topic(topic_name, 2)

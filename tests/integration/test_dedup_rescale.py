@@ -21,7 +21,7 @@ from dedup.rescale import dedup_prefix, merge_dedup_states, referenced_prefixes,
 from dedup.store import redis_client
 from processor.contracts import SinkContext
 from processor.dataflow import Step
-from processor.runtime.dedup_step import DedupOperator
+from processor.runtime.operators.dedup_step import DedupOperator
 from processor.wire import key_owner, shared_keys
 
 pytestmark = pytest.mark.integration

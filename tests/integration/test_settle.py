@@ -1,5 +1,5 @@
 """Settling the sinks of a job's old shape before it restarts at another parallelism (issue 24,
-step 6; :mod:`processor.runtime.settle`), against real servers.
+step 6; :mod:`processor.runtime.shape.settle`), against real servers.
 
 Every test plays the same story per sink. The old shape (``P_old`` writers, generation 1) runs
 checkpoints 1 and 2; checkpoint 3 is prepared by some writers but never completes; then every
@@ -39,7 +39,7 @@ from connectors.admin import TopicAdmin
 from processor.contracts import Sink, SinkContext
 from processor.dataflow import Dataflow
 from processor.errors import EosflowError
-from processor.runtime.settle import settle_old_shape
+from processor.runtime.shape.settle import settle_old_shape
 from processor.snapshot.store import SnapshotStore
 from sinks.files import FileSink, read_jsonl
 from sinks.kafka import KafkaSink, marker_topic, read_transaction_markers

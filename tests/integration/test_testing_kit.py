@@ -17,7 +17,7 @@ import redis
 from connectors import KafkaSettings, PartitionReader, TopicAdmin
 from processor.errors import KafkaClientError
 from processor.runtime.job import JobFailed
-from processor.runtime.local import Fault
+from processor.runtime.supervision.local import Fault
 from processor.testing import (
     Job,
     SessionServers,

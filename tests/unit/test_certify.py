@@ -18,7 +18,7 @@ from processor.dataflow import Dataflow
 from processor.errors import ConfigError
 from processor.runtime.job import FAULT_POINTS
 from processor.runtime.redirect import Rewrite, apply, redirected
-from processor.runtime.worker import _Pace
+from processor.runtime.supervision.worker import _Pace
 from processor.testing import Output, assert_exactly_once, canonical, diff, order_diff
 from sinks import FileSink, KafkaSink, PostgresSink, RedisSink
 

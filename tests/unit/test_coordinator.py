@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from processor.runtime.coordinator import CheckpointCoordinator
+from processor.runtime.checkpoints.coordinator import CheckpointCoordinator
 from processor.snapshot.store import SnapshotStore
 
 
@@ -100,7 +100,7 @@ def test_new_generation_voids_the_pending_checkpoint(tmp_path: Path) -> None:
 
 
 def test_timeouts_in_a_row_are_counted_until_a_checkpoint_completes(tmp_path: Path) -> None:
-    """What the runner's stuck-worker rule reads (processor/runtime/health.py)."""
+    """What the runner's stuck-worker rule reads (processor/runtime/supervision/health.py)."""
     clock = Clock()
     c = _coordinator(tmp_path, clock)
     for n in (1, 2):

@@ -156,7 +156,7 @@ def test_step_name_dead_letters_is_reserved_when_added() -> None:
 )
 def test_recovery_options_are_checked_at_start_up(options: dict[str, Any], message: str) -> None:
     from processor.errors import ConfigError
-    from processor.runtime.runner import RunOptions
+    from processor.runtime.supervision.runner import RunOptions
 
     with pytest.raises(ConfigError, match=re.escape(message)):
         RunOptions(**options).validate()
@@ -188,7 +188,7 @@ def test_local_recovery_is_refused_when_a_running_total_crosses_a_second_shuffle
     reason; global recovery runs it."""
     from processor.compiler import compile_flow
     from processor.errors import ConfigError
-    from processor.runtime.runner import Runner, RunOptions
+    from processor.runtime.supervision.runner import Runner, RunOptions
 
     plan = compile_flow(_two_shuffles(), 2, combine=False)
     assert [(step, e.dst_step) for step, e in plan.interleaving_dependent()] == [

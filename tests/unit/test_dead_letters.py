@@ -18,9 +18,9 @@ from processor.compiler import compile_flow
 from processor.contracts import SinkContext
 from processor.dataflow import Dataflow
 from processor.errors import ConfigError, UserFunctionError
-from processor.runtime.dead_letters import DeadLetters, jsonable
-from processor.runtime.local import LocalRunner, RunOptions
+from processor.runtime.supervision.local import LocalRunner, RunOptions
 from processor.runtime.task import Task, TaskEnv
+from processor.runtime.task.dead_letters import DeadLetters, jsonable
 from processor.snapshot.store import SnapshotStore
 from processor.wire import GenerationStart, Watermark
 from tests.unit.test_task import Log, Msg, Reader, Writer
@@ -286,7 +286,7 @@ def test_dead_letters_are_counted_and_logged_first_20_then_every_10000th(
 ) -> None:
     writer = Recorder()
     dead = DeadLetters(writer, "s.0")
-    with caplog.at_level(logging.WARNING, logger="processor.runtime.dead_letters"):
+    with caplog.at_level(logging.WARNING, logger="processor.runtime.task.dead_letters"):
         for i in range(20_000):
             dead.function_failed("m", (None, i, 0), ValueError("no"), None)
     assert dead.count == 20_000

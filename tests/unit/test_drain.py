@@ -1,5 +1,5 @@
-"""Drained checkpoints (``processor.runtime.drain``): what a checkpoint records when a bounded
-run drained its watermark, and which later starts are refused."""
+"""Drained checkpoints (``processor.runtime.checkpoints.drain``): what a checkpoint records when a
+bounded run drained its watermark, and which later starts are refused."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from connectors.serde import JsonSerde
 from processor.compiler import compile_flow
 from processor.dataflow import Dataflow, Session, Tumbling
 from processor.errors import ConfigError
-from processor.runtime.coordinator import CheckpointCoordinator
-from processor.runtime.drain import check_drained, drained_metadata, event_time_steps
-from processor.runtime.operators import MAX_WATERMARK
-from processor.runtime.registry import build_operator
+from processor.runtime.checkpoints.coordinator import CheckpointCoordinator
+from processor.runtime.checkpoints.drain import check_drained, drained_metadata, event_time_steps
+from processor.runtime.operators.core import MAX_WATERMARK
+from processor.runtime.operators.registry import build_operator
 from processor.runtime.task import Task
 from processor.snapshot.store import Manifest, SnapshotStore
 from tests.unit.test_task import ListSink, Log, _env

@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 from processor.compiler import compile_flow
 from processor.dataflow import Dataflow, Session, Sliding, Tumbling
 from processor.errors import ConfigError, DefinitionError
-from processor.runtime.operators import MAX_WATERMARK, Record, WindowedAggregate
-from processor.runtime.runner import Runner, RunOptions
+from processor.runtime.operators.core import MAX_WATERMARK, Record
+from processor.runtime.operators.windows import WindowedAggregate
+from processor.runtime.supervision.runner import Runner, RunOptions
 from processor.snapshot import codec
 from sinks import ConsoleSink
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from processor.errors import ConfigError
-from processor.runtime import worker
 from processor.runtime.job import Fault
-from processor.runtime.worker import _fault_hook, hold_paths
+from processor.runtime.supervision import worker
+from processor.runtime.supervision.worker import _fault_hook, hold_paths
 
 _BOUND_S = 20.0
 
@@ -100,7 +100,7 @@ def test_hold_goes_on_by_itself_when_never_released(
 _CHILD = """
 import sys
 from pathlib import Path
-from processor.runtime.worker import _fault_hook
+from processor.runtime.supervision.worker import _fault_hook
 _fault_hook(int(sys.argv[2]), [[sys.argv[3], 1, sys.argv[4]]], Path(sys.argv[1]))(sys.argv[3])
 print("went on", flush=True)
 """

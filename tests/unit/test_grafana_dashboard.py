@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from processor.runtime.metrics import LABEL, METRICS
+from processor.runtime.observe.metrics import LABEL, METRICS
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"

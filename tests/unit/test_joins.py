@@ -1,7 +1,7 @@
-"""Joins (:mod:`processor.runtime.joins`): the temporal (stream-table), table-table and interval
-joins, their definition errors, and a property for each: any interleaving of the two inputs,
-any batching and any snapshot/restore points give the answer computed here without the engine,
-as long as no record is late."""
+"""Joins (:mod:`processor.runtime.operators.joins`): the temporal (stream-table), table-table and
+interval joins, their definition errors, and a property for each: any interleaving of the two
+inputs, any batching and any snapshot/restore points give the answer computed here without the
+engine, as long as no record is late."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from processor.compiler import compile_flow
 from processor.dataflow import Dataflow, Table
 from processor.errors import DefinitionError
-from processor.runtime.joins import IntervalJoin, TableJoin, TemporalJoin
-from processor.runtime.operators import MAX_WATERMARK, Operator, Record
-from processor.runtime.registry import build_operator
+from processor.runtime.operators.core import MAX_WATERMARK, Operator, Record
+from processor.runtime.operators.joins import IntervalJoin, TableJoin, TemporalJoin
+from processor.runtime.operators.registry import build_operator
 from processor.snapshot import codec
 from sinks import ConsoleSink
 
@@ -404,7 +404,7 @@ def test_worker_gc_thresholds_are_tuned_and_can_be_set_back() -> None:
     import gc
 
     from processor.errors import ConfigError
-    from processor.runtime.worker import GC_THRESHOLDS, tune_gc
+    from processor.runtime.supervision.worker import GC_THRESHOLDS, tune_gc
 
     before = gc.get_threshold()
     try:

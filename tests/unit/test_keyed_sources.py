@@ -20,12 +20,12 @@ from processor.compiler import Plan, compile_flow
 from processor.contracts import SinkContext
 from processor.dataflow import Dataflow, KeyedStream, Stream
 from processor.errors import ConfigError, DefinitionError, DeserializationError
-from processor.runtime.local import LocalRunner, RunOptions
-from processor.runtime.rescale import check_rescalable
+from processor.runtime.shape.rescale import check_rescalable
+from processor.runtime.shape.topology import Topology, current_topology
+from processor.runtime.supervision.local import LocalRunner, RunOptions
 from processor.runtime.task import Task
 from processor.runtime.task.sources import message_key_decoder
 from processor.runtime.topics import KEYED_FILE, check_graph, check_keyed_sources
-from processor.runtime.topology import Topology, current_topology
 from processor.snapshot.store import SnapshotStore
 from tests.unit.test_dead_letters import Recorder, _env, produce
 from tests.unit.test_task import Log
@@ -315,7 +315,7 @@ def test_another_parallelism_is_refused_for_keyed_sources_read_without_a_shuffle
     store: SnapshotStore, workers: int
 ) -> None:
     """Their keyed state sits where Kafka's partitioner put each key, not by key group: a
-    rescale (processor.runtime.rescale) cannot move it. The stages are unchanged, so the graph
+    rescale (processor.runtime.shape.rescale) cannot move it. The stages are unchanged, so the graph
     check passes; the rescale check names the keyed sources and the way out."""
     tasks = _checkpoint(store, _keyed_total(2))
     check_graph(_keyed_total(workers), tasks)

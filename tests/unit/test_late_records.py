@@ -12,8 +12,8 @@ import pytest
 from processor.compiler import compile_flow
 from processor.dataflow import Dataflow, Sliding, Tumbling
 from processor.errors import ConfigError, DefinitionError
-from processor.runtime.local import LocalRunner, RunOptions
-from processor.runtime.operators import WindowedAggregate
+from processor.runtime.operators.windows import WindowedAggregate
+from processor.runtime.supervision.local import LocalRunner, RunOptions
 from sinks import ConsoleSink
 
 Late = list[tuple[str, tuple[Any, Any, int], int, int]]

@@ -22,13 +22,18 @@ included (a lazy import is still a dependency):
 * The public API (what ``processor/__init__.py`` imports, and what that imports in turn)
   imports nothing of ``processor.runtime``: pipeline files and the compiler see the API, the
   runtime implements it (``KeyedStream.process`` names ``processor.contracts.ProcessContext``).
+* The runtime is rooms (its subpackages, :data:`ROOMS`) on a floor (its own modules): the floor
+  imports no room, every room imports the floor, and a room imports only the rooms
+  :data:`ROOMS` gives it, which form no cycle. Each room's ``__init__`` says in its docstring
+  what it owns and what it may import, and ``processor/runtime/__init__.py`` draws the same
+  directions as :data:`ROOMS` (docs/architecture.md, "The runtime's rooms").
 """
 
 from __future__ import annotations
 
 import ast
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import pairwise
 from pathlib import Path
 
@@ -43,6 +48,17 @@ WIRING = {"processor.cli", "processor.cli_jobs", "processor.admin.jobs"}
 #: The test kit writes input and reads output the way a user's test does, and ``eosflow
 #: certify`` runs on it: wiring too.
 TEST_KIT = ("processor.testing", "processor.certify")
+RUNTIME = "processor.runtime"
+#: The runtime's rooms and the rooms each may import; all of them may import the floor.
+ROOMS: dict[str, tuple[str, ...]] = {
+    "operators": (),
+    "task": ("operators",),
+    "checkpoints": ("operators",),
+    "shape": ("checkpoints", "operators"),
+    "observe": ("checkpoints",),
+    "supervision": ("observe", "shape", "checkpoints", "task", "operators"),
+}
+FLOOR = "the floor"
 
 
 def _modules(root: Path = ROOT) -> dict[str, Path]:
@@ -228,7 +244,82 @@ def _api_runtime_imports(graph: dict[str, dict[str, int]]) -> list[str]:
 
 
 def _in_runtime(module: str) -> bool:
-    return module == "processor.runtime" or module.startswith("processor.runtime.")
+    return module == RUNTIME or module.startswith(f"{RUNTIME}.")
+
+
+def _room(module: str, known: Iterable[str]) -> str | None:
+    """The room of a module of the runtime (its subpackage under ``processor.runtime``), or
+    :data:`FLOOR` for ``processor.runtime`` and its own modules; ``None`` outside the runtime."""
+    if not _in_runtime(module):
+        return None
+    parts = module.split(".")
+    if len(parts) == 2:
+        return FLOOR
+    sub = f"{RUNTIME}.{parts[2]}"
+    return parts[2] if any(m.startswith(f"{sub}.") for m in known) else FLOOR
+
+
+def _room_violations(
+    graph: dict[str, dict[str, int]], rooms: dict[str, tuple[str, ...]]
+) -> list[str]:
+    """Each import between the runtime's rooms that ``rooms`` does not allow, and each room that
+    ``rooms`` does not know."""
+    bad = []
+    unknown = {_room(m, graph) for m in graph} - {None, FLOOR, *rooms}
+    for room in sorted(r for r in unknown if r is not None):
+        bad.append(
+            f"{RUNTIME}.{room} is a room that test_layers.ROOMS does not know: add it with the "
+            "rooms it may import, and say both in its __init__ docstring"
+        )
+    for module, edges in sorted(graph.items()):
+        src = _room(module, graph)
+        if src is None or src in unknown:
+            continue
+        allowed = (src, FLOOR) if src == FLOOR else (src, FLOOR, *rooms[src])
+        wrong: dict[tuple[int, str], str] = {}  # one per statement and room: its deepest module
+        for target, line in edges.items():
+            dst = _room(target, graph)
+            if dst is not None and dst not in allowed and dst not in unknown:
+                wrong[line, dst] = max(wrong.get((line, dst), ""), target, key=len)
+        if src == FLOOR:
+            rule = "the runtime's floor imports no room"
+        elif rooms[src]:
+            rule = f"the {src} room imports only {', '.join(rooms[src])} and the floor"
+        else:
+            rule = f"the {src} room imports no other room, only the floor"
+        for (line, dst), target in sorted(wrong.items()):
+            bad.append(
+                f"{module} (line {line}) imports {target}: {rule}, not {dst}. Move what both "
+                "need down to a room both may import, or change test_layers.ROOMS and the "
+                "rooms' docstrings (docs/architecture.md, \"The runtime's rooms\")"
+            )
+    return bad
+
+
+def _room_docstring_problems(root: Path = ROOT) -> list[str]:
+    """Rooms without an ``__init__`` docstring saying what they may import, and a difference
+    between the directions that ``processor/runtime/__init__.py`` draws and :data:`ROOMS`."""
+    runtime = root / "processor" / "runtime"
+    problems = []
+    found = {d.name for d in runtime.iterdir() if d.is_dir() and any(d.rglob("*.py"))}
+    for room in sorted(found | set(ROOMS)):
+        init = runtime / room / "__init__.py"
+        doc = ast.get_docstring(ast.parse(init.read_text())) if init.exists() else None
+        if not doc or "may import" not in doc.lower():
+            problems.append(
+                f"{init.relative_to(root)}: no docstring saying what the room owns and may import"
+            )
+    doc = ast.get_docstring(ast.parse((runtime / "__init__.py").read_text())) or ""
+    drawn = {}
+    for line in doc.splitlines():
+        room, arrow, rest = (part.strip() for part in line.partition(" -> "))
+        if arrow and room in found | set(ROOMS):
+            drawn[room] = tuple(r.strip() for r in rest.split(",") if not r.strip().startswith("("))
+    if drawn != ROOMS:
+        problems.append(
+            f"processor/runtime/__init__.py draws {drawn}, test_layers.ROOMS says {ROOMS}"
+        )
+    return problems
 
 
 def test_imports_point_one_way_between_the_packages() -> None:
@@ -245,6 +336,21 @@ def test_no_module_of_the_four_packages_is_in_an_import_cycle() -> None:
     assert not cycles, "import cycles (move the shared thing down a floor):\n" + "\n".join(cycles)
 
 
+def test_the_runtime_rooms_import_only_the_rooms_they_may() -> None:
+    bad = _room_violations(_graph(), ROOMS)
+    assert not bad, "imports between the runtime's rooms:\n" + "\n".join(bad)
+
+
+def test_the_runtime_rooms_form_no_cycle() -> None:
+    cycles = _cycles({room: dict.fromkeys(below, 0) for room, below in ROOMS.items()})
+    assert not cycles, f"ROOMS lets these rooms import each other in a circle: {cycles}"
+
+
+def test_every_room_says_what_it_owns_and_may_import() -> None:
+    problems = _room_docstring_problems()
+    assert not problems, "\n".join(problems)
+
+
 def test_the_public_api_imports_nothing_of_the_runtime() -> None:
     chains = _api_runtime_imports(_graph())
     assert not chains, "the public API imports the runtime:\n" + "\n".join(chains)
@@ -257,7 +363,11 @@ def test_the_public_api_imports_nothing_of_the_runtime() -> None:
         ("dedup/extra.py", "def f():\n    import processor.runtime.task\n", "dedup.extra"),
         ("connectors/extra.py", "from sinks import FileSink\n", "connectors.extra"),
         ("processor/runtime/x.py", "from connectors import JsonSerde\n", "processor.runtime.x"),
-        ("sinks/extra.py", "from processor.runtime.runner import Runner\n", "sinks.extra"),
+        (
+            "sinks/extra.py",
+            "from processor.runtime.supervision.runner import Runner\n",
+            "sinks.extra",
+        ),
     ],
 )
 def test_the_rule_fails_when_an_import_goes_the_wrong_way(
@@ -385,18 +495,21 @@ def test_no_cycle_is_found_when_a_package_imports_modules_that_import_siblings(
 def test_a_cycle_added_to_the_tree_is_found_and_shown(tmp_path: Path) -> None:
     """A circle this issue removed (the runner and its savepoint requests), brought back."""
     _copy_tree(tmp_path)
-    savepoints = tmp_path / "processor" / "runtime" / "savepoints.py"
+    savepoints = tmp_path / "processor" / "runtime" / "shape" / "savepoints.py"
     savepoints.write_text(
         savepoints.read_text() + "\n\ndef _owner() -> None:\n"
-        "    from processor.runtime.runner import Runner  # noqa: F401\n"
+        "    from processor.runtime.supervision.runner import Runner  # noqa: F401\n"
     )
     graph = _graph(tmp_path)
     cycles = _cycles(graph)
     assert len(cycles) == 1, cycles
-    assert {"processor.runtime.runner", "processor.runtime.savepoints"} <= set(cycles[0])
+    assert {
+        "processor.runtime.supervision.runner",
+        "processor.runtime.shape.savepoints",
+    } <= set(cycles[0])
     described = _describe_cycle(graph, cycles[0])
-    assert "processor.runtime.savepoints (line " in described, described
-    assert "processor.runtime.runner (line " in described, described
+    assert "processor.runtime.shape.savepoints (line " in described, described
+    assert "processor.runtime.supervision.runner (line " in described, described
 
 
 @pytest.mark.parametrize(
@@ -405,7 +518,7 @@ def test_a_cycle_added_to_the_tree_is_found_and_shown(tmp_path: Path) -> None:
         pytest.param(
             {
                 "processor/streams.py": "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
-                "    from processor.runtime.process import ProcessContext\n"
+                "    from processor.runtime.operators.process import ProcessContext\n"
             },
             "processor.streams (line ",
             id="for-type-checking-only",
@@ -437,3 +550,99 @@ def test_an_import_of_the_runtime_by_the_public_api_is_found(
     assert len(chains) == 1, chains
     assert chains[0].startswith("processor (line ") and via in chains[0], chains
     assert chains[0].rsplit(" -> ", 1)[1].startswith("processor.runtime."), chains
+
+
+@pytest.mark.parametrize(
+    ("path", "line", "expected"),
+    [
+        pytest.param(
+            "processor/runtime/task/chain.py",
+            "from processor.runtime.checkpoints.coordinator import CheckpointCoordinator\n",
+            "processor.runtime.task.chain (line ",
+            id="the-task-knows-the-coordinator",
+        ),
+        pytest.param(
+            "processor/runtime/job.py",
+            "def f() -> None:\n    from processor.runtime.supervision.runner import Runner\n",
+            "processor.runtime.job (line ",
+            id="lazy-from-the-floor",
+        ),
+        pytest.param(
+            "processor/runtime/topics.py",
+            "from processor.runtime import observe\n",
+            "processor.runtime.topics (line ",
+            id="a-room-named-by-from-import",
+        ),
+        pytest.param(
+            "processor/runtime/operators/core.py",
+            "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
+            "    from processor.runtime.task.channels import TaskEnv\n",
+            "processor.runtime.operators.core (line ",
+            id="for-type-checking-only",
+        ),
+        pytest.param(
+            "processor/runtime/observe/metrics.py",
+            "from ..supervision.health import stuck_worker\n",
+            "processor.runtime.observe.metrics (line ",
+            id="relative-upwards",
+        ),
+        pytest.param(
+            "processor/runtime/checkpoints/drain.py",
+            "import processor.runtime.shape.topology\n",
+            "processor.runtime.checkpoints.drain (line ",
+            id="sideways",
+        ),
+        pytest.param(
+            "processor/runtime/extra/mod.py",
+            "",
+            "processor.runtime.extra is a room that test_layers.ROOMS does not know",
+            id="an-unknown-room",
+        ),
+    ],
+)
+def test_the_room_rule_fails_when_a_room_imports_one_it_may_not(
+    tmp_path: Path, path: str, line: str, expected: str
+) -> None:
+    """The check itself can fail: a copy of the tree with one import between rooms that
+    :data:`ROOMS` does not allow (or a room it does not know) is refused."""
+    _copy_tree(tmp_path)  # passes as the tree does (test_the_runtime_rooms_import_only_...)
+    target = tmp_path / path
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text((target.read_text() + "\n\n" if target.exists() else "") + line)
+    bad = _room_violations(_graph(tmp_path), ROOMS)
+    assert len(bad) == 1 and bad[0].startswith(expected), bad
+
+
+def test_a_cycle_between_rooms_is_found() -> None:
+    rooms = {**ROOMS, "operators": ("task",)}
+    graph = {room: dict.fromkeys(below, 0) for room, below in rooms.items()}
+    assert _cycles(graph) == [["operators", "task"]]
+
+
+@pytest.mark.parametrize(
+    ("path", "text", "expected"),
+    [
+        pytest.param("processor/runtime/observe/__init__.py", "", "observe", id="no-docstring"),
+        pytest.param(
+            "processor/runtime/shape/__init__.py",
+            '"""The shape room."""\n',
+            "shape",
+            id="silent-on-imports",
+        ),
+        pytest.param("processor/runtime/extra/mod.py", "", "extra/__init__.py", id="no-init"),
+        pytest.param(
+            "processor/runtime/__init__.py",
+            '"""The runtime::\n\n    task  -> operators, checkpoints\n"""\n',
+            "processor/runtime/__init__.py draws",
+            id="drawn-otherwise",
+        ),
+    ],
+)
+def test_a_room_that_does_not_say_what_it_may_import_is_found(
+    tmp_path: Path, path: str, text: str, expected: str
+) -> None:
+    _copy_tree(tmp_path)
+    (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / path).write_text(text)
+    problems = _room_docstring_problems(tmp_path)
+    assert len(problems) == 1 and expected in problems[0], problems

@@ -1,8 +1,8 @@
-"""The runner's restart rules (processor.runtime.lifecycle)."""
+"""The runner's restart rules (processor.runtime.supervision.lifecycle)."""
 
 from __future__ import annotations
 
-from processor.runtime.lifecycle import same_cause, same_kind
+from processor.runtime.supervision.lifecycle import same_cause, same_kind
 
 LOST = (
     "worker {w} exit code 1 (worker={w} failed: DataLossError: clicks[{p}]: the checkpoint's "
@@ -29,7 +29,7 @@ def test_a_final_commit_that_never_comes_fails_the_run_after_the_stop_timeout() 
     import pytest
 
     from processor.runtime.job import JobFailed
-    from processor.runtime.runner import Runner
+    from processor.runtime.supervision.runner import Runner
 
     run = SimpleNamespace(
         job="j",

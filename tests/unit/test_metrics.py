@@ -1,5 +1,5 @@
-"""Metrics bookkeeping (:mod:`processor.runtime.metrics`) and the runner's HTTP server
-(:mod:`processor.runtime.webui`), without a job: worker stats messages are fed by hand."""
+"""Metrics bookkeeping (:mod:`processor.runtime.observe.metrics`) and the runner's HTTP server
+(:mod:`processor.runtime.observe.webui`), without a job: worker stats messages are fed by hand."""
 
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from processor.compiler import compile_flow
 from processor.dataflow import Dataflow
 from processor.errors import ConfigError
-from processor.runtime.coordinator import CheckpointCoordinator, CheckpointEvent
+from processor.runtime.checkpoints.coordinator import CheckpointCoordinator, CheckpointEvent
 from processor.runtime.job import RunOptions, WorkerHandle, parse_address
-from processor.runtime.metrics import METRICS, JobMetrics, restart_kind
-from processor.runtime.webui import WebServer
+from processor.runtime.observe.metrics import METRICS, JobMetrics, restart_kind
+from processor.runtime.observe.webui import WebServer
 from processor.snapshot.store import SnapshotStore
 from sinks import ConsoleSink
 

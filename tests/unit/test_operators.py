@@ -11,13 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from processor.dataflow import Dataflow, Sliding, Tumbling
-from processor.runtime.operators import (
-    MAX_WATERMARK,
-    Aggregate,
-    Combiner,
-    WindowedAggregate,
-)
-from processor.runtime.registry import build_operator
+from processor.runtime.operators.core import MAX_WATERMARK, Aggregate
+from processor.runtime.operators.registry import build_operator
+from processor.runtime.operators.windows import Combiner, WindowedAggregate
 from processor.snapshot import codec
 
 

@@ -1,4 +1,5 @@
-"""Keyed process functions with timers (issue 23, item 4): :mod:`processor.runtime.process`.
+"""Keyed process functions with timers (issue 23, item 4):
+:mod:`processor.runtime.operators.process`.
 
 Timers fire once, in time order; deleted ones never fire; register/delete deduplicate per
 (key, time, kind); calls are atomic (a raise changes nothing); processing-time timers run on a
@@ -19,9 +20,14 @@ from hypothesis import strategies as st
 from processor.compiler import compile_flow
 from processor.dataflow import Dataflow
 from processor.errors import DefinitionError
-from processor.runtime.operators import MAX_WATERMARK, Record
-from processor.runtime.process import EVENT_TIME, PROCESSING_TIME, ProcessContext, ProcessOperator
-from processor.runtime.registry import build_operator
+from processor.runtime.operators.core import MAX_WATERMARK, Record
+from processor.runtime.operators.process import (
+    EVENT_TIME,
+    PROCESSING_TIME,
+    ProcessContext,
+    ProcessOperator,
+)
+from processor.runtime.operators.registry import build_operator
 from processor.snapshot import codec
 from sinks import ConsoleSink
 

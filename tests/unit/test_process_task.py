@@ -8,7 +8,7 @@ from typing import Any
 
 from processor.compiler import compile_flow
 from processor.dataflow import Dataflow
-from processor.runtime.process import ProcessContext
+from processor.runtime.operators.process import ProcessContext
 from processor.runtime.task import Task
 from processor.wire import GenerationStart, Watermark
 from tests.unit.test_task import ListSink, Log, _env

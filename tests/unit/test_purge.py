@@ -1,4 +1,4 @@
-"""Which channel records may be deleted (processor/runtime/purge.py): the floor of each task,
+"""Which channel records may be deleted (processor/runtime/task/purge.py): the floor of each task,
 checked against what a restore of any retained checkpoint reads, across global and local
 recoveries; and the worker's purger (one request per completed checkpoint, retries, off on a
 broker without DeleteRecords)."""
@@ -14,7 +14,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processor.runtime.purge import ChannelPurger, PurgeFloor
+from processor.runtime.task.purge import ChannelPurger, PurgeFloor
 from processor.snapshot.store import SnapshotStore
 from processor.wire import Barrier, GenerationStart
 from tests.unit.test_task import P0, P2, Log, _acks, _state, _task
@@ -225,7 +225,7 @@ def test_a_purge_in_flight_skips_the_next_and_a_failed_one_is_tried_again(
     transport.answer(RuntimeError("broker said no"))
     task.purge_floor.record(3, {A: 30})
     _complete(store, 3, keep=1)
-    with caplog.at_level(logging.WARNING, logger="processor.runtime.purge"):
+    with caplog.at_level(logging.WARNING, logger="processor.runtime.task.purge"):
         purger.completed(3)
     assert "purging channel eosflow.j.a.b[0] below offset 10 failed" in caplog.text
     assert transport.requests == [{A: 10}, {A: 30}]
@@ -238,7 +238,7 @@ def test_nothing_is_purged_and_one_line_says_so_when_the_broker_cannot_delete_re
     transport = Deleting(supported=False)
     task = FloorTask("t.0", [A])
     purger = ChannelPurger(transport, store, "j", [task])
-    with caplog.at_level(logging.INFO, logger="processor.runtime.purge"):
+    with caplog.at_level(logging.INFO, logger="processor.runtime.task.purge"):
         for chk in (1, 2, 3):
             task.purge_floor.record(chk, {A: chk * 10})
             _complete(store, chk, keep=1)

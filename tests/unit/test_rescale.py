@@ -1,6 +1,6 @@
 """Key groups and the rewrite of a checkpoint into another parallelism (issue 24): the wire
 math (ranges, owners, which old subtasks may hold a new subtask's keys), the job's topology,
-the refusals, and how source positions and channels move (processor.runtime.rescale)."""
+the refusals, and how source positions and channels move (processor.runtime.shape.rescale)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from processor.compiler import channel_inputs, channel_partitions, compile_flow
 from processor.dataflow import Dataflow
 from processor.errors import ConfigError
-from processor.runtime.channels import ChannelOut
-from processor.runtime.rescale import _restart_channels, check_rescalable, new_states
+from processor.runtime.shape.rescale import _restart_channels, check_rescalable, new_states
+from processor.runtime.shape.topology import TOPOLOGY_FILE, Topology, current_topology, new_topology
+from processor.runtime.task.channels import ChannelOut
 from processor.runtime.topics import start_positions
-from processor.runtime.topology import TOPOLOGY_FILE, Topology, current_topology, new_topology
 from processor.snapshot.store import SnapshotStore
 from processor.wire import (
     default_key_groups,
@@ -317,7 +317,7 @@ def test_a_replay_check_of_local_recovery_is_not_carried_into_the_new_shape() ->
 
 def test_a_checkpoint_whose_barriers_were_not_all_seen_is_refused(tmp_path: Any) -> None:
     """A checkpoint from before manifests said whether they were aligned: its snapshots say."""
-    from processor.runtime.rescale import _check_channels_done
+    from processor.runtime.shape.rescale import _check_channels_done
 
     plan = compile_flow(_flow(), 3, key_groups=128, epoch=1)
     old_plan = compile_flow(_flow(), 2)
@@ -334,7 +334,7 @@ def test_a_checkpoint_whose_barriers_were_not_all_seen_is_refused(tmp_path: Any)
 
 
 def test_a_restart_refuses_a_checkpoint_of_another_shape(tmp_path: Any) -> None:
-    from processor.runtime.topology import check_shape
+    from processor.runtime.shape.topology import check_shape
 
     store = SnapshotStore(tmp_path.as_uri())
     topo = {"parallelism": 2, "key_groups": 128, "epoch": 0}

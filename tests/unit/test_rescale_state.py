@@ -1,8 +1,9 @@
-"""Keyed operator state after a change of parallelism (:mod:`processor.runtime.rescale_state`).
+"""Keyed operator state after a change of parallelism
+(:mod:`processor.runtime.shape.rescale_state`).
 
 The core is one property per state kind: records ``xs`` routed over ``P_old`` subtasks by a real
-:class:`~processor.runtime.channels.ChannelOut`, a snapshot of each through the codec, the states
-redistributed over ``P_new`` subtasks as the runner does (``shared_keys``, ``keep`` by
+:class:`~processor.runtime.task.channels.ChannelOut`, a snapshot of each through the codec, the
+states redistributed over ``P_new`` subtasks as the runner does (``shared_keys``, ``keep`` by
 ``key_owner(key_bytes(k))``), restored into fresh operators that then take ``ys``; every
 watermark is broadcast to every subtask. The union of all outputs must equal what one operator
 gives for ``xs + ys``, and every key must sit in exactly one new subtask, the one that owns it.
@@ -22,12 +23,12 @@ from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
 from processor.dataflow import Dataflow, Session, Sliding, Tumbling
-from processor.runtime.channels import ChannelOut
-from processor.runtime.operators import MAX_WATERMARK, MIN_WATERMARK, Operator, Record
-from processor.runtime.process import ProcessContext
-from processor.runtime.registry import build_operator
-from processor.runtime.rescale_state import KINDS, key_bytes, redistribute
-from processor.runtime.state_map import state_kind
+from processor.runtime.operators.core import MAX_WATERMARK, MIN_WATERMARK, Operator, Record
+from processor.runtime.operators.process import ProcessContext
+from processor.runtime.operators.registry import build_operator
+from processor.runtime.operators.state_map import state_kind
+from processor.runtime.shape.rescale_state import KINDS, key_bytes, redistribute
+from processor.runtime.task.channels import ChannelOut
 from processor.snapshot import codec
 from processor.wire import key_owner, shared_keys
 from sinks import ConsoleSink

@@ -1,6 +1,6 @@
-"""Savepoints (:mod:`processor.runtime.savepoints`): the copy out of the checkpoints, the copy
-back when retention (or a user) deleted the checkpoint, every refusal, and checkpoint ids that
-never go back."""
+"""Savepoints (:mod:`processor.runtime.shape.savepoints`): the copy out of the checkpoints,
+the copy back when retention (or a user) deleted the checkpoint, every refusal, and checkpoint ids
+that never go back."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from processor.errors import ConfigError, SnapshotError
-from processor.runtime.coordinator import LAST_CHECKPOINT, CheckpointCoordinator
-from processor.runtime.savepoints import restore_savepoint, write_savepoint
+from processor.runtime.checkpoints.coordinator import LAST_CHECKPOINT, CheckpointCoordinator
+from processor.runtime.shape.savepoints import restore_savepoint, write_savepoint
 from processor.snapshot.store import SnapshotStore
 
 JOB = "sp-job"
@@ -145,7 +145,7 @@ def test_the_default_savepoint_of_a_jobs_own_store_is_outside_the_job_directory(
     """Regression (review): the default store lives in the job's directory, which
     ``eosflow reset`` deletes, and the savepoints went with it."""
     from processor.runtime.job import default_snapshot_url
-    from processor.runtime.savepoints import default_path
+    from processor.runtime.shape.savepoints import default_path
 
     store = SnapshotStore(default_snapshot_url(JOB, str(tmp_path / "state")))
     assert default_path(store, JOB, 3) == (tmp_path / "state").resolve().as_uri() + (

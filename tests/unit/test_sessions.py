@@ -1,5 +1,5 @@
-"""Session windows (:mod:`processor.runtime.sessions`): merging, firing, lateness, snapshots,
-and a property: the same clicks give the same sessions in any order when none is late."""
+"""Session windows (:mod:`processor.runtime.operators.sessions`): merging, firing, lateness,
+snapshots, and a property: the same clicks give the same sessions in any order when none is late."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from processor.dataflow import Dataflow, Session
 from processor.errors import DefinitionError
-from processor.runtime.operators import MAX_WATERMARK
-from processor.runtime.registry import build_operator
-from processor.runtime.sessions import SessionAggregate
+from processor.runtime.operators.core import MAX_WATERMARK
+from processor.runtime.operators.registry import build_operator
+from processor.runtime.operators.sessions import SessionAggregate
 from processor.snapshot import codec
 from sinks import ConsoleSink
 

@@ -12,8 +12,8 @@ import pytest
 from processor.contracts import SinkContext
 from processor.dataflow import DEAD_LETTERS, Dataflow
 from processor.errors import DefinitionError, EosflowError
-from processor.runtime.settle import settle_old_shape
-from processor.runtime.topology import record_parallelism, recorded_parallelism
+from processor.runtime.shape.settle import settle_old_shape
+from processor.runtime.shape.topology import record_parallelism, recorded_parallelism
 from processor.snapshot.store import SnapshotStore
 
 

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from processor.errors import ConfigError
-from processor.runtime.local import LocalRunner, RunOptions
-from processor.runtime.runner import WorkerHandle
-from processor.runtime.spark import SparkOptions, SparkRunner, local_slots, spark_cause
+from processor.runtime.supervision.local import LocalRunner, RunOptions
+from processor.runtime.supervision.runner import WorkerHandle
+from processor.runtime.supervision.spark import SparkOptions, SparkRunner, local_slots, spark_cause
 
 PIPELINE = Path(__file__).resolve().parents[1] / "e2e" / "pipelines" / "running_total_work.py"
 

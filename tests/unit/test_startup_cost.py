@@ -98,7 +98,7 @@ def test_redis_is_not_imported_when_nothing_uses_redis() -> None:
     30 ms of each process's start-up, for jobs without Redis."""
     code = (
         "import sys\n"
-        "import processor.runtime.worker, processor.runtime.local, dedup\n"
+        "import processor.runtime.supervision.worker, processor.runtime.supervision.local, dedup\n"
         "from sinks import ConsoleSink, FileSink, KafkaSink\n"
         "assert 'redis' not in sys.modules, 'redis imported'\n"
         "from sinks import RedisSink\n"

@@ -19,7 +19,7 @@ from processor.compiler import Plan, compile_flow
 from processor.dataflow import Dataflow, Tumbling
 from processor.errors import ConfigError
 from processor.runtime.job import RunOptions, parse_map_state
-from processor.runtime.state_map import (
+from processor.runtime.operators.state_map import (
     STATE_KEY,
     check_state,
     restore_sources,
@@ -226,7 +226,7 @@ def test_restore_sources_give_new_the_state_of_old_and_drop_what_it_replaces() -
 
 
 def test_every_stateful_operator_has_a_state_kind_and_no_stateless_one_has() -> None:
-    from processor.runtime.registry import build_operator
+    from processor.runtime.operators.registry import build_operator
 
     flow = Dataflow("job")
     keyed = flow.source("clicks", "in").key_by("k", lambda v: v)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from processor.dataflow import Dataflow, Tumbling
 from processor.errors import DefinitionError
-from processor.runtime.operators import Aggregate
+from processor.runtime.operators.core import Aggregate
 from processor.snapshot import codec
 
 TTL = 10

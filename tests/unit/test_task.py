@@ -393,7 +393,7 @@ def _local_task(
     tmp_path: Path, log: Log, monkeypatch: pytest.MonkeyPatch, *, stale_through: int = 0
 ) -> Task:
     """The count task of :func:`_task` under ``--recovery local``, with an in-memory ID store."""
-    import processor.runtime.dedup_step as dedup_step
+    import processor.runtime.operators.dedup_step as dedup_step
     from dedup.core import MemoryIdStore
 
     class NoClient:

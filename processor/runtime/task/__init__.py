@@ -22,12 +22,21 @@ alone:
                  watermark
 ``core``         :class:`Task`: the wiring, the lifecycle and the batch loop: ``open``,
                  ``step``, ``close``
+``channels``     :class:`TaskEnv` (what the tasks of one worker share) and
+                 :class:`~.channels.ChannelOut` (the operator that writes to an output channel)
+``dead_letters`` :class:`~.dead_letters.DeadLetters`: failed records with their cause
+``purge``        channel records no restore can read any more: a task's
+                 :class:`~.purge.PurgeFloor`, its worker's :class:`~.purge.ChannelPurger`
 ===============  ============================================================================
 
 Dependencies point one way: ``core`` -> ``inputs`` -> ``checkpoints`` -> ``chain``, and
 ``sources`` -> ``chain``. The inputs push into the chain and hand the aligner's actions to the
 checkpoint coordinator (:class:`~.inputs.Barriers`); the coordinator is given the inputs at each
 call (:class:`~.checkpoints.InputState`), never the task.
+
+The task room of :mod:`processor.runtime` may import the operators room and the runtime's floor;
+never the job's side (the coordinator, the runner, what observes a job: it talks to them over
+:mod:`processor.runtime.control` only).
 
 Invariants:
     ``inputs.pos[tp]`` is the offset after the last record of ``tp`` that went through the
@@ -36,7 +45,7 @@ Invariants:
     Dead letters are written to their writer before the barrier of the epoch that read them.
 """
 
-from processor.runtime.channels import TaskEnv
+from processor.runtime.task.channels import TaskEnv
 from processor.runtime.task.core import Task
 
 __all__ = ["Task", "TaskEnv"]

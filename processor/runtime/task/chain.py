@@ -7,9 +7,9 @@ replay check) and is the only place records enter them (:meth:`OperatorChain.pus
 inputs (:mod:`.inputs`, :mod:`.sources`) push into it; the checkpoint coordinator
 (:mod:`.checkpoints`) prepares, snapshots, restores and commits its operators and writers.
 
-Dead letters (:mod:`processor.runtime.dead_letters`): with a dead-letter destination, every task
-opens its own writer of it and treats it like a sink (prepare at the barrier, committable in the
-snapshot, commit on completion, recover on restart). Records that fail to decode, and records
+Dead letters (:mod:`processor.runtime.task.dead_letters`): with a dead-letter destination, every
+task opens its own writer of it and treats it like a sink (prepare at the barrier, committable in
+the snapshot, commit on completion, recover on restart). Records that fail to decode, and records
 whose user function raises (operators call :meth:`OperatorChain._on_error` from their slow path),
 go there with the cause. Where the failing record was read is found only when a failure happens:
 the inputs set :attr:`OperatorChain.origins` to where the batch being pushed came from, and
@@ -32,17 +32,12 @@ from processor.compiler import Stage
 from processor.contracts import Message, SinkContext, SinkWriter
 from processor.dataflow import DEAD_LETTERS
 from processor.errors import UserFunctionError
-from processor.runtime.channels import ChannelOut, Lineage, Loop, TaskEnv
-from processor.runtime.dead_letters import DeadLetters, Origins
-from processor.runtime.dedup_step import DedupOperator, ReplayCheck
-from processor.runtime.operators import (
-    MIN_WATERMARK,
-    Combiner,
-    Operator,
-    Record,
-    SinkOp,
-)
-from processor.runtime.registry import build_operator, build_router
+from processor.runtime.operators.core import MIN_WATERMARK, Operator, Record, SinkOp
+from processor.runtime.operators.dedup_step import DedupOperator, ReplayCheck
+from processor.runtime.operators.registry import build_operator, build_router
+from processor.runtime.operators.windows import Combiner
+from processor.runtime.task.channels import ChannelOut, Lineage, Loop, TaskEnv
+from processor.runtime.task.dead_letters import DeadLetters, Origins
 from processor.wire import Watermark
 
 log = logging.getLogger(__name__)

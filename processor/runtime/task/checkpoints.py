@@ -25,11 +25,11 @@ import time
 from concurrent.futures import Future
 from typing import Any, Protocol
 
-from processor.runtime.channels import TaskEnv
-from processor.runtime.operators import MAX_WATERMARK
-from processor.runtime.purge import PurgeFloor
-from processor.runtime.state_map import restore_sources, state_kind
+from processor.runtime.operators.core import MAX_WATERMARK
+from processor.runtime.operators.state_map import restore_sources, state_kind
 from processor.runtime.task.chain import TP, OperatorChain
+from processor.runtime.task.channels import TaskEnv
+from processor.runtime.task.purge import PurgeFloor
 from processor.snapshot.store import SnapshotHandle
 from processor.wire import (
     Barrier,
@@ -66,7 +66,7 @@ class SubtaskCheckpoints:
     """
 
     #: the channel positions of this task's snapshots: what its worker may purge
-    #: (:mod:`processor.runtime.purge`)
+    #: (:mod:`processor.runtime.task.purge`)
     purge_floor: PurgeFloor
 
     def __init__(self, env: TaskEnv, name: str, chain: OperatorChain, *, is_source: bool) -> None:
@@ -78,7 +78,7 @@ class SubtaskCheckpoints:
         self.is_source = is_source
         self.restored_id = 0
         #: Checkpoint -> this source task's positions, when its snapshot had the drained
-        #: (maximum) watermark: recorded in the manifest (runtime.drain).
+        #: (maximum) watermark: recorded in the manifest (runtime.checkpoints.drain).
         self.drained_at: dict[int, list[list[Any]]] = {}
         #: Checkpoint -> this source task's source positions (``[[topic, partition, offset]]``),
         #: sent with its ack: the runner commits them to the job's consumer group when the
@@ -124,7 +124,7 @@ class SubtaskCheckpoints:
                 positions[tp] = offset
         # By step name; a step whose state is not restored here (renamed, removed, moved to
         # another stage) was refused, or allowed, by the runner before any worker started
-        # (runtime.state_map.check_state); --map-state OLD=NEW gives NEW the state of OLD.
+        # (runtime.operators.state_map.check_state); --map-state OLD=NEW gives NEW the state of OLD.
         operators = state["operators"]
         for target, source in restore_sources(operators, self.env.map_state).items():
             if target in chain.ops:

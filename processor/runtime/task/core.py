@@ -23,11 +23,11 @@ import time
 from typing import Any
 
 from processor.compiler import Stage, channel_inputs
-from processor.runtime.channels import Lineage, Loop, TaskEnv
-from processor.runtime.purge import PurgeFloor
 from processor.runtime.task.chain import TP, OperatorChain
+from processor.runtime.task.channels import Lineage, Loop, TaskEnv
 from processor.runtime.task.checkpoints import SubtaskCheckpoints
 from processor.runtime.task.inputs import ChannelInputs
+from processor.runtime.task.purge import PurgeFloor
 from processor.runtime.task.sources import SourceInputs
 from processor.snapshot.store import SnapshotHandle
 from processor.wire import (
@@ -194,7 +194,7 @@ class Task:
 
     @property
     def purge_floor(self) -> PurgeFloor:
-        """The channel positions of this task's snapshots (:mod:`processor.runtime.purge`)."""
+        """The channel positions of this task's snapshots (:mod:`processor.runtime.task.purge`)."""
         return self.checkpoints.purge_floor
 
     @property

@@ -18,8 +18,8 @@ the regular inputs stay held until every back-edge is live. The head ignores wat
 back-edges, and records carry their iteration count in loop channels (``max_iterations``).
 
 Local recovery (docs/local-recovery.md): channel records carry their IDs; the ones this task
-processed already are dropped by :class:`~processor.runtime.dedup_step.ReplayCheck`, the others
-pushed one at a time with their ID as lineage.
+processed already are dropped by :class:`~processor.runtime.operators.dedup_step.ReplayCheck`, the
+others pushed one at a time with their ID as lineage.
 
 :class:`ChannelInputs` owns all of this state (positions, recovery phases, the barrier aligner,
 paused channels and their stash, the loop's back-edge log, alignment times); it pushes records
@@ -55,14 +55,14 @@ from processor.checkpoint.aligner import (
 from processor.compiler import Stage
 from processor.contracts import Message, Reader
 from processor.errors import EosflowError, IterationLimitError
-from processor.runtime.channels import TaskEnv
-from processor.runtime.dead_letters import channel_origins
-from processor.runtime.operators import (
+from processor.runtime.operators.core import (
     MIN_WATERMARK,
     Record,
 )
 from processor.runtime.task.chain import TP, OperatorChain
+from processor.runtime.task.channels import TaskEnv
 from processor.runtime.task.checkpoints import InputState
+from processor.runtime.task.dead_letters import channel_origins
 from processor.wire import (
     Barrier,
     EndOfStream,

@@ -25,15 +25,15 @@ from dedup.ids import source_id
 from processor.compiler import Stage
 from processor.contracts import Message, Reader
 from processor.errors import DeserializationError
-from processor.runtime.channels import TaskEnv
-from processor.runtime.dead_letters import source_origins
-from processor.runtime.joins import joined_as_table_only
-from processor.runtime.operators import (
+from processor.runtime.operators.core import (
     MAX_WATERMARK,
     MIN_WATERMARK,
     Record,
 )
+from processor.runtime.operators.joins import joined_as_table_only
 from processor.runtime.task.chain import TP, OperatorChain
+from processor.runtime.task.channels import TaskEnv
+from processor.runtime.task.dead_letters import source_origins
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class SourceInputs:
         self.source_params: dict[str, tuple[Any, Any, int, Any]] = {}
         self.table_topics: set[str] = set()  # sources read as tables (Dataflow.table)
         #: the tables that only feed temporal joins' table side: caught up, they leave the
-        #: watermark (runtime.joins.joined_as_table_only)
+        #: watermark (runtime.operators.joins.joined_as_table_only)
         self.quiet_tables: set[str] = set()
         for source in stage.sources:
             p = steps[source].params
