@@ -21,6 +21,7 @@ from processor.contracts import SinkContext
 from processor.dataflow import Dataflow, KeyedStream, Stream
 from processor.errors import ConfigError, DefinitionError, DeserializationError
 from processor.runtime.local import LocalRunner, RunOptions
+from processor.runtime.recovery import Supervisor
 from processor.runtime.rescale import check_rescalable
 from processor.runtime.task import Task
 from processor.runtime.task.sources import message_key_decoder
@@ -406,7 +407,7 @@ def _runner(
     def no_workers(*_args: Any) -> None:
         raise AssertionError("the start-up checks let the job start its workers")
 
-    monkeypatch.setattr(LocalRunner, "_spawn_all", no_workers)
+    monkeypatch.setattr(Supervisor, "start_generation", no_workers)
     options = RunOptions(
         workers=workers,
         state_dir=str(tmp_path / "state"),
