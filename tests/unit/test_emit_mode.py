@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from processor.compiler import compile_flow
 from processor.dataflow import Dataflow, Session, Sliding, Tumbling
 from processor.errors import ConfigError, DefinitionError
+from processor.runtime.local import LocalRunner, RunOptions
 from processor.runtime.operators import MAX_WATERMARK, Record, WindowedAggregate
-from processor.runtime.runner import Runner, RunOptions
 from processor.snapshot import codec
 from sinks import ConsoleSink
 
@@ -134,8 +134,8 @@ def test_local_recovery_is_refused_at_start_up(tmp_path: Path, body: str, match:
         f"flow = Dataflow('job')\n{body}\n"
     )
     with pytest.raises(ConfigError, match=match):
-        Runner(pipeline, RunOptions(recovery="local", state_dir=str(tmp_path / "state")))
-    Runner(pipeline, RunOptions(state_dir=str(tmp_path / "state")))  # global: fine
+        LocalRunner(pipeline, RunOptions(recovery="local", state_dir=str(tmp_path / "state")))
+    LocalRunner(pipeline, RunOptions(state_dir=str(tmp_path / "state")))  # global: fine
 
 
 @settings(max_examples=200, deadline=None)
