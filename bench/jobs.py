@@ -160,7 +160,7 @@ def run_job(
     return {
         "job": result.job,
         "runner": runner,
-        "spark_start_s": getattr(job, "spark_start_s", None),
+        "spark_start_s": getattr(getattr(job, "spark", None), "spark_start_s", None),
         "mode": mode,
         "interval_s": interval if mode != "none" else None,
         "records": records,

@@ -28,11 +28,10 @@ The rooms, and the rooms each may import (the floor: all of them)::
 ``shape``        a job's shape (parallelism, key groups, shape epoch) and its change: the new
                  shape's checkpoint, keyed state redistributed, the old shape's sinks settled,
                  older shapes' leftovers removed; savepoints and a job restored from one
-``observe``      what a running job tells: metrics, the job page and its HTTP server,
-                 the progress line and ``status.json``
+``observe``      what a running job tells: metrics, the job page and its HTTP server
 ``supervision``  the processes of a run: the runner (coordinator loop, supervision, recovery,
-                 stop and restart) on the local and Spark runners, start-up checks, worker
-                 health, and the worker process the runner starts
+                 stop and restart, progress line) on the local and Spark runners, start-up checks,
+                 worker health, and the worker process the runner starts
 ===============  ============================================================================
 
 The directions say who may know whom: a task never knows the job side (the coordinator, the

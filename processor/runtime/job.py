@@ -1,7 +1,7 @@
 """What a run takes and gives: :class:`RunOptions` (and the parsing of what the command line
 gives for them: :func:`parse_duration`, :func:`parse_map_state`, :func:`parse_address`),
-:class:`Fault`, :class:`RunResult`, :class:`JobFailed`, the runner's view of a worker, and where
-a job keeps its files.
+:class:`Fault`, :class:`RunResult`, :class:`JobFailed`, the runner's view of a worker and of the
+current generation of workers, and where a job keeps its files.
 
 Light to import (no worker, no task runtime): the CLI builds its parser from it.
 """
@@ -25,6 +25,7 @@ __all__ = [
     "MODES",
     "RECOVERIES",
     "Fault",
+    "Generation",
     "JobFailed",
     "RunOptions",
     "RunResult",
@@ -349,3 +350,55 @@ class WorkerHandle:
     drained: bool = False
     stats: dict[str, Any] = field(default_factory=dict)
     last_seen: float = 0.0  # monotonic time of its last message (heartbeats included)
+
+
+class Generation:
+    """The current generation of workers: its number, the workers' handles and where this
+    generation's lines start in their log files (shared by every generation).
+
+    The one piece of state the runner's collaborators share: the supervisor
+    (:mod:`processor.runtime.supervision.recovery`) starts generations and replaces a worker; the
+    control plane admits workers into their handles; the worker launcher sets their pids and reads
+    their connections; the reporter reads their counters.
+    """
+
+    def __init__(self, run_dir: Path, count: int) -> None:
+        self.dir = run_dir
+        self.count = count
+        self.number = 0
+        self.workers: list[WorkerHandle] = []
+        self._log_offsets: list[int] = []
+
+    def log_path(self, worker: int) -> Path:
+        return self.dir / f"worker-{worker}.log"
+
+    def begin(self) -> None:
+        """Fresh handles for generation :attr:`number`; its log lines start here."""
+        self.workers = [WorkerHandle(i) for i in range(self.count)]
+        self._log_offsets = [self._log_size(i) for i in range(self.count)]
+
+    def restart(self, worker: int) -> None:
+        """A fresh handle for ``worker`` alone (local recovery), its log lines starting here."""
+        self.workers[worker] = WorkerHandle(worker)
+        self._log_offsets[worker] = self._log_size(worker)
+
+    def connected(self) -> bool:
+        """Every worker of the generation said hello."""
+        return all(w.conn is not None for w in self.workers)
+
+    def last_error(self, worker: int) -> str:
+        """`` (the last ERROR/CRITICAL message)`` this generation logged for ``worker``, if its
+        log is readable here (always on the local runner; on Spark when the file system is
+        shared), else ``""``."""
+        try:
+            with open(self.log_path(worker), "rb") as f:
+                f.seek(self._log_offsets[worker])
+                text = f.read().decode(errors="replace")
+        except (OSError, IndexError):
+            return ""
+        tail = [ln for ln in text.splitlines()[-200:] if "ERROR" in ln or "CRITICAL" in ln]
+        return f" ({tail[-1].split(': ', 1)[-1]})" if tail else ""
+
+    def _log_size(self, worker: int) -> int:
+        path = self.log_path(worker)
+        return path.stat().st_size if path.exists() else 0

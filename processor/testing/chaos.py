@@ -41,7 +41,7 @@ def input_read(runner: Runner, records: int) -> float | None:
         return None
     if all(w.drained for w in workers):
         return 1.0
-    _read, _out, lag = runner._counters()
+    _read, _out, lag = runner.reporter.counters()
     return max(0.0, records - lag) / max(records, 1)
 
 

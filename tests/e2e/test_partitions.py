@@ -72,7 +72,7 @@ def _partition(
             coordinator = getattr(runner, "coordinator", None)
             ready = bool(workers) and all(w.conn is not None and w.stats for w in workers)
             if ready and coordinator is not None and coordinator.stats.completed >= 1:
-                _read, _out, lag = runner._counters()
+                _read, _out, lag = runner.reporter.counters()
                 if records - lag >= 0.3 * records:
                     break
             time.sleep(0.02)

@@ -188,7 +188,7 @@ def test_local_recovery_is_refused_when_a_running_total_crosses_a_second_shuffle
     reason; global recovery runs it."""
     from processor.compiler import compile_flow
     from processor.errors import ConfigError
-    from processor.runtime.supervision.runner import Runner, RunOptions
+    from processor.runtime.supervision.local import LocalRunner, RunOptions
 
     plan = compile_flow(_two_shuffles(), 2, combine=False)
     assert [(step, e.dst_step) for step, e in plan.interleaving_dependent()] == [
@@ -200,8 +200,8 @@ def test_local_recovery_is_refused_when_a_running_total_crosses_a_second_shuffle
     )
     options = RunOptions(recovery="local", state_dir=str(tmp_path / "state"))
     with pytest.raises(ConfigError, match=r"--recovery local cannot keep step 'total' exactly"):
-        Runner(pipeline, options)
-    Runner(pipeline, RunOptions(state_dir=str(tmp_path / "state")))  # global recovery: fine
+        LocalRunner(pipeline, options)
+    LocalRunner(pipeline, RunOptions(state_dir=str(tmp_path / "state")))  # global recovery: fine
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from processor.dataflow import Dataflow, Session, Sliding, Tumbling
 from processor.errors import ConfigError, DefinitionError
 from processor.runtime.operators.core import MAX_WATERMARK, Record
 from processor.runtime.operators.windows import WindowedAggregate
-from processor.runtime.supervision.runner import Runner, RunOptions
+from processor.runtime.supervision.local import LocalRunner, RunOptions
 from processor.snapshot import codec
 from sinks import ConsoleSink
 
@@ -135,8 +135,8 @@ def test_local_recovery_is_refused_at_start_up(tmp_path: Path, body: str, match:
         f"flow = Dataflow('job')\n{body}\n"
     )
     with pytest.raises(ConfigError, match=match):
-        Runner(pipeline, RunOptions(recovery="local", state_dir=str(tmp_path / "state")))
-    Runner(pipeline, RunOptions(state_dir=str(tmp_path / "state")))  # global: fine
+        LocalRunner(pipeline, RunOptions(recovery="local", state_dir=str(tmp_path / "state")))
+    LocalRunner(pipeline, RunOptions(state_dir=str(tmp_path / "state")))  # global: fine
 
 
 @settings(max_examples=200, deadline=None)

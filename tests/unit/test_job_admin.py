@@ -29,7 +29,8 @@ def _dead_pid() -> int:
 
 
 def _record(state_dir: Path, job: str, *, state: str, pid: int, **extra: Any) -> Path:
-    """A ``status.json`` as the runner writes it (:mod:`processor.runtime.observe.reporting`)."""
+    """A ``status.json`` as the runner writes it
+    (:mod:`processor.runtime.supervision.reporting`)."""
     status = {
         "job": job,
         "state": state,

@@ -23,6 +23,7 @@ from processor.errors import ConfigError, DefinitionError, DeserializationError
 from processor.runtime.shape.rescale import check_rescalable
 from processor.runtime.shape.topology import Topology, current_topology
 from processor.runtime.supervision.local import LocalRunner, RunOptions
+from processor.runtime.supervision.recovery import Supervisor
 from processor.runtime.task import Task
 from processor.runtime.task.sources import message_key_decoder
 from processor.runtime.topics import KEYED_FILE, check_graph, check_keyed_sources
@@ -406,7 +407,7 @@ def _runner(
     def no_workers(*_args: Any) -> None:
         raise AssertionError("the start-up checks let the job start its workers")
 
-    monkeypatch.setattr(LocalRunner, "_spawn_all", no_workers)
+    monkeypatch.setattr(Supervisor, "start_generation", no_workers)
     options = RunOptions(
         workers=workers,
         state_dir=str(tmp_path / "state"),

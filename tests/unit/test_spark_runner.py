@@ -60,7 +60,7 @@ def test_local_recovery_is_refused_on_spark_with_the_alternatives(tmp_path: Path
 
 def test_default_master_is_local_with_one_slot_per_worker(tmp_path: Path) -> None:
     runner = SparkRunner(PIPELINE, _options(tmp_path, workers=3))
-    assert runner.master == "local[3]" and runner.local_master
+    assert runner.spark.master == "local[3]" and runner.spark.local_master
 
 
 def test_conf_items_parse_and_bad_ones_say_the_form() -> None:

@@ -1,9 +1,9 @@
 """What a running job tells its user (the observe room of :mod:`processor.runtime`).
 
 Owns :mod:`.metrics` (Prometheus metrics and the job page's data), :mod:`.webui` (the runner's
-HTTP server: the job page, ``/api/job``, ``/metrics``), :mod:`.reporting` (the progress line,
-``status.json``, the run's result) and the job page's static assets in ``ui/`` (package data).
-docs/observability.md.
+HTTP server: the job page, ``/api/job``, ``/metrics``) and the job page's static assets in
+``ui/`` (package data). The progress line and ``status.json`` are the runner's
+(:mod:`processor.runtime.supervision.reporting`: they count restarts). docs/observability.md.
 
 May import: the checkpoints room (the coordinator's statistics and events) and the runtime's
 floor (options, results, the runner's view of a worker). It reads values and never steers: it

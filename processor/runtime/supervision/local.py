@@ -2,8 +2,10 @@
 
 Workers are started as ``python -m processor.runtime.supervision.worker SPEC.json`` in their own
 process groups, with output in ``<job dir>/worker-N.log``. Stopping a generation SIGKILLs every
-worker and reaps it, so no zombie producer can write after the new generation's markers. The rest
-(coordinator loop, supervision, reporting) is :class:`processor.runtime.supervision.runner.Runner`.
+worker and reaps it, so no zombie producer can write after the new generation's markers.
+:class:`LocalWorkers` is that :class:`~processor.runtime.supervision.recovery.WorkerLauncher`;
+:class:`LocalRunner` is a :class:`~processor.runtime.supervision.runner.Runner` that uses it (the
+coordinator loop, supervision and reporting are the runner's collaborators).
 """
 
 from __future__ import annotations
@@ -15,10 +17,13 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from processor.embedded._process import ServerProcess, spawn
+from processor.runtime.job import Generation
+from processor.runtime.supervision.recovery import ControlAddress, Failure
 from processor.runtime.supervision.runner import (
     Fault,
     JobFailed,
@@ -34,6 +39,7 @@ __all__ = [
     "Fault",
     "JobFailed",
     "LocalRunner",
+    "LocalWorkers",
     "RunOptions",
     "RunResult",
     "default_snapshot_url",
@@ -48,43 +54,60 @@ log = logging.getLogger(__name__)
 class LocalRunner(Runner):
     """Runs ``pipeline`` (a file path) with :class:`RunOptions`, one OS process per worker."""
 
-    runner = "local"
-
     def __init__(self, pipeline: str | Path, options: RunOptions) -> None:
-        super().__init__(pipeline, options)
+        super().__init__(pipeline, options, LocalWorkers(options.environ))
+
+
+class LocalWorkers:
+    """Workers as OS processes of this host (a
+    :class:`~processor.runtime.supervision.recovery.WorkerLauncher`); ``environ``: what they see
+    besides this process's environment."""
+
+    name = "local"
+
+    def __init__(self, environ: dict[str, str]) -> None:
+        self.environ = environ
         self.procs: list[ServerProcess] = []
 
-    def _launch(self, specs: list[dict[str, Any]]) -> None:
-        self.procs = [self._spawn(spec) for spec in specs]
+    def open(self, job: str, pipeline: str, say: Callable[[str], None]) -> ControlAddress:
+        return ControlAddress()  # loopback: the workers run here
 
-    def _relaunch(self, spec: dict[str, Any]) -> None:
-        self.procs[spec["worker"]] = self._spawn(spec)
+    def close(self) -> None:
+        pass
 
-    def _spawn(self, spec: dict[str, Any]) -> ServerProcess:
+    def launch(self, specs: list[dict[str, Any]], current: Generation) -> None:
+        self.procs = [self._spawn(spec, current) for spec in specs]
+
+    def relaunch(self, spec: dict[str, Any], current: Generation) -> None:
+        self.procs[spec["worker"]] = self._spawn(spec, current)
+
+    def _spawn(self, spec: dict[str, Any], current: Generation) -> ServerProcess:
         i = spec["worker"]
-        spec_path = self.dir / f"worker-{i}.spec.json"
+        spec_path = current.dir / f"worker-{i}.spec.json"
         spec_path.write_text(json.dumps(spec))
+        env = dict(os.environ)
+        env.update(self.environ)
         proc = spawn(
             f"worker-{i}",
             [sys.executable, "-m", "processor.runtime.supervision.worker", str(spec_path)],
             log_path=Path(spec["log_path"]),
             owned=True,
-            env=self._worker_env(),
+            env=env,
         )
-        self.workers[i].pid = proc.pid
+        current.workers[i].pid = proc.pid
         return proc
 
-    def _stop_workers(self) -> None:
+    def stop_all(self, current: Generation) -> None:
         for proc in self.procs:
             _kill(proc)
         for proc in self.procs:
             _reap(proc)
 
-    def _stop_worker(self, index: int) -> None:
+    def stop_worker(self, index: int) -> None:
         _kill(self.procs[index])
         _reap(self.procs[index])
 
-    def _await_exit(self, timeout: float) -> None:
+    def await_exit(self, timeout: float) -> None:
         for proc in self.procs:
             if proc.popen is not None:
                 try:
@@ -92,12 +115,11 @@ class LocalRunner(Runner):
                 except subprocess.TimeoutExpired:
                     log.error("%s did not stop; killing", proc.name)
 
-    def _dead_worker(self) -> str | None:
-        for w, proc in zip(self.workers, self.procs, strict=True):
+    def dead_worker(self, current: Generation) -> Failure | None:
+        for w, proc in zip(current.workers, self.procs, strict=True):
             code = proc.popen.poll() if proc.popen is not None else None
             if code is not None:
-                self.failed_worker = w.index
-                return self._cause(w.index, code)
+                return self._cause(current, w.index, code), w.index
             if w.conn is not None and w.conn.closed:
                 # A failing worker closes its connection before it logs the error and exits:
                 # give it a moment, so that the cause names its exit status and error line.
@@ -107,11 +129,11 @@ class LocalRunner(Runner):
                         code = proc.popen.wait(timeout=2.0)
                     except subprocess.TimeoutExpired:
                         code = None
-                self.failed_worker = w.index
-                return self._cause(w.index, code)
+                return self._cause(current, w.index, code), w.index
         return None
 
-    def _cause(self, index: int, code: int | None) -> str:
+    @staticmethod
+    def _cause(current: Generation, index: int, code: int | None) -> str:
         status = (
             f"killed by signal {signal.Signals(-code).name}"
             if code is not None and code < 0
@@ -119,7 +141,7 @@ class LocalRunner(Runner):
             if code is not None
             else "lost its coordinator connection"
         )
-        return f"worker {index} {status}" + self._last_error(index)
+        return f"worker {index} {status}" + current.last_error(index)
 
 
 def _kill(proc: ServerProcess) -> None:

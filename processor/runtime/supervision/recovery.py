@@ -1,184 +1,228 @@
-"""How a runner supervises its workers: what a runner implements to start, watch and stop
-them (:class:`processor.runtime.supervision.runner.Runner`'s subclasses), and recovery when one dies
-or is stuck: global (a new generation of every worker) or local (the failed worker alone)."""
+"""How a runner supervises its workers: :class:`Supervisor` starts each generation, finds a
+worker that died or is stuck, and recovers: global (a new generation of every worker) or local
+(the failed worker alone, in the same generation).
+
+How workers are started, watched and stopped is a :class:`WorkerLauncher`'s business: OS
+processes (:class:`processor.runtime.supervision.local.LocalWorkers`) or one Spark barrier job per
+generation (:class:`processor.runtime.supervision.spark.SparkWorkers`). The supervisor talks to it
+only through that protocol, and to the workers only through the control plane.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple, Protocol
 
+from processor.compiler import Plan
+from processor.runtime.checkpoints.coordinator import CheckpointCoordinator
 from processor.runtime.control import ControlServer
-from processor.runtime.job import JobFailed, WorkerHandle
+from processor.runtime.job import Generation, RunOptions
+from processor.runtime.observe.metrics import JobMetrics
+from processor.runtime.shape.topology import check_shape
 from processor.runtime.supervision.health import stuck_worker
 from processor.runtime.supervision.identity import JobIdentity
-from processor.runtime.supervision.lifecycle import RunnerLifecycle, same_cause
+from processor.runtime.supervision.lifecycle import RestartBudget, StopController
+from processor.snapshot.store import SnapshotStore
 
-__all__ = ["RunnerRecovery"]
+__all__ = ["ControlAddress", "Failure", "SpecFactory", "Supervisor", "WorkerLauncher"]
 
 log = logging.getLogger(__name__)
 
-# The same failure this many times in a row before the workers all started is a configuration
-# or environment problem, not bad luck: fail instead of spending the restart budget on it.
-_MAX_UNSTARTED = 3
+#: Why a worker failed, and its index when the launcher knows which (local recovery needs it).
+Failure = tuple[str, int | None]
 
 
-class RunnerRecovery(RunnerLifecycle):
-    """Worker supervision and recovery of a
-    :class:`~processor.runtime.supervision.runner.Runner`."""
+class ControlAddress(NamedTuple):
+    """Where the control plane listens (``bind``) and the host workers connect to
+    (``advertise``; ``None``: the bind host)."""
 
-    server: ControlServer
-    identity: JobIdentity
-    failed_worker: int | None
-    final_chk: int | None
-    committed: dict[int, set[str]]
-    log_offsets: list[int]
-    _unstarted: int
+    bind: tuple[str, int] = ("127.0.0.1", 0)
+    advertise: str | None = None
 
-    # -- what the runner defines -----------------------------------------------------------------
 
-    def _spawn_all(self, counts: dict[str, int], ends: list[list[Any]] | None) -> None:
-        raise NotImplementedError
+class WorkerLauncher(Protocol):
+    """Starts, watches and stops the workers of a generation (what differs between runners)."""
 
-    def _spec(
-        self,
-        i: int,
-        restore: int,
-        counts: dict[str, int],
-        ends: list[list[Any]] | None,
-        stale_through: int = 0,
-        sink_generation: int | None = None,
-    ) -> dict[str, Any]:
-        raise NotImplementedError
+    #: The runner's name in logs, ``status.json`` and metrics: ``local``, ``spark``.
+    name: str
 
-    def _pump(self, timeout: float = 0.05) -> None:
-        raise NotImplementedError
+    def open(self, job: str, pipeline: str, say: Callable[[str], None]) -> ControlAddress:
+        """Acquire the launcher's resources (before the first generation); where the control
+        plane must listen for its workers to reach it."""
 
-    def _log_path(self, worker: int) -> Path:
-        raise NotImplementedError
+    def close(self) -> None:
+        """Release them (after the last generation)."""
 
-    # -- what a runner implements ----------------------------------------------------------------
+    def launch(self, specs: list[dict[str, Any]], current: Generation) -> None:
+        """Start one worker per spec (JSON-able dicts); ``current.workers`` is already set."""
 
-    def _start(self) -> None:
-        """Acquire the runner's resources (before the first generation)."""
+    def relaunch(self, spec: dict[str, Any], current: Generation) -> None:
+        """Start one worker again (local recovery), after :meth:`stop_worker` of it."""
 
-    def _close(self) -> None:
-        """Release them (after the last)."""
+    def dead_worker(self, current: Generation) -> Failure | None:
+        """The cause, if a worker of the current generation died or lost its connection, with
+        its index when the launcher can restart it alone."""
 
-    def _launch(self, specs: list[dict[str, Any]]) -> None:
-        """Start one worker per spec (JSON-able dicts); ``self.workers`` is already set."""
-        raise NotImplementedError
-
-    def _dead_worker(self) -> str | None:
-        """The cause, if a worker of the current generation died or lost its connection (and
-        :attr:`failed_worker` set to its index, when the runner can restart it alone)."""
-        raise NotImplementedError
-
-    def _relaunch(self, spec: dict[str, Any]) -> None:
-        """Start one worker again (local recovery), after :meth:`_stop_worker` of it."""
-        raise NotImplementedError
-
-    def _stop_worker(self, index: int) -> None:
+    def stop_worker(self, index: int) -> None:
         """Stop worker ``index`` alone and wait until it cannot write any more."""
-        raise NotImplementedError
 
-    def _stop_workers(self) -> None:
+    def stop_all(self, current: Generation) -> None:
         """Stop every worker of the current generation and wait until none can write."""
-        raise NotImplementedError
 
-    def _await_exit(self, timeout: float) -> None:
+    def await_exit(self, timeout: float) -> None:
         """Wait for the workers to exit after they were told to stop."""
-        raise NotImplementedError
 
-    def _kill_all(self) -> None:
-        self._stop_workers()
+
+class SpecFactory(Protocol):
+    """Worker ``worker``'s start-up spec for the current generation (the runner's)."""
+
+    def __call__(
+        self, worker: int, restore: int, stale_through: int = 0, sink_generation: int | None = None
+    ) -> dict[str, Any]: ...
+
+
+class Supervisor:
+    """Starts generations of workers, finds failed ones, and recovers.
+
+    Built by the runner once its control plane and coordinator exist; it owns nothing but
+    decisions: the workers' handles are the shared :class:`Generation`, their processes the
+    ``launcher``'s, the restart counts the ``budget``'s. ``spec`` builds a worker's start-up
+    spec; ``identity`` is the job's claim in the broker (a runner fenced by another stops
+    instead of restarting); ``pump(timeout)`` handles the workers' messages (the survivors of
+    a local recovery keep talking while one restarts); ``say`` writes a progress line.
+    """
+
+    def __init__(
+        self,
+        *,
+        job: str,
+        plan: Plan,
+        options: RunOptions,
+        store: SnapshotStore,
+        current: Generation,
+        launcher: WorkerLauncher,
+        server: ControlServer,
+        coordinator: CheckpointCoordinator,
+        budget: RestartBudget,
+        stop: StopController,
+        identity: JobIdentity,
+        metrics: JobMetrics | None,
+        spec: SpecFactory,
+        pump: Callable[[float], None],
+        say: Callable[[str], None],
+    ) -> None:
+        self.job, self.plan, self.options, self.store = job, plan, options, store
+        self.current, self.launcher, self.server = current, launcher, server
+        self.coordinator, self.budget, self.stop, self.metrics = coordinator, budget, stop, metrics
+        self.identity = identity
+        self._spec, self._pump, self._say = spec, pump, say
+
+    def start_generation(self) -> None:
+        """A new generation of every worker, from the latest completed checkpoint."""
+        current = self.current
+        current.number = self.store.next_generation(self.job)
+        self.coordinator.start_generation(current.number)
+        latest = self.store.latest_completed(self.job)
+        check_shape(self.plan, self.store, latest)
+        restore = latest.checkpoint_id if latest else 0
+        specs = [self._spec(i, restore) for i in range(self.options.workers)]
+        current.begin()
+        self.launcher.launch(specs, current)
+        log.info(
+            "started runner=%s generation=%d workers=%d restore_checkpoint=%d",
+            self.launcher.name, current.number, len(current.workers), restore,
+        )  # fmt: skip
+
+    def failed(self) -> Failure | None:
+        """A worker that died (:meth:`WorkerLauncher.dead_worker`) or is stuck
+        (:func:`~processor.runtime.supervision.health.stuck_worker`); it is restarted either way."""
+        dead = self.launcher.dead_worker(self.current)
+        if dead is not None:
+            return dead
+        coordinator = self.coordinator
+        found = stuck_worker(
+            self.current.workers, self.options, coordinator.timed_out, time.monotonic()
+        )
+        if found is not None:
+            coordinator.timed_out = []  # this restart answers them
+        return found
+
+    def stop_all(self) -> None:
+        """Stop every worker of the generation and close their connections."""
+        self.launcher.stop_all(self.current)
         self.server.drop_all()
 
-    def _recover(self, cause: str, counts: dict[str, int], ends: list[list[Any]] | None) -> None:
+    def recover(self, cause: str, worker: int | None) -> None:
+        """Restart after a failure: worker ``worker`` alone under ``--recovery local`` when
+        the launcher knows which, else a new generation of every worker, after the backoff.
+
+        Raises:
+            JobFailed: the restart budget says restarting cannot help (:class:`RestartBudget`).
+            JobFencedError: another runner took the job (:meth:`JobIdentity.verify`).
+        """
         self.identity.verify(cause)  # fenced by another runner of the job: stop, not restart
-        self.restarts += 1
-        self.restart_causes.append(cause)
+        budget = self.budget
+        budget.count(cause)
         if self.metrics is not None:
             self.metrics.on_restart(cause)
-        failed, self.failed_worker = self.failed_worker, None
-        if self.options.recovery == "local" and failed is not None:
-            self._recover_local(failed, cause, counts, ends)
+        if self.options.recovery == "local" and worker is not None:
+            self._recover_local(worker, cause)
             return
-        started = all(w.conn is not None for w in self.workers)
-        self._unstarted = 0 if started else self._unstarted + 1
-        self._kill_all()
-        # "The same" failure whichever worker hit it first.
-        recent = self.restart_causes[-_MAX_UNSTARTED:]
-        if self._unstarted >= _MAX_UNSTARTED and all(same_cause(c, cause) for c in recent):
-            raise JobFailed(
-                f"job {self.job!r}: the workers failed {_MAX_UNSTARTED} times in a row before "
-                f"they all started, each time with: {cause}. Worker logs: {self.dir}/worker-*.log"
-            )
-        self._check_budget(cause)
-        backoff = self._backoff()
+        started = self.current.connected()
+        self.stop_all()
+        budget.check_start(cause, started)
+        budget.check(cause, self._latest_id())
+        backoff = budget.backoff()
         log.warning(
             "restart=%s total=%d runner=%s cause=%r backoff_s=%.1f recovery=global",
-            self.restart_count(), self.restarts, self.runner, cause, backoff,
+            budget.restart_count(), budget.restarts, self.launcher.name, cause, backoff,
         )  # fmt: skip
-        self._say(f"restart {self.restarts}: {cause}; global recovery in {backoff:.1f}s")
+        self._say(f"restart {budget.restarts}: {cause}; global recovery in {backoff:.1f}s")
         time.sleep(backoff)
-        self.final_chk = None
-        self.committed.clear()
-        self._spawn_all(counts, ends)
+        self.stop.restarted()
+        self.start_generation()
 
-    def _recover_local(
-        self, index: int, cause: str, counts: dict[str, int], ends: list[list[Any]] | None
-    ) -> None:
+    def _recover_local(self, index: int, cause: str) -> None:
         """Local recovery: worker ``index`` alone restarts from the latest completed checkpoint,
         in the same generation; the others keep running. The pending checkpoint (which the dead
         worker can no longer acknowledge) is aborted; the restarted worker treats every
         checkpoint triggered so far as stale, and downstream tasks drop the records it re-emits
         by ID (docs/local-recovery.md)."""
-        self._check_budget(cause)
-        self._stop_worker(index)
-        old = self.workers[index]
+        budget, current = self.budget, self.current
+        budget.check(cause, self._latest_id())
+        self.launcher.stop_worker(index)
+        old = current.workers[index]
         if old.conn is not None:
             self.server.drop(old.conn)
-        survivors = [w.index for w in self.workers if w.index != index]
+        survivors = [w.index for w in current.workers if w.index != index]
         aborted = self.coordinator.abort_pending(f"worker {index} failed")
         if aborted is not None:
             self.server.broadcast({"t": "abort", "chk": aborted, "reason": f"worker {index} died"})
-        latest = self.store.latest_completed(self.job)
-        restore = latest.checkpoint_id if latest else 0
+        restore = self._latest_id()
         stale = self.coordinator.next_id - 1
-        backoff = self._backoff()
+        backoff = budget.backoff()
         log.warning(
             "restart=%s total=%d runner=%s cause=%r backoff_s=%.1f recovery=local worker=%d "
             "restore_checkpoint=%d stale_through=%d survivors=%s",
-            self.restart_count(), self.restarts, self.runner, cause, backoff, index,
+            budget.restart_count(), budget.restarts, self.launcher.name, cause, backoff, index,
             restore, stale, survivors,
         )  # fmt: skip
         self._say(
-            f"restart {self.restarts}: {cause}; local recovery of worker {index} from "
+            f"restart {budget.restarts}: {cause}; local recovery of worker {index} from "
             f"checkpoint {restore} in {backoff:.1f}s (workers {survivors} keep running)"
         )
         deadline = time.monotonic() + backoff
         while time.monotonic() < deadline:  # the survivors' messages keep flowing
             self._pump(min(0.05, max(0.0, deadline - time.monotonic())))
-        self.final_chk = None
-        self.committed.clear()
-        self.workers[index] = WorkerHandle(index)
-        path = self._log_path(index)
-        self.log_offsets[index] = path.stat().st_size if path.exists() else 0
+        self.stop.restarted()
+        current.restart(index)
         # A new number for its sink writers (their in-progress names and transaction tags must
         # not collide with an earlier start's); the channels keep the job's generation.
         sink_generation = self.store.next_generation(self.job)
-        spec = self._spec(index, restore, counts, ends, stale, sink_generation)
-        self._relaunch(spec)
+        self.launcher.relaunch(self._spec(index, restore, stale, sink_generation), current)
 
-    def _stuck_worker(self) -> str | None:
-        """The cause, if a connected worker is stuck (:func:`stuck_worker`); it is restarted
-        like a dead one."""
-        coordinator = self.coordinator
-        found = stuck_worker(self.workers, self.options, coordinator.timed_out, time.monotonic())
-        if found is None:
-            return None
-        cause, self.failed_worker = found
-        coordinator.timed_out = []  # this restart answers them
-        return cause
+    def _latest_id(self) -> int:
+        latest = self.store.latest_completed(self.job)
+        return latest.checkpoint_id if latest is not None else 0

@@ -1,5 +1,5 @@
-"""What every runner shares: the coordinator loop and supervision (reporting:
-:mod:`processor.runtime.observe.reporting`; options and results: :mod:`processor.runtime.job`).
+"""The runner: compiles the pipeline, wires its collaborators in one place, and runs the
+coordinator loop (options and results: :mod:`processor.runtime.job`).
 
 A runner compiles the pipeline, creates the channel topics, starts ``N`` workers of a
 generation, triggers checkpoints on the interval, and supervises: when a worker dies, every
@@ -7,10 +7,29 @@ worker of the generation is stopped (so no zombie can write after the new genera
 markers), a new generation starts from the latest completed checkpoint, with exponential
 backoff, up to ``max_restarts`` times. Each restart is logged with its cause.
 
-How workers are started, watched and stopped is the subclass's business
-(:class:`processor.runtime.supervision.local.LocalRunner`: OS processes;
-:class:`processor.runtime.supervision.spark.SparkRunner`: one Spark barrier job). Both speak to the
-coordinator over the same TCP control plane (:mod:`processor.runtime.control`).
+:class:`Runner` owns, and builds in :meth:`Runner.__init__` and :meth:`Runner.run`:
+
+* the :class:`~processor.runtime.job.Generation` (``current``): the generation's number and
+  its workers' handles, which the control plane admits workers into;
+* a :class:`~processor.runtime.supervision.recovery.WorkerLauncher` (``launcher``): how workers are
+  started, watched and stopped (:class:`processor.runtime.supervision.local.LocalWorkers`: OS
+  processes; :class:`processor.runtime.supervision.spark.SparkWorkers`: one Spark barrier job per
+  generation);
+* :class:`~processor.runtime.supervision.lifecycle.RestartBudget` (``budget``): the restart
+  strategy;
+* :class:`~processor.runtime.supervision.lifecycle.StopController` (``stop``): stop signals, the
+  final
+  checkpoint and its bounded wait;
+* :class:`~processor.runtime.supervision.reporting.Reporter` (``reporter``): progress,
+  ``status.json``,
+  the metrics' snapshot, the :class:`RunResult`;
+* once the run built them: the :class:`CheckpointCoordinator`, the :class:`ControlServer`, the
+  :class:`~processor.runtime.supervision.recovery.Supervisor` (``supervisor``: generations, failed
+  workers, recovery) and the savepoint requests.
+
+The loop itself is the runner's: handle the workers' messages, hand a failed worker to the
+supervisor, drive the coordinator (and the final checkpoint), report. Both launchers' workers
+speak to it over the same TCP control plane (:mod:`processor.runtime.control`).
 
 ``until_idle`` runs a bounded job: it ends when every source partition reached the end offset it
 had when the job started, the sources drained their watermark, and a final checkpoint committed.
@@ -34,6 +53,7 @@ from processor.runtime.checkpoints.drain import check_drained
 from processor.runtime.control import Connection, ControlServer
 from processor.runtime.job import (
     Fault,
+    Generation,
     JobFailed,
     RunOptions,
     RunResult,
@@ -48,16 +68,13 @@ from processor.runtime.operators.state_map import STATE_KEY, check_state, state_
 from processor.runtime.pipeline import load_flow, load_object
 from processor.runtime.shape.rescale import prepare_shape
 from processor.runtime.shape.savepoint_state import redis_urls
-from processor.runtime.shape.savepoints import (
-    SavepointRequests,
-    restore_savepoint,
-    undo_restore,
-)
+from processor.runtime.shape.savepoints import SavepointRequests, restore_savepoint, undo_restore
 from processor.runtime.shape.settle import settle_checkpoint
-from processor.runtime.shape.topology import check_shape
 from processor.runtime.supervision.identity import JobIdentity
+from processor.runtime.supervision.lifecycle import RestartBudget, StopController
 from processor.runtime.supervision.preflight import check_local_recovery, extra_environ, preflight
-from processor.runtime.supervision.recovery import RunnerRecovery
+from processor.runtime.supervision.recovery import Supervisor, WorkerLauncher
+from processor.runtime.supervision.reporting import Reporter
 from processor.runtime.topics import (
     check_graph,
     check_keyed_sources,
@@ -82,17 +99,12 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-class Runner(RunnerRecovery):
-    """Runs ``pipeline`` (a file path) with :class:`RunOptions`; subclasses start the workers.
+class Runner:
+    """Runs ``pipeline`` (a file path) with :class:`RunOptions`, its workers started by
+    ``launcher`` (:class:`processor.runtime.supervision.local.LocalRunner` and
+    :class:`processor.runtime.supervision.spark.SparkRunner` choose one)."""
 
-    Subclasses implement :meth:`_launch`, :meth:`_dead_worker`, :meth:`_stop_workers` and
-    :meth:`_await_exit`, and may override :meth:`_start` / :meth:`_close` for their own
-    resources.
-    """
-
-    runner = "base"
-
-    def __init__(self, pipeline: str | Path, options: RunOptions) -> None:
+    def __init__(self, pipeline: str | Path, options: RunOptions, launcher: WorkerLauncher) -> None:
         options.validate()
         self.pipeline = str(Path(pipeline).resolve())
         self.options = options
@@ -108,37 +120,73 @@ class Runner(RunnerRecovery):
         url = options.snapshot_url or default_snapshot_url(self.job, options.state_dir)
         self.store = SnapshotStore(url)
         self.lease = JobLease(self.store, self.job)
-        self.workers: list[WorkerHandle] = []
-        self.log_offsets: list[int] = []
         # Only workers given this token are heard: the control port may be reachable by others.
         self.token = secrets.token_hex(16)
-        self.bind: tuple[str, int] = ("127.0.0.1", 0)  # the control plane's listening address
-        self.advertise: str | None = None  # the host workers connect to (default: bind host)
-        self.restarts = 0
-        self.restart_causes: list[str] = []
-        self.generation = 0
-        self.stopping: str | None = None
-        self._stop_deadline = self._stop_next_say = 0.0
-        self._restart_times: list[float] = []
-        self._stalled = (0, 0)  # (latest completed checkpoint at the last restart, restarts since)
-        self.final_chk: int | None = None
-        self._final_completed_at: float | None = None
-        self.committed: dict[int, set[str]] = {}
-        self.totals: dict[str, dict[str, Any]] = {}
-        self._started = time.monotonic()
-        self._progress_next = 0.0
-        self._last_in = (0.0, 0)
-        self.ready_s: float | None = None
-        self.final_trigger_s: float | None = None
-        self._unstarted = 0  # consecutive generations that failed before every worker connected
         self.purge = False  # the broker deletes channel records on request (runtime.purge)
         self.starts: list[list[Any]] = []  # a fresh job's start positions (runtime.topics)
-        self.failed_worker: int | None = None  # set by _dead_worker when it knows which
+        self.source_counts: dict[str, int] = {}  # partitions per source topic
+        self.end_offsets: list[list[Any]] | None = None  # a bounded run's (runtime.topics)
+        # The collaborators, wired here: each gets what it reads, none gets the runner.
+        self.launcher = launcher
+        self.runner = launcher.name
+        self.current = Generation(self.dir, options.workers)
+        self.budget = RestartBudget(self.job, options, self.dir)
+        self.reporter = Reporter(
+            self.job,
+            self.dir,
+            options,
+            runner=self.runner,
+            current=self.current,
+            budget=self.budget,
+            snapshot_url=self.store.url,
+        )
+        self.stop = StopController(
+            self.job, options, say=self.reporter.say, last_completed=self._last_completed
+        )
+        # Built by run(), once the checks passed:
         self.metrics: JobMetrics | None = None  # metrics and the job page (runtime.metrics)
         self.web: WebServer | None = None
+        self.supervisor: Supervisor | None = None
         self.savepoints: SavepointRequests | None = None
         self.identity = JobIdentity(self.job, None)  # the job's claim in the broker, once taken
-        self._publish_next = 0.0
+
+    # -- what tests, the test kit and benchmarks read ---------------------------------------------
+
+    @property
+    def generation(self) -> int:
+        return self.current.number
+
+    @generation.setter
+    def generation(self, number: int) -> None:
+        self.current.number = number
+
+    @property
+    def workers(self) -> list[WorkerHandle]:
+        return self.current.workers
+
+    @workers.setter
+    def workers(self, handles: list[WorkerHandle]) -> None:
+        self.current.workers = handles
+
+    @property
+    def restarts(self) -> int:
+        return self.budget.restarts
+
+    @property
+    def restart_causes(self) -> list[str]:
+        return self.budget.causes
+
+    @property
+    def final_chk(self) -> int | None:
+        return self.stop.final
+
+    @property
+    def ready_s(self) -> float | None:
+        return self.reporter.ready_s
+
+    def stop_for(self, reason: str, more: str = "") -> None:
+        """Stop after a final, aligned checkpoint (:meth:`StopController.stop_for`)."""
+        self.stop.stop_for(reason, more)
 
     # -- setup -----------------------------------------------------------------------------------
 
@@ -147,27 +195,19 @@ class Runner(RunnerRecovery):
         env.update(self.options.environ)
         return env
 
-    # -- workers ---------------------------------------------------------------------------------
-
     def _spec(
-        self,
-        i: int,
-        restore: int,
-        counts: dict[str, int],
-        ends: list[list[Any]] | None,
-        stale_through: int = 0,
-        sink_generation: int | None = None,
+        self, worker: int, restore: int, stale_through: int = 0, sink_generation: int | None = None
     ) -> dict[str, Any]:
-        """Worker ``i``'s start-up spec (JSON-able), for the current generation and attempt."""
+        """Worker ``worker``'s start-up spec (JSON-able), for the current generation and attempt."""
         host, port = self.advertised
-        attempt = self.restarts
+        attempt = self.budget.restarts
         return {
             "pipeline": self.pipeline,
-            "worker": i,
+            "worker": worker,
             "workers": self.options.workers,
             "key_groups": self.plan.key_groups,
             "epoch": self.plan.epoch,
-            "generation": self.generation,
+            "generation": self.current.number,
             "token": self.token,
             "fingerprint": self.plan.fingerprint(),
             "restore": restore,
@@ -175,16 +215,16 @@ class Runner(RunnerRecovery):
             "snapshot_url": self.store.url,
             "mode": "aligned" if self.options.mode == "none" else self.options.mode,
             "checkpoint_interval": self._interval(),
-            "end_offsets": ends,
+            "end_offsets": self.end_offsets,
             "drain": self.options.drain,
             "start_positions": self.starts,
             "purge": self.purge,
-            "source_counts": counts,
+            "source_counts": self.source_counts,
             "transport": self.options.transport,
             "max_records": self.options.max_records,
             "max_rate": self.options.max_rate,
             "log_level": self.options.log_level,
-            "log_path": str(self._log_path(i)),
+            "log_path": str(self.current.log_path(worker)),
             "recovery": self.options.recovery,
             "on_deleted_records": self.options.on_deleted_records,
             "recovery_horizon_ms": int(self.options.recovery_horizon * 1000),
@@ -194,46 +234,9 @@ class Runner(RunnerRecovery):
             "faults": [
                 [f.point, f.nth, f.action]
                 for f in self.options.faults
-                if f.attempt == attempt and f.worker == i
+                if f.attempt == attempt and f.worker == worker
             ],
         }
-
-    def _spawn_all(self, counts: dict[str, int], ends: list[list[Any]] | None) -> None:
-        self.generation = self.store.next_generation(self.job)
-        self.coordinator.start_generation(self.generation)
-        latest = self.store.latest_completed(self.job)
-        check_shape(self.plan, self.store, latest)
-        restore = latest.checkpoint_id if latest else 0
-        specs = [self._spec(i, restore, counts, ends) for i in range(self.options.workers)]
-        self.workers = [WorkerHandle(i) for i in range(self.options.workers)]
-        # Where this generation's lines start: the log files are shared by every generation.
-        self.log_offsets = [
-            self._log_path(i).stat().st_size if self._log_path(i).exists() else 0
-            for i in range(self.options.workers)
-        ]
-        self._launch(specs)
-        log.info(
-            "started runner=%s generation=%d workers=%d restore_checkpoint=%d",
-            self.runner, self.generation, len(self.workers), restore,
-        )  # fmt: skip
-
-    def _log_path(self, worker: int) -> Path:
-        return self.dir / f"worker-{worker}.log"
-
-    def _last_error(self, worker: int) -> str:
-        """`` (the last ERROR/CRITICAL message)`` this generation logged for ``worker``, if its
-        log is readable here (always on the local runner; on Spark when the file system is
-        shared), else ``""``."""
-        try:
-            with open(self._log_path(worker), "rb") as f:
-                f.seek(self.log_offsets[worker])
-                text = f.read().decode(errors="replace")
-        except (OSError, IndexError):
-            return ""
-        tail = [ln for ln in text.splitlines()[-200:] if "ERROR" in ln or "CRITICAL" in ln]
-        return f" ({tail[-1].split(': ', 1)[-1]})" if tail else ""
-
-    # -- main loop -------------------------------------------------------------------------------
 
     def _checkpoint_metadata(self) -> dict[str, Any]:
         p = self.plan
@@ -242,6 +245,11 @@ class Runner(RunnerRecovery):
 
     def _interval(self) -> float | None:
         return None if self.options.mode == "none" else self.options.checkpoint_interval
+
+    def _last_completed(self) -> int:
+        return self.coordinator.stats.last_completed if hasattr(self, "coordinator") else 0
+
+    # -- main loop -------------------------------------------------------------------------------
 
     def run(self) -> RunResult:
         try:
@@ -263,6 +271,7 @@ class Runner(RunnerRecovery):
             sharing.close()
             raise
         handlers: dict[int, Any] = {}
+        reporter = self.reporter
         try:
             check = getattr(transport, "check_reachable", None)
             if check is not None:  # before anything waits on the broker
@@ -308,15 +317,16 @@ class Runner(RunnerRecovery):
                 if restored is not None and restored[1]:  # refused: the copy must not stay
                     undo_restore(self.store, self.job, restored[0])
                 raise
-            counts, ends = prepare_topics(
+            counts, self.end_offsets = prepare_topics(
                 self.plan, transport, until_idle=self.options.until_idle, run_dir=self.dir
             )
+            self.source_counts = counts
             check_keyed_sources(self.plan, self.store, counts)
             # Refuses lost or stale state, then fences every earlier runner of the job anywhere
             # (runtime.identity).
             self.identity = JobIdentity.take(
                 self.job, transport, latest, start_over=o.start_over,
-                rewind=o.from_savepoint is not None, store_url=self.store.url, say=self._say,
+                rewind=o.from_savepoint is not None, store_url=self.store.url, say=reporter.say,
             )  # fmt: skip
             if latest is None:
                 self.starts = start_positions(self.plan, self.store, transport, counts)
@@ -325,7 +335,7 @@ class Runner(RunnerRecovery):
             probe = getattr(transport, "purge_supported", None)
             self.purge = bool(probe()) if probe is not None and self.plan.edges else False
             sharing.close()
-            self.metrics = JobMetrics(
+            self.metrics = metrics = JobMetrics(
                 self.plan,
                 runner=self.runner,
                 mode=self.options.mode,
@@ -338,32 +348,50 @@ class Runner(RunnerRecovery):
                 interval_s=self._interval(),
                 timeout_s=self.options.checkpoint_timeout,
                 keep=self.options.keep_checkpoints,
-                observer=self.metrics.on_checkpoint,
+                observer=metrics.on_checkpoint,
                 metadata=self._checkpoint_metadata(),
                 aligned=self.options.mode != "unaligned",
             )
             address = self.options.metrics_address()
             if address is not None:
-                self.web = WebServer(self.metrics, address)
-                self._say(f"job page and metrics: {self.web.url} (/metrics)")
-            self._publish("starting", force=True)
-            self._start()
-            # After _start: SparkContext installs its own SIGINT handler (cancel every job).
-            handlers = self._install_signals()
-            self.server = ControlServer(*self.bind)
+                self.web = WebServer(metrics, address)
+                reporter.say(f"job page and metrics: {self.web.url} (/metrics)")
+            reporter.open(self.plan, self.coordinator, metrics, self.web)
+            reporter.publish("starting", force=True)
+            control = self.launcher.open(self.job, self.pipeline, reporter.say)
+            # After open: SparkContext installs its own SIGINT handler (cancel every job).
+            handlers = self.stop.install_signals()
+            self.server = ControlServer(*control.bind)
             port = self.server.address[1]
-            self.advertised = (self.advertise or self.bind[0], port)
-            self._spawn_all(counts, ends)
+            self.advertised = (control.advertise or control.bind[0], port)
+            self.supervisor = supervisor = Supervisor(
+                job=self.job,
+                plan=self.plan,
+                options=self.options,
+                store=self.store,
+                current=self.current,
+                launcher=self.launcher,
+                server=self.server,
+                coordinator=self.coordinator,
+                budget=self.budget,
+                stop=self.stop,
+                identity=self.identity,
+                metrics=metrics,
+                spec=self._spec,
+                pump=self._pump,
+                say=reporter.say,
+            )
+            supervisor.start_generation()
             self.savepoints = savepoints = SavepointRequests(
                 self.store,
                 self.job,
                 self.coordinator,
                 ready=self._ready,
                 broadcast=self.server.broadcast,
-                stop=self.stop_for,
-                say=self._say,
+                stop=self.stop.stop_for,
+                say=reporter.say,
                 renew=self.lease.renew,
-                committed=lambda c: self.committed.get(c, set()) >= self.coordinator.tasks,
+                committed=lambda c: self.stop.committed.get(c, set()) >= self.coordinator.tasks,
                 redis_url=redis_urls(self.plan.flow, self.options.environ),
             )
             while True:
@@ -371,32 +399,33 @@ class Runner(RunnerRecovery):
                 self._pump()
                 for chk in self.identity.ready():  # its offsets are in the job's group
                     self.server.broadcast({"t": "complete", "chk": chk})
-                failed = self._dead_worker() or self._stuck_worker()
+                failed = supervisor.failed()
                 if failed is not None:
-                    self._recover(failed, counts, ends)
+                    supervisor.recover(*failed)
                     continue
                 if self._finished():
                     break
                 self._check_stop()
                 self._drive()
                 savepoints.tick()
-                self._report()
-                self._publish()
-            savepoints.finished(self.final_chk)
-            self._status("finished")
-            return self._result()
+                reporter.report()
+                reporter.publish()
+            savepoints.finished(self.stop.final)
+            reporter.status("finished")
+            return reporter.result()
         finally:
             sharing.close()
             if self.savepoints is not None:
                 self.savepoints.abandon("the job ended before the savepoint completed")
             if self.web is not None:
                 self.web.close()
-            self._restore_signals(handlers)
+            StopController.restore_signals(handlers)
+            if self.supervisor is not None:
+                self.supervisor.stop_all()
             if hasattr(self, "server"):
-                self._kill_all()
                 self.server.close()
             if hasattr(self, "coordinator"):
-                self._close()
+                self.launcher.close()
             self.identity.close()
             self.lease.release()
 
@@ -459,91 +488,71 @@ class Runner(RunnerRecovery):
             if chk is not None:
                 self.server.broadcast({"t": "abort", "chk": chk, "reason": msg["reason"]})
         elif kind == "committed":
-            self.committed.setdefault(int(msg["chk"]), set()).add(str(msg["task"]))
+            self.stop.on_committed(int(msg["chk"]), str(msg["task"]))
         elif kind == "stats":
             sender.stats = msg["tasks"]
             sender.drained = bool(msg["drained"])
             if self.metrics is not None:
-                self.metrics.on_stats(sender, self.generation, sender.stats)
+                self.metrics.on_stats(sender, self.current.number, sender.stats)
 
     def _ready(self) -> bool:
-        ready = all(w.conn is not None for w in self.workers)
-        if ready and self.ready_s is None:
-            self.ready_s = time.monotonic() - self._started
+        ready = self.current.connected()
+        if ready:
+            self.reporter.mark_ready()
         return ready
 
     def _drive(self) -> None:
         if not self._ready():
             return
-        coordinator = self.coordinator
+        coordinator, stop = self.coordinator, self.stop
         aborted = coordinator.expired()
         if aborted is not None:
             self.server.broadcast({"t": "abort", "chk": aborted, "reason": "timeout"})
-        wants_final = self.stopping is not None or (
-            self.options.until_idle and all(w.drained for w in self.workers)
-        )
-        if wants_final and self.final_chk is None:
+        if stop.final is None and stop.wants_final(all(w.drained for w in self.workers)):
             # A checkpoint triggered before the drain may not cover everything: take a new one.
             if coordinator.pending is None:
-                self.final_chk = coordinator.trigger_now()
+                final = coordinator.trigger_now()
+                stop.final_triggered(final)
                 # Aligned even in unaligned mode: records in flight behind an unaligned barrier
                 # would fall into an epoch that never commits (found by bench/throughput.py).
-                self.server.broadcast({"t": "trigger", "chk": self.final_chk, "aligned": True})
-                self._say(f"final checkpoint {self.final_chk} triggered")
-                self.final_trigger_s = time.monotonic() - self._started
+                self.server.broadcast({"t": "trigger", "chk": final, "aligned": True})
+                self.reporter.say(f"final checkpoint {final} triggered")
+                self.reporter.mark_final_trigger()
             return
-        chk = coordinator.due() if self.final_chk is None else None
+        chk = coordinator.due() if stop.final is None else None
         if chk is not None:
             self.server.broadcast({"t": "trigger", "chk": chk})
         if (
-            self.final_chk is not None
+            stop.final is not None
             and coordinator.pending is None
-            and coordinator.stats.last_completed < self.final_chk
+            and coordinator.stats.last_completed < stop.final
         ):  # the final checkpoint was aborted: take another
-            self.final_chk = None
+            stop.retry_final()
 
-    def _check_final_commit(self, done: set[str]) -> None:
-        """The final checkpoint completed, but not every task reported its sinks' commit:
-        wait at most ``stop_timeout``, then fail saying which tasks, instead of hanging while
-        heartbeats keep flowing (issue 35: a PostgreSQL ``COMMIT PREPARED`` stuck for ever
-        held ``--until-idle`` with no message). Nothing is lost: the checkpoint completed, and
-        the next run commits what it left pending."""
-        if self.coordinator.stats.last_completed != self.final_chk:
-            self._final_completed_at = None
+    def _check_stop(self) -> None:
+        """A stop whose final checkpoint cannot complete ends after ``--stop-timeout``."""
+        if self.stop.stopping is None:
             return
-        now = time.monotonic()
-        if self._final_completed_at is None:
-            self._final_completed_at = now
-        elif now - self._final_completed_at > self.options.stop_timeout:
-            missing = sorted(set(self.coordinator.tasks) - done)
-            raise JobFailed(
-                f"job {self.job!r}: final checkpoint {self.final_chk} completed, but tasks "
-                f"{missing} did not report their sinks' commit within --stop-timeout "
-                f"{self.options.stop_timeout:g}s (a sink's database or broker does not "
-                "answer; see worker-*.log). Nothing is lost: the next run commits it"
-            )
+        pending = self.coordinator.pending
+        unacked = sorted(self.coordinator.tasks - set(pending.acks)) if pending else []
+        self.stop.check_deadline(unacked, self.budget.last_cause)
 
     def _finished(self) -> bool:
-        if self.final_chk is None:
+        stop, st = self.stop, self.coordinator.stats
+        if not stop.final_committed(self.coordinator.tasks, st.last_completed):
             return False
-        done = self.committed.get(self.final_chk, set())
-        if len(done) < len(self.coordinator.tasks):
-            self._check_final_commit(done)
-            return False
-        self._final_completed_at = None
-        st = self.coordinator.stats
-        if self.stopping is None and st.last_completed == self.final_chk and st.last_loop_log:
+        if stop.stopping is None and st.last_completed == stop.final and st.last_loop_log:
             # Records were still going around a loop when the heads took their snapshots: the
             # input is drained but the job is not idle. The next checkpoint looks again; one
             # that finds every back-edge empty proves nothing is left in flight.
-            self._say(
-                f"checkpoint {self.final_chk}: {st.last_loop_log:,} records still in loops; "
+            self.reporter.say(
+                f"checkpoint {stop.final}: {st.last_loop_log:,} records still in loops; "
                 "checking again"
             )
-            self.final_chk = None
+            stop.retry_final()
             return False
         self.server.broadcast({"t": "stop"})
-        self._await_exit(30.0)
+        self.launcher.await_exit(30.0)
         deadline = time.monotonic() + 2.0  # read the workers' final counters up to their EOF
         while time.monotonic() < deadline and any(
             w.conn is not None and not w.conn.closed for w in self.workers
@@ -551,5 +560,5 @@ class Runner(RunnerRecovery):
             self._pump(0.05)
         while not self.server.inbox.empty():
             self._handle(*self.server.inbox.get_nowait())
-        self._report(force=True)
+        self.reporter.report(force=True)
         return True

@@ -20,6 +20,9 @@ be a second live worker for the same subtask; refused if configured true) and
 ``spark.python.worker.reuse=false`` (a worker task runs for the life of a generation). On a
 ``local[...]`` master it also defaults ``SPARK_LOCAL_IP``, the driver address and the UI to
 loopback/off, and the executors' Python to this interpreter.
+
+:class:`SparkWorkers` is that :class:`~processor.runtime.supervision.recovery.WorkerLauncher`;
+:class:`SparkRunner` is a :class:`~processor.runtime.supervision.runner.Runner` that uses it.
 """
 
 from __future__ import annotations
@@ -34,16 +37,18 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from processor.errors import ConfigError
+from processor.runtime.job import Generation
 from processor.runtime.supervision.preflight import extra_environ
+from processor.runtime.supervision.recovery import ControlAddress, Failure
 from processor.runtime.supervision.runner import Runner, RunOptions
 
-__all__ = ["SparkOptions", "SparkRunner", "local_slots", "spark_cause"]
+__all__ = ["SparkOptions", "SparkRunner", "SparkWorkers", "local_slots", "spark_cause"]
 
 log = logging.getLogger(__name__)
 
@@ -204,8 +209,6 @@ def _driver_path() -> str:
 class SparkRunner(Runner):
     """Runs ``pipeline`` with :class:`RunOptions` on Spark (:class:`SparkOptions`)."""
 
-    runner = "spark"
-
     def __init__(
         self, pipeline: str | Path, options: RunOptions, spark: SparkOptions | None = None
     ) -> None:
@@ -215,8 +218,20 @@ class SparkRunner(Runner):
                 "Spark runner's workers are one barrier job, which Spark restarts as a whole: "
                 "use --recovery global with --runner spark, or --runner local"
             )
-        super().__init__(pipeline, options)
-        self.spark_options = spark or SparkOptions()
+        self.spark = SparkWorkers(options, spark or SparkOptions())
+        super().__init__(pipeline, options, self.spark)
+
+
+class SparkWorkers:
+    """Workers as one Spark barrier job per generation (a
+    :class:`~processor.runtime.supervision.recovery.WorkerLauncher`); ``options``: the run's
+    (``workers``, ``environ``)."""
+
+    name = "spark"
+
+    def __init__(self, options: RunOptions, spark: SparkOptions) -> None:
+        self.options = options
+        self.spark_options = spark
         conf = self.spark_options.conf
         _check_forced(conf, "--conf")  # before Spark starts; again after, with every source
         self.master = self.spark_options.master
@@ -226,18 +241,20 @@ class SparkRunner(Runner):
         self.session: Any = None
         self._owns_session = False
         self._job: _Job | None = None
+        self._name = ""  # the job's
         self.spark_start_s: float | None = None
 
     # -- session ---------------------------------------------------------------------------------
 
-    def _start(self) -> None:
+    def open(self, job: str, pipeline: str, say: Callable[[str], None]) -> ControlAddress:
         started = time.monotonic()
+        self._name = job
         if self.local_master:
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         from pyspark.sql import SparkSession
 
         self._owns_session = SparkSession.getActiveSession() is None
-        builder = SparkSession.builder.appName(f"eosflow-{self.job}")
+        builder = SparkSession.builder.appName(f"eosflow-{job}")
         if self.master is not None:
             builder = builder.master(self.master)
         settings = {"spark.ui.showConsoleProgress": "false", **_FORCED}
@@ -256,7 +273,7 @@ class SparkRunner(Runner):
         settings.update(self.spark_options.conf)
         for key, value in settings.items():
             builder = builder.config(key, value)
-        self._say(f"starting Spark (master {self.master or 'from spark-submit'})")
+        say(f"starting Spark (master {self.master or 'from spark-submit'})")
         with extra_environ(python):  # PySpark reads the workers' interpreter when it starts
             self.session = builder.getOrCreate()
         sc = self.session.sparkContext
@@ -268,20 +285,24 @@ class SparkRunner(Runner):
             {k: effective.get(k) for k in _FORCED if effective.get(k) is not None},
             "the Spark configuration (--conf, spark-defaults.conf or spark-submit)",
         )
+        control = ControlAddress()
         if not self.local_master:
-            sc.addFile(self.pipeline)  # executors without the driver's file system
-            self.bind = (self.spark_options.control_host or "0.0.0.0", 0)
-            self.advertise = self.spark_options.control_host or effective.get("spark.driver.host")
+            sc.addFile(pipeline)  # executors without the driver's file system
+            control = ControlAddress(
+                (self.spark_options.control_host or "0.0.0.0", 0),
+                self.spark_options.control_host or effective.get("spark.driver.host"),
+            )
         elif self.spark_options.control_host:
-            self.bind = (self.spark_options.control_host, 0)
+            control = ControlAddress((self.spark_options.control_host, 0))
         self.spark_start_s = time.monotonic() - started
         log.info(
             "spark master=%s app=%s started in %.1fs",
             sc.master, sc.applicationId, self.spark_start_s,
         )  # fmt: skip
-        self._say(f"Spark {sc.version} on {sc.master} ready in {self.spark_start_s:.1f}s")
+        say(f"Spark {sc.version} on {sc.master} ready in {self.spark_start_s:.1f}s")
+        return control
 
-    def _close(self) -> None:
+    def close(self) -> None:
         if self.session is not None and self._owns_session:
             self.session.stop()
         self.session = None
@@ -294,44 +315,54 @@ class SparkRunner(Runner):
         env.update(self.options.environ)
         return env
 
-    def _launch(self, specs: list[dict[str, Any]]) -> None:
+    def launch(self, specs: list[dict[str, Any]], current: Generation) -> None:
         payload = {"specs": specs, "environ": self._worker_environ()}
-        group = f"eosflow-{self.job}-g{self.generation}"
+        group = f"eosflow-{self._name}-g{current.number}"
         self._job = _Job(self.session.sparkContext, group, payload)
 
-    def _await_exit(self, timeout: float) -> None:
+    # Local recovery is refused for Spark (SparkRunner): a barrier job restarts as a whole, and
+    # dead_worker never names a worker to restart alone.
+
+    def relaunch(self, spec: dict[str, Any], current: Generation) -> None:
+        raise NotImplementedError("a Spark barrier job restarts as a whole (--recovery global)")
+
+    def stop_worker(self, index: int) -> None:
+        raise NotImplementedError("a Spark barrier job restarts as a whole (--recovery global)")
+
+    def await_exit(self, timeout: float) -> None:
         if self._job is not None and not self._job.done.wait(timeout):
             log.error("the worker job did not end %.0fs after stop; cancelling", timeout)
 
-    def _dead_worker(self) -> str | None:
+    def dead_worker(self, current: Generation) -> Failure | None:
         job = self._job
         if job is None:
             return None
         if job.done.is_set():
-            return self._cause(job)
-        for w in self.workers:
+            return self._cause(job, current), None
+        for w in current.workers:
             if w.conn is not None and w.conn.closed:
                 # The job fails a moment after its task's connection closed: wait for the cause.
                 job.done.wait(5.0)
                 if job.done.is_set():
-                    return self._cause(job)
-                return f"worker {w.index} lost its coordinator connection"
+                    return self._cause(job, current), None
+                return f"worker {w.index} lost its coordinator connection", None
         return None
 
-    def _cause(self, job: _Job) -> str:
+    @staticmethod
+    def _cause(job: _Job, current: Generation) -> str:
         if job.error is None:
             return f"the worker job ended before the job finished (exit codes {job.codes})"
         cause = spark_cause(job.error)
         m = re.match(r"worker (\d+)", cause)
         if m is not None:  # that worker's own last error line, when its log is readable here
-            cause += self._last_error(int(m.group(1)))
+            cause += current.last_error(int(m.group(1)))
         return cause
 
-    def _stop_workers(self) -> None:
+    def stop_all(self, current: Generation) -> None:
         job = self._job
         if job is None:
             return
-        for w in self.workers:  # a worker exits within a batch of losing its coordinator:
+        for w in current.workers:  # a worker exits within a batch of losing its coordinator:
             if w.conn is not None:  # much sooner than Spark kills a cancelled task's process
                 w.conn.hangup()
         if not job.done.is_set():
@@ -345,7 +376,7 @@ class SparkRunner(Runner):
         started = time.monotonic()
         killed = False
         while True:
-            alive = [w for w in self.workers if w.conn is not None and not w.conn.closed]
+            alive = [w for w in current.workers if w.conn is not None and not w.conn.closed]
             if not alive:
                 break
             waited = time.monotonic() - started
