@@ -38,6 +38,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from processor.errors import ConfigError, DefinitionError, SerializationError, SnapshotError
 from processor.snapshot.codec import dumps, loads
+from processor.snapshot.conditional import ConditionalFiles, conditional_files
 
 __all__ = [
     "FORMAT_VERSION",
@@ -183,6 +184,7 @@ class SnapshotStore:
         # Local disks get fsync before the rename: without it, a power cut can leave a renamed
         # but empty file, and the checkpoint would look complete.
         self._local = isinstance(self._fs, LocalFileSystem)
+        self._conditional: ConditionalFiles | None = None
 
     def __repr__(self) -> str:
         return f"SnapshotStore({self.url!r})"
@@ -525,6 +527,16 @@ class SnapshotStore:
             return None
         self._fs.makedirs(self._job_dir(job), exist_ok=True)
         return self.job_file(job, name)
+
+    def conditional_files(self) -> ConditionalFiles:
+        """This store's conditional writes, for the job lease on a remote store.
+
+        Raises:
+            ConfigError: the store's filesystem has none (see :mod:`.conditional`).
+        """
+        if self._conditional is None:
+            self._conditional = conditional_files(self._fs, self.url)
+        return self._conditional
 
     def newest_checkpoint_id(self, job: str) -> int:
         """The highest checkpoint id with a directory (completed, pending or aborted), or 0."""
