@@ -131,6 +131,12 @@ class _S3:
         except Exception as exc:
             if method == "put_object" and _s3_code(exc) in _REFUSED:
                 raise ConditionFailed(f"{path}: {_s3_code(exc)}") from exc
+            if type(exc).__name__ == "ParamValidationError":  # botocore predates the headers
+                raise ConfigError(
+                    f"the snapshot store {self._url}: this botocore cannot send S3's conditional "
+                    f"writes, which the job lease needs ({exc}): pip install -U 'eosflow[s3]' "
+                    "(botocore 1.35.69 or newer)"
+                ) from None
             raise
         finally:
             self._fs.invalidate_cache(path)

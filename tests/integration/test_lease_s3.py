@@ -63,28 +63,36 @@ def _race(contenders: list[Callable[[], None]]) -> list[bool]:
     return won
 
 
-@pytest.mark.parametrize("latency", [0.0, 1.0], ids=["fast", "slow-writes"])
+@pytest.mark.parametrize("latency", [0.0, 2.0], ids=["fast", "slow-writes"])
 def test_exactly_one_of_racing_runners_takes_a_new_lease_when_they_start_together(
     s3_server: S3Server, latency: float
 ) -> None:
-    """Regression: with writes that take up to a second (a slow bucket), the check-then-write
-    lease let two runners both hold one job (one read "free" before the other's write, and wrote
-    after the other had read its own write back)."""
+    """Regression: with writes that take up to two seconds (a slow bucket), the check-then-write
+    lease let two runners both hold one job: one read "free" before the other's write, and
+    wrote after the other had read its own write back (it waited ``ttl / 10``, 0.3 s here).
+
+    The clock stands still: a lease is never stale here, however slow the machine."""
     s3_server.write_latency = latency
     bucket = s3_server.bucket()
-    rounds, jobs, runners = (2, 4, 3) if latency else (3, 4, 3)
+    clock = Clock()
+    rounds, jobs, runners = (2, 6, 3) if latency else (3, 4, 3)
     for r in range(rounds):
         names = [f"race-{r}-{j}" for j in range(jobs)]
-        leases = [JobLease(_store(s3_server, bucket), n, ttl=TTL) for n in names * runners]
+        leases = [
+            JobLease(_store(s3_server, bucket), n, ttl=TTL, clock=clock) for n in names * runners
+        ]
         won = _race([lease.acquire for lease in leases])
-        for job in names:
-            winners = [x for x, w in zip(leases, won, strict=True) if w and x.job == job]
-            assert len(winners) == 1, (
-                f"round {r} job {job}: {len(winners)} runners hold the lease "
-                f"(seed {s3_server.seed})"
-            )
+        holders = {
+            job: [x for x, w in zip(leases, won, strict=True) if w and x.job == job]
+            for job in names
+        }
+        wrong = {job: len(w) for job, w in holders.items() if len(w) != 1}
+        assert not wrong, (
+            f"round {r}: runners holding the lease, by job: {wrong} (seed {s3_server.seed})"
+        )
+        for job, (winner,) in holders.items():
             holder = lease_holder(_store(s3_server, bucket), job)
-            assert holder is not None and holder["token"] == winners[0].token
+            assert holder is not None and holder["token"] == winner.token
 
 
 def test_exactly_one_runner_takes_over_a_stale_lease_and_its_old_holder_learns_it(
