@@ -124,9 +124,9 @@ class JobLease:
         for _attempt in range(5):
             current = files.read(path)
             holder = _parse(current.data) if current is not None else None
-            if holder is not None and holder.get("token") == self.token:
+            if current is not None and holder is not None and holder.get("token") == self.token:
                 # our own write, whose answer was lost (the client retried it: 412)
-                self._version = current.version if current is not None else None
+                self._version, self._renewed = current.version, self._clock()
                 return
             if holder is not None and not holder.get("released"):
                 age = self._clock() - holder.get("renewed_ms", 0) / 1000
