@@ -1,4 +1,5 @@
-"""Snapshot storage: a safe state codec and checkpoint files on any fsspec URL.
+"""Snapshot storage: a safe state codec, the snapshot and manifest file format, checkpoint
+files on any fsspec URL, and the job's lease in them.
 
 See DESIGN.md, "ABS checkpoints" and "Recovery". Tasks write their snapshots with
 :meth:`SnapshotStore.write_task_snapshot`; the coordinator marks a checkpoint completed with
@@ -9,15 +10,14 @@ See DESIGN.md, "ABS checkpoints" and "Recovery". Tasks write their snapshots wit
 from __future__ import annotations
 
 from processor.snapshot.codec import dumps, loads
-from processor.snapshot.store import (
+from processor.snapshot.fileformat import (
     FORMAT_VERSION,
-    MANIFEST,
     Manifest,
     SnapshotHandle,
-    SnapshotStore,
     decode_snapshot,
     encode_snapshot,
 )
+from processor.snapshot.store import MANIFEST, SnapshotStore
 
 __all__ = [
     "FORMAT_VERSION",

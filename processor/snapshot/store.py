@@ -1,14 +1,14 @@
-"""Checkpoint storage on any fsspec URL: task snapshots, manifests, retention.
+"""Checkpoint storage on any fsspec URL: task snapshots, manifests, retention, job files.
 
 Layout under the store URL (``file://`` by default; ``s3://``, ``hdfs://``, ``memory://`` ...)::
 
     <job>/chk-<id:010d>/<task>.g<n>.snap  one per task (n: the writer's generation), written
                                          while the checkpoint is pending
     <job>/chk-<id:010d>/_MANIFEST       JSON, written only when every task has acknowledged
+    <job>/_GENERATION, _LEASE, ...      the job's bookkeeping files (:meth:`SnapshotStore.job_file`)
 
-A snapshot file is a 32-byte header, then the body (:func:`processor.snapshot.codec.dumps`)::
-
-    magic b"EOSF" | format version u16 | flags u16 | body length u64 | BLAKE2b-128 of the body
+The files' bytes are :mod:`processor.snapshot.fileformat`'s; this module decides where they go
+and when.
 
 Invariants:
     A checkpoint is completed iff its ``_MANIFEST`` exists, and a manifest is written only after
@@ -21,24 +21,34 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 import re
-import struct
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-import orjson
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
-from processor.errors import ConfigError, DefinitionError, SerializationError, SnapshotError
-from processor.snapshot.codec import dumps, loads
+from processor.errors import ConfigError, DefinitionError, SnapshotError
+from processor.snapshot.conditional import ConditionalFiles, conditional_files
+from processor.snapshot.fileformat import (
+    FORMAT_VERSION,
+    Manifest,
+    SnapshotHandle,
+    check_name,
+    corrupt,
+    decode_manifest,
+    decode_snapshot,
+    encode_manifest,
+    encode_snapshot,
+    is_task_file,
+)
 
+# FORMAT_VERSION, Manifest, SnapshotHandle and the snapshot codec are fileformat's, named here
+# too: the engine imports what it stores from the store.
 __all__ = [
     "FORMAT_VERSION",
     "MANIFEST",
@@ -51,112 +61,11 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Version of the snapshot file and manifest formats this eosflow writes and reads.
-FORMAT_VERSION = 1
 #: Name of the file whose presence makes a checkpoint completed.
 MANIFEST = "_MANIFEST"
 
-_MAGIC = b"EOSF"
-_KNOWN_FLAGS = 0  # no flag defined in version 1; a set bit means a newer writer (compression...)
-_HEADER = struct.Struct("<4sHHQ16s")
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}\Z")
 GENERATION_FILE = "_GENERATION"
 _CHK = re.compile(r"chk-(\d{10})\Z")
-
-
-@dataclass(frozen=True)
-class SnapshotHandle:
-    """Where one task's snapshot of one checkpoint was written.
-
-    Attributes:
-        path: the file, as a path of the store's filesystem.
-        size: file size in bytes, header included.
-        checksum: hex BLAKE2b-128 of the body, as in the file's header.
-    """
-
-    path: str
-    size: int
-    checksum: str
-
-
-@dataclass(frozen=True)
-class Manifest:
-    """A completed checkpoint: what every task wrote, plus the coordinator's metadata.
-
-    Attributes:
-        job: the job name.
-        checkpoint_id: the checkpoint.
-        created_ms: when the manifest was written, epoch milliseconds.
-        tasks: task name -> its snapshot.
-        metadata: what the coordinator recorded (source offsets, generation...), as read back
-            from JSON: tuples come back as lists.
-        format_version: the format the manifest was written in.
-    """
-
-    job: str
-    checkpoint_id: int
-    created_ms: int
-    tasks: Mapping[str, SnapshotHandle]
-    metadata: Mapping[str, Any]
-    format_version: int = FORMAT_VERSION
-
-
-def encode_snapshot(state: Any) -> tuple[bytes, str]:
-    """The bytes of a snapshot file holding ``state``, and the body's hex checksum."""
-    body = dumps(state)
-    digest = hashlib.blake2b(body, digest_size=16).digest()
-    return _HEADER.pack(_MAGIC, FORMAT_VERSION, 0, len(body), digest) + body, digest.hex()
-
-
-def decode_snapshot(blob: bytes, path: str) -> Any:
-    """The state held by the snapshot file ``blob`` (read from ``path``, named in errors).
-
-    Raises:
-        SnapshotError: ``unknown_version`` for a newer format, ``corrupt`` for anything else
-            that does not check out.
-    """
-    if len(blob) < _HEADER.size:
-        raise _corrupt(path, f"{len(blob)} bytes, shorter than the {_HEADER.size}-byte header")
-    magic, version, flags, length, digest = _HEADER.unpack_from(blob)
-    if magic != _MAGIC:
-        raise _corrupt(path, f"not an eosflow snapshot (starts with {magic!r}, not {_MAGIC!r})")
-    if version > FORMAT_VERSION:
-        raise SnapshotError(
-            f"{path}: snapshot format version {version} is newer than this eosflow supports "
-            f"({FORMAT_VERSION}): upgrade eosflow",
-            reason="unknown_version",
-            path=path,
-        )
-    if version == 0:
-        raise _corrupt(path, "format version 0 does not exist")
-    if flags & ~_KNOWN_FLAGS:
-        raise SnapshotError(
-            f"{path}: snapshot uses flags {flags:#06x} unknown to this eosflow: upgrade eosflow",
-            reason="unknown_version",
-            path=path,
-        )
-    body = blob[_HEADER.size :]
-    if len(body) != length:
-        raise _corrupt(path, f"header says {length} body bytes, file has {len(body)}")
-    actual = hashlib.blake2b(body, digest_size=16).digest()
-    if actual != digest:
-        raise _corrupt(path, f"checksum {actual.hex()} does not match {digest.hex()}")
-    try:
-        return loads(body)
-    except SnapshotError as exc:
-        raise _corrupt(path, str(exc)) from exc
-
-
-def _corrupt(path: str, what: str) -> SnapshotError:
-    return SnapshotError(f"snapshot {path} is corrupt: {what}", reason="corrupt", path=path)
-
-
-def _check_name(kind: str, name: str) -> None:
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise DefinitionError(
-            f"{kind} name {name!r} cannot name a snapshot file: use letters, digits, '.', '_' "
-            "and '-', starting with a letter or digit (at most 200 characters)"
-        )
 
 
 class SnapshotStore:
@@ -183,6 +92,7 @@ class SnapshotStore:
         # Local disks get fsync before the rename: without it, a power cut can leave a renamed
         # but empty file, and the checkpoint would look complete.
         self._local = isinstance(self._fs, LocalFileSystem)
+        self._conditional: ConditionalFiles | None = None
 
     def __repr__(self) -> str:
         return f"SnapshotStore({self.url!r})"
@@ -190,7 +100,7 @@ class SnapshotStore:
     # -- paths ---------------------------------------------------------------------------------
 
     def _job_dir(self, job: str) -> str:
-        _check_name("job", job)
+        check_name("job", job)
         return f"{self._root}/{job}"
 
     def _chk_dir(self, job: str, checkpoint_id: int) -> str:
@@ -219,7 +129,7 @@ class SnapshotStore:
         Raises:
             SerializationError: ``state`` holds a value the codec does not support.
         """
-        _check_name("task", task)
+        check_name("task", task)
         suffix = f".g{incarnation}" if incarnation else ""
         path = f"{self._chk_dir(job, checkpoint_id)}/{task}{suffix}.snap"
         blob, checksum = encode_snapshot(state)
@@ -243,7 +153,7 @@ class SnapshotStore:
             ) from None
         state = decode_snapshot(blob, path)
         if handle is not None and (len(blob), blob[16:32].hex()) != (handle.size, handle.checksum):
-            raise _corrupt(
+            raise corrupt(
                 path,
                 f"not the snapshot its handle names: {len(blob)} bytes with checksum "
                 f"{blob[16:32].hex()}, expected {handle.size} bytes with {handle.checksum}",
@@ -290,27 +200,9 @@ class SnapshotStore:
                 reason="missing",
                 path=chk,
             )
-        entries = {
-            task: {"file": h.path.rsplit("/", 1)[-1], "size": h.size, "checksum": h.checksum}
-            for task, h in tasks.items()
-        }
-        document = {
-            "format_version": FORMAT_VERSION,
-            "job": job,
-            "checkpoint_id": checkpoint_id,
-            "created_ms": int(self._clock() * 1000),
-            "tasks": entries,
-            "metadata": metadata,
-        }
-        try:
-            blob = orjson.dumps(document, option=orjson.OPT_INDENT_2)
-        except orjson.JSONEncodeError as exc:
-            raise SerializationError(
-                f"checkpoint {checkpoint_id} metadata is not JSON: {exc}; use str keys and "
-                "JSON values (offsets as lists or str-keyed dicts)"
-            ) from None
+        blob = encode_manifest(job, checkpoint_id, int(self._clock() * 1000), tasks, metadata)
         self._write_atomically(path, blob)
-        log.info("completed checkpoint_id=%d job=%r tasks=%d", checkpoint_id, job, len(entries))
+        log.info("completed checkpoint_id=%d job=%r tasks=%d", checkpoint_id, job, len(tasks))
 
     def load(self, job: str, checkpoint_id: int) -> Manifest:
         """The manifest of a completed checkpoint (its snapshot files are not checked).
@@ -318,47 +210,16 @@ class SnapshotStore:
         Raises:
             SnapshotError: ``missing`` (not completed), ``unknown_version`` or ``corrupt``.
         """
-        chk = self._chk_dir(job, checkpoint_id)
-        path = f"{chk}/{MANIFEST}"
+        path = f"{self._chk_dir(job, checkpoint_id)}/{MANIFEST}"
         try:
-            raw = orjson.loads(self._fs.cat_file(path))
+            blob = self._fs.cat_file(path)
         except FileNotFoundError:
             raise SnapshotError(
                 f"checkpoint {checkpoint_id} of job {job!r} is not completed (no {path})",
                 reason="missing",
                 path=path,
             ) from None
-        except orjson.JSONDecodeError as exc:
-            raise _corrupt(path, f"manifest is not JSON ({exc})") from None
-        try:
-            version = raw["format_version"]
-            if version > FORMAT_VERSION:
-                raise SnapshotError(
-                    f"{path}: manifest format version {version} is newer than this eosflow "
-                    f"supports ({FORMAT_VERSION}): upgrade eosflow",
-                    reason="unknown_version",
-                    path=path,
-                )
-            if version < 1 or raw["checkpoint_id"] != checkpoint_id:
-                raise _corrupt(path, f"version {version}, checkpoint {raw['checkpoint_id']}")
-            handles = {}
-            for task, entry in raw["tasks"].items():
-                _check_name("task", task)  # a forged manifest must not point outside chk
-                if not _is_task_file(task, entry["file"]):
-                    raise _corrupt(path, f"task {task!r} names file {entry['file']!r}")
-                handles[task] = SnapshotHandle(
-                    f"{chk}/{entry['file']}", int(entry["size"]), str(entry["checksum"])
-                )
-            return Manifest(
-                job=job,
-                checkpoint_id=checkpoint_id,
-                created_ms=int(raw["created_ms"]),
-                tasks=handles,
-                metadata=dict(raw["metadata"]),
-                format_version=version,
-            )
-        except (KeyError, TypeError, ValueError, AttributeError, DefinitionError) as exc:
-            raise _corrupt(path, f"manifest is malformed ({type(exc).__name__}: {exc})") from None
+        return decode_manifest(blob, path, job, checkpoint_id)
 
     def completed_ids(self, job: str) -> list[int]:
         """Ids of the checkpoints that have a manifest, oldest first (manifests not read)."""
@@ -487,7 +348,7 @@ class SnapshotStore:
         try:
             current = int(data.decode().strip()) if data is not None else 0
         except ValueError:
-            raise _corrupt(self.job_file(job, GENERATION_FILE), "not an integer") from None
+            raise corrupt(self.job_file(job, GENERATION_FILE), "not an integer") from None
         self.write_job_file(job, GENERATION_FILE, f"{current + 1}\n".encode())
         return current + 1
 
@@ -526,6 +387,16 @@ class SnapshotStore:
         self._fs.makedirs(self._job_dir(job), exist_ok=True)
         return self.job_file(job, name)
 
+    def conditional_files(self) -> ConditionalFiles:
+        """This store's conditional writes, for the job lease on a remote store.
+
+        Raises:
+            ConfigError: the store's filesystem has none (see :mod:`.conditional`).
+        """
+        if self._conditional is None:
+            self._conditional = conditional_files(self._fs, self.url)
+        return self._conditional
+
     def newest_checkpoint_id(self, job: str) -> int:
         """The highest checkpoint id with a directory (completed, pending or aborted), or 0."""
         ids = self._checkpoint_ids(job)
@@ -549,9 +420,9 @@ class SnapshotStore:
         sizes = {str(e["name"]).rstrip("/"): e["size"] for e in listing}
         problems = []
         for task, handle in tasks.items():
-            _check_name("task", task)
+            check_name("task", task)
             directory, _, name = handle.path.rpartition("/")
-            if directory != chk or not _is_task_file(task, name):
+            if directory != chk or not is_task_file(task, name):
                 problems.append(f"task {task!r}: {handle.path} is not {chk}/{task}[.gN].snap")
             elif sizes.get(handle.path) != handle.size:
                 found = sizes.get(handle.path, "no")
@@ -584,10 +455,3 @@ class SnapshotStore:
                     os.fsync(fd)
                 finally:
                     os.close(fd)
-
-
-def _is_task_file(task: str, name: str) -> bool:
-    """``<task>.snap``, or ``<task>.g<incarnation>.snap``: nothing that points elsewhere."""
-    return (
-        name == f"{task}.snap" or re.fullmatch(re.escape(task) + r"\.g\d+\.snap", name) is not None
-    )

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import uuid
 from pathlib import Path
 
 import pytest
 
-from processor.errors import JobRunningError
+from processor.errors import ConfigError, JobRunningError
 from processor.snapshot.lease import JobLease, lease_holder
 from processor.snapshot.store import SnapshotStore
 
@@ -72,3 +74,39 @@ def test_a_remote_lease_is_held_while_renewed_and_taken_over_once_stale() -> Non
     assert lease_holder(store, "job")["token"] == second.token  # type: ignore[index]
     second.release()
     JobLease(store, "job", ttl=30, clock=clock).acquire()  # released: free at once
+
+
+def test_a_remote_lease_refuses_a_store_without_conditional_writes() -> None:
+    """Regression (issue 35, item 7): on a store with no conditional writes the lease was
+    check-then-write; it is now refused at start with a message that says what works."""
+    store = SnapshotStore(f"dir::memory://lease-{uuid.uuid4().hex}")
+    with pytest.raises(ConfigError, match=r"offers no conditional writes .* Use an s3:// store"):
+        JobLease(store, "job").acquire()
+    assert lease_holder(store, "job") is None
+
+
+def _race(leases: list[JobLease]) -> list[JobLease]:
+    """Every lease's ``acquire`` at once (a barrier releases the threads together); who won."""
+    barrier = threading.Barrier(len(leases))
+    won: list[JobLease] = []
+
+    def run(lease: JobLease) -> None:
+        barrier.wait()
+        with contextlib.suppress(JobRunningError):
+            lease.acquire()
+            won.append(lease)
+
+    threads = [threading.Thread(target=run, args=(lease,)) for lease in leases]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return won
+
+
+def test_exactly_one_of_many_racing_runners_takes_a_remote_lease() -> None:
+    store = SnapshotStore(f"memory://lease-{uuid.uuid4().hex}")
+    for round_ in range(50):
+        won = _race([JobLease(store, f"job-{round_}") for _ in range(6)])
+        assert len(won) == 1, f"round {round_}: {len(won)} holders"
+        assert lease_holder(store, f"job-{round_}")["token"] == won[0].token  # type: ignore[index]
