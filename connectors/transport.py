@@ -144,9 +144,11 @@ class KafkaWriter:
                 if self._failure is not None:
                     raise self._failure from None
 
-    def write_many(self, topic: str, records: Sequence[tuple[int, bytes]]) -> None:
-        """``write(topic, partition, value)`` for each ``(partition, value)``, in order (the
-        channels' hot path: data records, no key, no headers)."""
+    def write_many(
+        self, topic: str, records: Sequence[tuple[int, bytes]], key: bytes | None = None
+    ) -> None:
+        """``write(topic, partition, value, key=key)`` for each ``(partition, value)``, in
+        order (the channels' hot path: data records, all with the writer's key, no headers)."""
         if self._failure is not None:
             raise self._failure
         producer = self._producer
@@ -155,7 +157,7 @@ class KafkaWriter:
         while i < n:
             try:
                 for partition, value in records[i:] if i else records:
-                    produce(topic, value, None, partition)
+                    produce(topic, value, key, partition)
                     i += 1
             except BufferError:  # local queue full: serve delivery reports, then retry
                 producer.poll(0.01)

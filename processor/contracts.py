@@ -238,8 +238,9 @@ class Writer(Protocol):
         No gap: once a record failed, no later record of its partition reaches the log (a
         control record written after it is refused, and ``poll`` raises the failure).
 
-    A writer may also define ``write_many(topic, [(partition, value), ...])``: the data
-    records of a batch in one call, same guarantees (channels use it when it is there).
+    A writer may also define ``write_many(topic, [(partition, value), ...], key)``: the data
+    records of a batch, all with one key, in one call, same guarantees (channels use it when
+    it is there).
     """
 
     def write(

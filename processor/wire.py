@@ -5,11 +5,14 @@ downstream subtask ``d`` on partition ``u*D + d``, so each partition (channel) h
 producer and is FIFO and replayable (DESIGN.md, "Execution model").
 
 Records:
+    * Every record of a channel, data and control, has as its Kafka key the writer's
+      *incarnation*, encoded by :func:`channel_key` (1 to 4 bytes, big-endian, no leading zero
+      byte). See "Fencing" below.
     * Data records carry no ``eosflow-ctl`` header. Telling them apart is the hot path:
       :func:`decode_control` costs a ``headers is None`` test when the record has no headers
       (the common case) and one short scan otherwise.
-    * Control records have key ``None``, an empty value and one header ``eosflow-ctl`` whose value
-      is ``[version u8][kind u8][fields]``, big-endian, fixed size per kind. Nothing is unpickled:
+    * Control records have an empty value and one header ``eosflow-ctl`` whose value is
+      ``[version u8][kind u8][fields]``, big-endian, fixed size per kind. Nothing is unpickled:
       anyone who can write to a topic must not get code execution (DESIGN.md).
 
     ======= ================ =========================================================
@@ -18,13 +21,16 @@ Records:
     1       Barrier          checkpoint_id u64, generation u32, flags u8 (bit 0 unaligned)
     2       Watermark        ts_ms i64 (epoch milliseconds, may be negative)
     3       EndOfStream      (none)
-    4       GenerationStart  generation u32
+    4       GenerationStart  generation u32, incarnation u32
     ======= ================ =========================================================
 
     Encoding refuses values outside these ranges with :class:`~processor.errors.ConfigError`
     (a ``ValueError``). Decoding refuses an unknown version, an unknown kind, a wrong length or
     unknown flag bits with :class:`~processor.errors.DeserializationError`. A new field or kind
-    means a new :data:`FORMAT_VERSION`; old readers then fail clearly instead of misreading.
+    means a new :data:`FORMAT_VERSION`. Version 2 added the incarnation (to ``GenerationStart``
+    and as the record key); version 1 control records are still decoded (their
+    ``GenerationStart`` has the generation as its incarnation) because a new release reads the
+    tail an older one left in the channels (replayed in-flight records, dropped stale ones).
 
 GenerationStart (an addition to DESIGN.md):
     After a global recovery to checkpoint ``n`` the job runs as generation ``g`` (one more than
@@ -34,14 +40,30 @@ GenerationStart (an addition to DESIGN.md):
     the restored barrier ``n`` and the marker belongs to an older generation: the downstream task
     drops those (they will be regenerated) until it reads ``GenerationStart(g)``. In unaligned mode
     it first replays the records between the recorded channel offset and barrier ``n`` (the
-    channel state), then drops. So no record needs a per-record generation header, and the data
-    path stays header-free. Barriers carry their generation too, so barriers of checkpoints that
-    never completed in an older generation are ignored.
+    channel state), then drops. Barriers carry their generation too, so barriers of checkpoints
+    that never completed in an older generation are ignored.
+
+Fencing (issue 35): the marker alone assumes that an old producer can no longer write once the
+new generation starts. A frozen process (SIGSTOP, a long GC pause, a Spark executor the runner
+cannot reach) breaks that: librdkafka sends its queued records the moment it runs again, after
+the new marker. So every record names its writer's *incarnation*: the job's generation, or,
+for a worker restarted alone (local recovery), the fresh number it was started with. Both come
+from one counter per job (``SnapshotStore.next_generation``), so a later start always has a
+higher incarnation. A writer's ``GenerationStart(g, incarnation)`` precedes its other records.
+Per channel, a reader keeps a *floor*: the highest incarnation it has read there (a marker or a
+record). A record below the floor is a zombie's, written after a newer incarnation announced
+itself: it is dropped and counted, whatever its kind. The floor is part of the task's snapshot,
+so a restored reader fences from the restored position on. The key costs one byte on the wire
+for incarnations below 256 and one ``Message.key()`` call and a bytes comparison per record
+(bench/RESULTS.md, "Zombie fencing").
 
 Invariants:
-    * The marker is only sound if an old-generation producer can no longer write once the new
-      generation starts (the runner stops it first, or a transactional producer fences it):
-      a zombie writing after ``GenerationStart(g)`` would be taken for generation ``g``.
+    * A channel writer writes ``GenerationStart(g, i)`` into every output partition before
+      any other record, and keys every record with :func:`channel_key` of ``i``; ``i`` is
+      higher than every incarnation that wrote to the job's channels before.
+    * A reader processes a channel record only if its incarnation is at least the highest one
+      it has read on that channel; in the replay and drop phases of a restored channel the
+      older release's untagged records are let through to those phases' own rules.
     * :func:`key_to_downstream` is identical in every process and across restarts; changing it
       moves keys between subtasks and breaks restored keyed state.
 """
@@ -72,6 +94,7 @@ __all__ = [
     "EndOfStream",
     "GenerationStart",
     "Watermark",
+    "channel_key",
     "channel_partition",
     "channel_partitions_for",
     "channel_topic_name",
@@ -81,6 +104,7 @@ __all__ = [
     "job_topic_prefix",
     "key_group",
     "key_group_range",
+    "key_incarnation",
     "key_owner",
     "key_to_downstream",
     "owner_of",
@@ -91,7 +115,7 @@ __all__ = [
 ]
 
 CONTROL_HEADER = "eosflow-ctl"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MAX_CHECKPOINT_ID = 2**64 - 1
 MAX_GENERATION = 2**32 - 1
 MIN_TS_MS = -(2**63)
@@ -124,9 +148,16 @@ class EndOfStream:
 
 @dataclass(frozen=True, slots=True)
 class GenerationStart:
-    """Everything after this record on this channel belongs to ``generation``."""
+    """Everything after this record on this channel belongs to ``generation``, written by the
+    writer ``incarnation`` (``0``: the generation itself, as after a global recovery; a worker
+    restarted alone has a higher one)."""
 
     generation: int
+    incarnation: int = 0
+
+    def __post_init__(self) -> None:
+        if self.incarnation == 0:
+            object.__setattr__(self, "incarnation", self.generation)
 
 
 Control: TypeAlias = Barrier | Watermark | EndOfStream | GenerationStart
@@ -136,13 +167,17 @@ _UNALIGNED = 0x01
 _S_BARRIER = struct.Struct(">BBQIB")
 _S_WATERMARK = struct.Struct(">BBq")
 _S_END = struct.Struct(">BB")
-_S_GENERATION = struct.Struct(">BBI")
+_S_GENERATION = struct.Struct(">BBII")
+_S_GENERATION_V1 = struct.Struct(">BBI")
 _SIZES = {
     _BARRIER: _S_BARRIER.size,
     _WATERMARK: _S_WATERMARK.size,
     _END: _S_END.size,
     _GENERATION: _S_GENERATION.size,
 }
+#: what version 1 (before the incarnation) wrote: still read, never written
+_SIZES_V1 = {**_SIZES, _GENERATION: _S_GENERATION_V1.size}
+_VERSION_SIZES = {FORMAT_VERSION: _SIZES, 1: _SIZES_V1}
 _EMPTY = b""
 
 
@@ -162,7 +197,8 @@ def encode_control(ctl: Control) -> tuple[bytes, list[tuple[str, bytes]]]:
         ctl: the control message.
 
     Returns:
-        ``(value, headers)`` to pass to ``Producer.produce`` with ``key=None``.
+        ``(value, headers)`` to pass to ``Producer.produce`` with the writer's
+        :func:`channel_key`.
 
     Raises:
         ConfigError: a field is outside its wire range (see the module docstring).
@@ -183,7 +219,8 @@ def encode_control(ctl: Control) -> tuple[bytes, list[tuple[str, bytes]]]:
         payload = _S_END.pack(FORMAT_VERSION, _END)
     elif isinstance(ctl, GenerationStart):
         generation = _check("generation", ctl.generation, 0, MAX_GENERATION)
-        payload = _S_GENERATION.pack(FORMAT_VERSION, _GENERATION, generation)
+        incarnation = _check("incarnation", ctl.incarnation, 0, MAX_GENERATION)
+        payload = _S_GENERATION.pack(FORMAT_VERSION, _GENERATION, generation, incarnation)
     else:
         raise TypeError(f"not a control message: {ctl!r}")
     return _EMPTY, [(CONTROL_HEADER, payload)]
@@ -221,13 +258,15 @@ def _decode_payload(payload: bytes | None) -> Control:
             "control header too short: expected at least 2 bytes (version, kind)", payload
         )
     version, kind = payload[0], payload[1]
-    if version != FORMAT_VERSION:
+    sizes = _VERSION_SIZES.get(version)
+    if sizes is None:
         raise _refuse(
-            f"unknown control format version {version}, this eosflow reads version "
-            f"{FORMAT_VERSION}; the writer runs another eosflow release: run one release per job",
+            f"unknown control format version {version}, this eosflow reads versions "
+            f"{sorted(_VERSION_SIZES)}; the writer runs a newer eosflow release: run one "
+            "release per job",
             payload,
         )
-    size = _SIZES.get(kind)
+    size = sizes.get(kind)
     if size is None:
         raise _refuse(f"unknown control kind {kind}, expected one of {sorted(_SIZES)}", payload)
     if len(payload) != size:
@@ -243,8 +282,31 @@ def _decode_payload(payload: bytes | None) -> Control:
     if kind == _WATERMARK:
         return Watermark(_S_WATERMARK.unpack(payload)[2])
     if kind == _GENERATION:
-        return GenerationStart(_S_GENERATION.unpack(payload)[2])
+        if version == 1:
+            return GenerationStart(_S_GENERATION_V1.unpack(payload)[2])
+        _, _, generation, incarnation = _S_GENERATION.unpack(payload)
+        return GenerationStart(generation, incarnation)
     return EndOfStream()
+
+
+def channel_key(incarnation: int) -> bytes:
+    """The Kafka key of every record written by channel writer ``incarnation``: big-endian,
+    1 to 4 bytes, no leading zero byte (so equal keys are equal incarnations, and the reader's
+    fast path compares bytes). See "Fencing" in the module docstring.
+
+    Raises:
+        ConfigError: ``incarnation`` is not in ``[0, MAX_GENERATION]``.
+    """
+    _check("incarnation", incarnation, 0, MAX_GENERATION)
+    return incarnation.to_bytes(max(1, (incarnation.bit_length() + 7) // 8), "big")
+
+
+def key_incarnation(key: bytes | None) -> int | None:
+    """The incarnation a channel record's key names, or ``None`` when it names none (no key:
+    written by a release before format version 2, or not by eosflow; a malformed key)."""
+    if key is None or not 1 <= len(key) <= 4 or (len(key) > 1 and key[0] == 0):
+        return None
+    return int.from_bytes(key, "big")
 
 
 # --- topology -------------------------------------------------------------------------------

@@ -150,7 +150,9 @@ class _Sent:
     def __init__(self) -> None:
         self.partitions: list[int] = []
 
-    def write(self, topic: str, partition: int, value: bytes, headers: Any = None) -> None:
+    def write(
+        self, topic: str, partition: int, value: bytes, key: Any = None, headers: Any = None
+    ) -> None:
         self.partitions.append(partition)
 
 

@@ -16,15 +16,25 @@ from processor.contracts import SinkContext
 from processor.dataflow import Dataflow
 from processor.runtime.task import Task, TaskEnv
 from processor.snapshot.store import SnapshotStore
-from processor.wire import Barrier, GenerationStart, Watermark, decode_control, encode_control
+from processor.wire import (
+    Barrier,
+    GenerationStart,
+    Watermark,
+    channel_key,
+    decode_control,
+    encode_control,
+)
 
 TOPIC = "eosflow.job.k.count"
 P0, P2 = (TOPIC, 0), (TOPIC, 2)  # subtask 0's channels from upstream 0 and 1 (P = 2)
 
 
 class Msg:
-    def __init__(self, tp: tuple[str, int], offset: int, value: bytes, headers: Any) -> None:
+    def __init__(
+        self, tp: tuple[str, int], offset: int, value: bytes, headers: Any, key: Any = None
+    ) -> None:
         self._tp, self._offset, self._value, self._headers = tp, offset, value, headers
+        self._key = key
 
     def topic(self) -> str:
         return self._tp[0]
@@ -35,8 +45,8 @@ class Msg:
     def offset(self) -> int:
         return self._offset
 
-    def key(self) -> None:
-        return None
+    def key(self) -> Any:
+        return self._key
 
     def value(self) -> bytes:
         return self._value
@@ -49,22 +59,31 @@ class Msg:
 
 
 class Log:
-    """Partitions as lists; ``deliver`` says which partitions the next poll returns, in order."""
+    """Partitions as lists; ``deliver`` says which partitions the next poll returns, in order.
+
+    Records are keyed as a channel writer keys them: with the incarnation of the partition's
+    last ``GenerationStart`` (``writer``), unless ``incarnation`` says otherwise (a zombie)."""
 
     def __init__(self) -> None:
         self.parts: dict[tuple[str, int], list[Msg]] = {}
         self.written: list[tuple[str, int, bytes, Any]] = []
+        self.writer: dict[tuple[str, int], int] = {}
 
-    def data(self, tp: tuple[str, int], key: str, ts: int = 0) -> None:
-        self._append(tp, orjson.dumps([key, {"k": key}, ts]), None)
+    def data(self, tp: tuple[str, int], key: str, ts: int = 0, incarnation: int = 0) -> None:
+        self._append(tp, orjson.dumps([key, {"k": key}, ts]), None, incarnation)
 
-    def ctl(self, tp: tuple[str, int], ctl: Any) -> None:
+    def ctl(self, tp: tuple[str, int], ctl: Any, incarnation: int = 0) -> None:
+        if isinstance(ctl, GenerationStart) and not incarnation:
+            self.writer[tp] = ctl.incarnation
         value, headers = encode_control(ctl)
-        self._append(tp, value, headers)
+        self._append(tp, value, headers, incarnation)
 
-    def _append(self, tp: tuple[str, int], value: bytes, headers: Any) -> None:
+    def _append(
+        self, tp: tuple[str, int], value: bytes, headers: Any, incarnation: int = 0
+    ) -> None:
         part = self.parts.setdefault(tp, [])
-        part.append(Msg(tp, len(part), value, headers))
+        key = channel_key(incarnation or self.writer.get(tp, 1))
+        part.append(Msg(tp, len(part), value, headers, key))
 
 
 class Reader:
@@ -352,6 +371,88 @@ def test_zombie_generation_is_refused_when_a_newer_marker_arrives(tmp_path: Path
         task.step(0.0, 100)
 
 
+def test_records_of_an_older_generation_are_dropped_when_a_zombie_writes_after_the_marker(
+    tmp_path: Path,
+) -> None:
+    """Regression (issue 35, item 6): a frozen writer of generation 1 that woke up after
+    generation 2's marker had its records (data, a watermark, a barrier, an end of stream)
+    taken for generation 2's: counted twice, a watermark ahead of time, a barrier of another
+    worker's checkpoint. They carry incarnation 1 now, below the channel's floor of 2."""
+    log = Log()
+    for tp in (P0, P2):
+        log.ctl(tp, GenerationStart(1))
+        log.data(tp, "old")  # generation 1, dropped until the marker by the recovery phases
+        log.ctl(tp, GenerationStart(2))
+        log.data(tp, "a")
+    log.ctl(P0, Watermark(10_000))
+    log.data(P2, "a", incarnation=1)  # the zombie's queued records land after the marker
+    log.ctl(P2, Watermark(10_000), incarnation=1)
+    log.ctl(P2, Barrier(2, 2), incarnation=1)
+    log.data(P2, "a")
+    task = _task(tmp_path, log, "aligned", generation=2)
+    task.open(_state(1, {P0: 0, P2: 0}, [P0, P2]), {"in": 2})
+    task.step(0.0, 100)
+    assert _counts(task) == {"a": 3}
+    assert task.inputs.fence.fenced == 3 and task.stats()["fenced"] == 3
+    assert task.watermark == 0 and not task.inputs.blocked  # no zombie watermark, no barrier
+    assert task.inputs.fence.floor == {P0: 2, P2: 2}
+
+
+def test_records_of_a_worker_restarted_alone_fence_its_old_incarnation_when_it_wakes_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Local recovery keeps the job's generation: upstream 1 restarted alone writes
+    ``GenerationStart(1, 5)`` (its fresh incarnation); its old incarnation, frozen instead of
+    dead, must not be read after that, even by a task restored from a later snapshot."""
+    log = Log()
+    for tp in (P0, P2):
+        log.ctl(tp, GenerationStart(1))
+    _with_id(log, P2, "b", 1)  # the old incarnation, before it froze: live
+    log.ctl(P2, GenerationStart(1, 5))  # restarted alone
+    _with_id(log, P2, "b", 2)
+    _with_id(log, P2, "b", 3, incarnation=1)  # the old incarnation wakes up: fenced
+    log.ctl(P2, Watermark(10_000), incarnation=1)
+    _with_id(log, P2, "b", 4)
+    survivor = _local_task(tmp_path, log, monkeypatch)
+    survivor.open(None, {"in": 2})
+    survivor.step(0.0, 100)
+    assert _counts(survivor) == {"b": 3}
+    assert survivor.inputs.fence.fenced == 2 and survivor.watermark < 0
+    # Restored alone from a snapshot taken after the marker: the floor comes with it.
+    state = {**_state(1, {P0: 1, P2: 4}, [P0, P2]), "generation": 1, "floors": {P2: 5}}
+    state["operators"] = {"count": {"b": 2}}
+    alone = _local_task(tmp_path, log, monkeypatch)
+    alone.open(state, {"in": 2})
+    alone.step(0.0, 100)
+    assert _counts(alone) == {"b": 3} and alone.inputs.fence.fenced == 2
+
+
+def test_in_flight_records_of_the_old_generation_are_replayed_when_restored_unaligned(
+    tmp_path: Path,
+) -> None:
+    """The fence never drops channel state: the unaligned snapshot's in-flight records were
+    written by the failed generation, at the floor the snapshot recorded; a zombie's record
+    among them (below that floor) is still dropped."""
+    log = Log()
+    log.ctl(P0, GenerationStart(2))
+    log.ctl(P0, Barrier(3, 2, unaligned=True))
+    log.ctl(P0, GenerationStart(3))
+    log.ctl(P2, GenerationStart(2))
+    log.data(P2, "b")  # offset 1: in flight at checkpoint 3, generation 2's: replayed
+    log.data(P2, "b", incarnation=1)  # a generation 1 zombie woke up: fenced here too
+    log.ctl(P2, Barrier(3, 2, unaligned=True))
+    log.data(P2, "b")  # generation 2 after the barrier: dropped by its phase
+    log.ctl(P2, GenerationStart(3))
+    log.data(P2, "b")
+    state = {**_state(3, {P0: 2, P2: 1}, [P0]), "floors": {P0: 2, P2: 2}}
+    task = _task(tmp_path, log, "unaligned", generation=3)
+    task.open(state, {"in": 2})
+    task.step(0.0, 100)
+    assert _counts(task) == {"b": 2}
+    assert task.inputs.fence.fenced == 1 and task.inputs.stale_dropped == 1
+    assert not task.inputs.modes and task.inputs.fence.floor == {P0: 3, P2: 3}
+
+
 def test_an_aligned_barrier_is_aligned_when_the_task_runs_unaligned(tmp_path: Path) -> None:
     """Regression: the final checkpoint of a bounded run was unaligned in unaligned mode, so the
     records in flight behind its barrier fell into an epoch that never committed (bench runs
@@ -410,8 +511,8 @@ def _local_task(
     return Task(env, plan.stage_of("count"), 0)
 
 
-def _with_id(log: Log, tp: tuple[str, int], key: str, record_id: int) -> None:
-    log._append(tp, orjson.dumps([key, {"k": key}, 0, f"{record_id:x}"]), None)
+def _with_id(log: Log, tp: tuple[str, int], key: str, record_id: int, incarnation: int = 0) -> None:
+    log._append(tp, orjson.dumps([key, {"k": key}, 0, f"{record_id:x}"]), None, incarnation)
 
 
 def test_restarted_alone_it_processes_live_records_after_the_barrier_and_drops_copies_by_id(

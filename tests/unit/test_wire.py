@@ -25,11 +25,13 @@ from processor.wire import (
     EndOfStream,
     GenerationStart,
     Watermark,
+    channel_key,
     channel_partition,
     channel_partitions_for,
     channel_topic_name,
     decode_control,
     encode_control,
+    key_incarnation,
     key_to_downstream,
     source_partitions_for,
     upstream_of,
@@ -43,6 +45,7 @@ controls: st.SearchStrategy[Control] = st.one_of(
     st.builds(Watermark, timestamps),
     st.just(EndOfStream()),
     st.builds(GenerationStart, generations),
+    st.builds(GenerationStart, generations, generations),
 )
 parallelisms = st.integers(1, 16)
 TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
@@ -76,10 +79,11 @@ def test_decode_finds_the_control_header_when_other_headers_surround_it(
 @pytest.mark.parametrize(
     ("ctl", "expected"),
     [
-        (Barrier(7, 3, unaligned=True), b"\x01\x01" + (7).to_bytes(8, "big") + b"\0\0\0\x03\x01"),
-        (Watermark(-1), b"\x01\x02" + b"\xff" * 8),
-        (EndOfStream(), b"\x01\x03"),
-        (GenerationStart(2), b"\x01\x04\0\0\0\x02"),
+        (Barrier(7, 3, unaligned=True), b"\x02\x01" + (7).to_bytes(8, "big") + b"\0\0\0\x03\x01"),
+        (Watermark(-1), b"\x02\x02" + b"\xff" * 8),
+        (EndOfStream(), b"\x02\x03"),
+        (GenerationStart(2), b"\x02\x04\0\0\0\x02\0\0\0\x02"),
+        (GenerationStart(2, 9), b"\x02\x04\0\0\0\x02\0\0\0\x09"),
     ],
 )
 def test_encode_writes_the_documented_bytes_when_given_each_kind(
@@ -131,7 +135,42 @@ def test_decode_raises_when_kind_is_unknown(kind: int, rest: bytes) -> None:
     assert info.value.serde == CONTROL_HEADER
 
 
-@given(controls, st.integers(0, 255).filter(lambda v: v != FORMAT_VERSION))
+@pytest.mark.parametrize(
+    ("payload", "ctl"),
+    [
+        (b"\x01\x01" + (7).to_bytes(8, "big") + b"\0\0\0\x03\x01", Barrier(7, 3, True)),
+        (b"\x01\x02" + b"\xff" * 8, Watermark(-1)),
+        (b"\x01\x03", EndOfStream()),
+        (b"\x01\x04\0\0\0\x02", GenerationStart(2, 2)),
+    ],
+)
+def test_decode_reads_version_1_when_an_older_release_wrote_the_channel(
+    payload: bytes, ctl: Control
+) -> None:
+    """A new release restoring a job reads the tail an older one left (replay, drop)."""
+    assert FORMAT_VERSION == 2
+    assert decode_control([(CONTROL_HEADER, payload)]) == ctl
+
+
+@given(generations)
+def test_channel_key_round_trips_and_is_canonical_when_given_any_incarnation(n: int) -> None:
+    key = channel_key(n)
+    assert 1 <= len(key) <= 4 and key_incarnation(key) == n
+    assert len(key) == 1 or key[0] != 0  # equal keys are equal incarnations
+    assert channel_key(n) == key
+
+
+@pytest.mark.parametrize("key", [None, b"", b"\0\x01", b"\x01\0\0\0\0"])
+def test_key_incarnation_is_none_when_the_key_names_no_incarnation(key: bytes | None) -> None:
+    assert key_incarnation(key) is None
+
+
+def test_channel_key_refuses_an_incarnation_the_wire_cannot_carry() -> None:
+    with pytest.raises(ConfigError, match="incarnation"):
+        channel_key(MAX_GENERATION + 1)
+
+
+@given(controls, st.integers(0, 255).filter(lambda v: v not in (1, FORMAT_VERSION)))
 def test_decode_raises_when_version_is_unknown(ctl: Control, version: int) -> None:
     payload = bytes([version]) + payload_of(ctl)[1:]
     with pytest.raises(DeserializationError, match=f"unknown control format version {version}"):

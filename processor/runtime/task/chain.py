@@ -134,6 +134,7 @@ class OperatorChain:
                 tag=tag,
                 loop=self.loop,
                 key_groups=plan.key_groups,
+                incarnation=env.sink_generation,
             )
             self.outputs.append(out)
             head: Operator = out

@@ -21,6 +21,7 @@ from processor.wire import (
     Barrier,
     GenerationStart,
     Watermark,
+    channel_key,
     channel_partition,
     encode_control,
     route_table,
@@ -76,7 +77,9 @@ class TaskEnv:
         # Local recovery: checkpoints up to this id were triggered before this worker restarted
         # (aborted or completed); their barriers and triggers are stale here.
         self.stale_through = stale_through
-        # What sink writers see as their generation: unique per start of this worker.
+        # What sink writers see as their generation: unique per start of this worker. It is
+        # also this worker's incarnation, the key of every channel record it writes
+        # (processor.wire, "Fencing").
         self.sink_generation = generation if sink_generation is None else sink_generation
         # Processing time (epoch ms) for processing-time timers (``process`` steps).
         self.now_ms = now_ms or wall_clock_ms
@@ -120,7 +123,11 @@ class Loop:
 
 
 class ChannelOut(Operator):
-    """Writes records to an output channel: key-routed (shuffle) or to ``u -> u`` (forward)."""
+    """Writes records to an output channel: key-routed (shuffle) or to ``u -> u`` (forward).
+
+    Every record, data and control, is keyed with ``incarnation``'s :func:`channel_key`, so
+    that readers can drop what a zombie of an older incarnation writes after a newer one
+    announced itself (:mod:`processor.wire`, "Fencing")."""
 
     def __init__(
         self,
@@ -133,8 +140,10 @@ class ChannelOut(Operator):
         tag: int = 0,
         loop: Loop | None = None,
         key_groups: int = 128,
+        incarnation: int = 0,
     ) -> None:
         self.name = f"->{edge.topic}"
+        self.key = channel_key(incarnation)
         self.children = []
         self.late_dropped = 0
         self.topic = edge.topic
@@ -159,14 +168,14 @@ class ChannelOut(Operator):
         # A channel inside a loop (edge.loop): records carry their iteration as a 4th element.
         self.loop = loop if edge.loop else None
         many = getattr(writer, "write_many", None)  # optional in the Writer protocol
-        self.write_many: Callable[[str, list[tuple[int, bytes]]], None] = (
+        self.write_many: Callable[[str, list[tuple[int, bytes]], bytes], None] = (
             many if many is not None else self._write_each
         )
 
-    def _write_each(self, topic: str, records: list[tuple[int, bytes]]) -> None:
+    def _write_each(self, topic: str, records: list[tuple[int, bytes]], key: bytes) -> None:
         write = self.writer.write
         for partition, value in records:
-            write(topic, partition, value)
+            write(topic, partition, value, key=key)
 
     def process(self, batch: list[Record]) -> list[Record]:
         if self.lineage is not None:
@@ -186,7 +195,7 @@ class ChannelOut(Operator):
         else:
             (partition,) = self.partitions
             records = [(partition, dumps(r)) for r in batch]
-        self.write_many(topic, records)
+        self.write_many(topic, records, self.key)
         self.written += len(batch)
         return []
 
@@ -218,11 +227,11 @@ class ChannelOut(Operator):
             records = [
                 (base, dumps((k, v, t, tag))) for (k, v, t), tag in zip(batch, tags, strict=False)
             ]
-        self.write_many(self.topic, records)
+        self.write_many(self.topic, records, self.key)
         self.written += len(batch)
         return []
 
     def control(self, ctl: Barrier | Watermark | GenerationStart) -> None:
         value, headers = encode_control(ctl)
         for p in self.partitions:
-            self.writer.write(self.topic, p, value, headers=headers)
+            self.writer.write(self.topic, p, value, key=self.key, headers=headers)

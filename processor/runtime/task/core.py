@@ -90,8 +90,9 @@ class Task:
             self.inputs.open(tps, positions)
         if state is not None:
             self.env.fault("during-recovery")
+        # Before any other record: readers fence the incarnations before this one from here on.
         for out in self.chain.outputs:
-            out.control(GenerationStart(self.generation))
+            out.control(GenerationStart(self.generation, self.env.sink_generation))
         log.info(
             "opened task=%s generation=%d restored_checkpoint=%d inputs=%d recovery=%s%s",
             self.name, self.generation, restored_id, len(tps), self.env.recovery,
@@ -228,6 +229,7 @@ class Task:
             "late": counts["late"],
             "dups": counts["dups"],
             "stale": channels.stale_dropped if channels is not None else 0,
+            "fenced": channels.fence.fenced if channels is not None else 0,
             "replayed": counts["replayed"],
             "loop_limit": channels.loop_exhausted if channels is not None else 0,
             "lag": inputs.lag() if isinstance(inputs, SourceInputs) else 0,

@@ -21,6 +21,11 @@ Local recovery (docs/local-recovery.md): channel records carry their IDs; the on
 processed already are dropped by :class:`~processor.runtime.operators.dedup_step.ReplayCheck`, the
 others pushed one at a time with their ID as lineage.
 
+Zombie fencing (:mod:`processor.wire`, "Fencing"): a record written by an older incarnation
+of its channel's writer than one already read there is dropped, in every mode
+(:class:`~.fence.ChannelFence`). The live fast path compares the record's key with the
+channel's floor key; anything else goes the slow path.
+
 :class:`ChannelInputs` owns all of this state (positions, recovery phases, the barrier aligner,
 paused channels and their stash, the loop's back-edge log, alignment times); it pushes records
 into the task's :class:`~.chain.OperatorChain` and hands the aligner's snapshot, barrier and
@@ -63,6 +68,7 @@ from processor.runtime.task.chain import TP, OperatorChain
 from processor.runtime.task.channels import TaskEnv
 from processor.runtime.task.checkpoints import InputState
 from processor.runtime.task.dead_letters import channel_origins
+from processor.runtime.task.fence import NOT_LIVE, ChannelFence
 from processor.wire import (
     Barrier,
     EndOfStream,
@@ -126,6 +132,7 @@ class ChannelInputs:
         self.loop_exhausted = 0
         self.records_in = 0
         self.stale_dropped = 0
+        self.fence = ChannelFence(name)
         self.pos: dict[TP, int] = {}
         self.modes: dict[TP, int] = {}  # a recovering channel's current mode (fast to test)
         # ... and the phases it still has to go through, the current one first: (_REPLAY,
@@ -181,6 +188,7 @@ class ChannelInputs:
             back_edges=self.back,
         )
         self.replaying = {tp for tp in self.back if tp in self.modes}
+        self.fence.open(tp for tp in tps if tp not in self.modes)
         self.reader.open(positions, start="earliest", stop_at=None)
         self.pos = {tp: o for tp, o in self.reader.positions().items()}
         if self.replaying:  # replay the back-edge log before consuming the regular inputs
@@ -191,6 +199,8 @@ class ChannelInputs:
     def restore(self, state: dict[str, Any]) -> None:
         self.channel_wm = dict(state["channel_wm"])
         self.max_ts = dict(state["max_ts"])
+        # absent from a snapshot of a release before the fencing: no floor, the markers set it
+        self.fence.restore(state.get("floors", {}))
 
     def read(self, msgs: list[Message]) -> None:
         """Processes a polled batch, then resumes the channels its barriers let go."""
@@ -220,6 +230,7 @@ class ChannelInputs:
             "channel_wm": dict(self.channel_wm),
             "max_ts": dict(self.max_ts),
             "recovering": {tp: [list(ph) for ph in self.phases[tp]] for tp in self.modes},
+            "floors": self.fence.snapshot(),
         }
 
     def forget(self, checkpoint_id: int) -> None:
@@ -248,6 +259,7 @@ class ChannelInputs:
             self._loop_batch(msgs)
             return
         entry, pos, modes, blocked = self.chain.entry, self.pos, self.modes, self.blocked
+        live, fence = self.fence.live_keys, self.fence
         buckets: dict[str, list[Record]] = {}
         loads = orjson.loads
         n = 0
@@ -260,7 +272,8 @@ class ChannelInputs:
                 continue
             offset: Any = m.offset()
             headers = m.headers()
-            if headers is None and tp not in modes:
+            key = m.key()
+            if headers is None and key == live.get(tp, NOT_LIVE):
                 k, v, t = loads(m.value())  # type: ignore[arg-type]
                 if type(k) is list:
                     k = tuple(k)
@@ -271,12 +284,16 @@ class ChannelInputs:
                 pos[tp] = offset + 1
                 n += 1
                 continue
-            # slow path: a control record, or a channel still recovering
+            # slow path: a control record, a channel still recovering, another incarnation
             self._drain(buckets, msgs, after, m)
             after = m
             pos[tp] = offset + 1
             ctl = decode_control(headers)
             mode = modes.get(tp)
+            if key != live.get(tp, NOT_LIVE) and not fence.admit(
+                tp, key, offset, recovering=mode is not None
+            ):
+                continue
             if ctl is None:
                 if mode == _DROP:
                     self.stale_dropped += 1
@@ -318,7 +335,7 @@ class ChannelInputs:
         """``(message, topic, channel, control or None)`` for the messages of channels that are
         not blocked, their positions advanced; a blocked channel's messages are stashed. (The
         checks run as the caller consumes: a control record may block its channel.)"""
-        pos, blocked = self.pos, self.blocked
+        pos, blocked, fence = self.pos, self.blocked, self.fence
         for m in msgs:
             topic: Any = m.topic()
             tp = (topic, m.partition())
@@ -327,6 +344,11 @@ class ChannelInputs:
                 continue
             pos[tp] = m.offset() + 1
             headers = m.headers()
+            key = m.key()
+            if key != fence.live_keys.get(tp, NOT_LIVE) and not fence.admit(
+                tp, key, m.offset(), recovering=tp in self.modes
+            ):
+                continue
             yield m, topic, tp, decode_control(headers) if headers is not None else None
 
     def _loop_batch(self, msgs: list[Message]) -> None:
@@ -441,6 +463,7 @@ class ChannelInputs:
                     f"task {self.name}: channel {tp} carries generation {ctl.generation}, newer "
                     f"than this worker's {self.generation}: this worker is a zombie; stopping"
                 )
+            self.fence.announce(tp, ctl.incarnation)  # the key said so already, normally
             if mode is not None and ctl.generation == self.generation:
                 self._live(tp)  # this generation's records follow
             elif mode == _DROP and ctl.generation >= self.phases[tp][0][1]:
@@ -487,6 +510,7 @@ class ChannelInputs:
     def _live(self, tp: TP) -> None:
         del self.phases[tp]
         del self.modes[tp]
+        self.fence.live(tp)
         self._replayed(tp)
 
     def _replayed(self, tp: TP) -> None:
