@@ -8,19 +8,23 @@ eosflow does the same with three names derived from the job's:
 * transactional id ``eosflow.<job>.runner``: the runner initializes it at start
   (``init_transactions``), which fences every earlier runner of the job, on any host, with any
   state directory; the fenced one learns it at its next transaction;
-* consumer group ``eosflow-<job>`` (the group id the job's readers already report): each
-  transaction commits the sources' checkpointed offsets to it (``send_offsets_to_transaction``
-  with the group's metadata), so ``kafka-consumer-groups --describe``, Burrow and lag exporters
-  see where the job is, and a start without state sees that the job has history;
-* topic ``eosflow.<job>.claim`` (compacted, one partition): each transaction also writes one
-  small record saying who holds the job and at which checkpoint.
+* topic ``eosflow.<job>.claim`` (compacted, one partition): each commit is a transaction of
+  that producer writing one small record saying who holds the job and at which checkpoint: a
+  real round trip to the transaction coordinator, which fails for a fenced runner;
+* consumer group ``eosflow-<job>`` (the group id the job's readers already report): once the
+  claim's transaction committed, the sources' checkpointed offsets are committed to it through
+  the admin API (``AlterConsumerGroupOffsets``: the group has no members), so
+  ``kafka-consumer-groups --describe``, Burrow and lag exporters see where the job is, and a
+  start without state sees that the job has history.
 
-The record is what makes the commit a real round trip to the transaction coordinator even
-before any offset exists (a restart checks that it still holds the job this way), and Tansu
-0.6 applies the offsets of a transaction only when the transaction also wrote a record (a
-transaction of offsets alone after the first of a producer left the group's offsets where they
-were: measured). So the same transaction runs on every broker; nothing here is chosen by a
-timeout or by the broker's name.
+Why not the offsets inside the transaction (``send_offsets_to_transaction``, as Kafka Streams
+does)? librdkafka's call ignores its timeout when the group coordinator cannot be reached
+(confluentinc/librdkafka#5456, open): a broker refusing connections for 5 s left a runner
+blocked in it for good (tests/e2e/test_partitions.py). Every call here has a deadline. The
+group is visibility and a history marker, not the source of truth (a checkpoint is), so
+committing it just after the claim's transaction loses nothing: a crash between the two leaves
+the group one checkpoint behind, which a start accepts. The same calls run on every broker;
+nothing here is chosen by a timeout or by the broker's name.
 """
 
 from __future__ import annotations
@@ -40,18 +44,17 @@ from confluent_kafka import (
 from connectors.admin import TopicAdmin, admin_client
 from connectors.config import (
     KafkaSettings,
-    consumer_config,
-    create_consumer,
     create_producer,
     producer_config,
 )
 from connectors.errors import classify, is_fenced, retrying
-from processor.errors import ConfigError, JobFencedError
+from processor.errors import ConfigError, JobFencedError, KafkaClientError
 
 __all__ = [
     "CLAIM_TOPIC_CONFIG",
     "KafkaJobClaim",
     "claim_topic",
+    "commit_job_group",
     "delete_job_group",
     "job_group",
     "job_group_offsets",
@@ -107,6 +110,39 @@ def job_group_offsets(settings: KafkaSettings, job: str, *, timeout: float = 10.
     return retrying(fetch, f"listing the offsets of consumer group {group!r}", deadline_s=timeout)
 
 
+def commit_job_group(
+    settings: KafkaSettings, job: str, offsets: Mapping[TP, int], *, timeout: float = 10.0
+) -> None:
+    """Commit ``offsets`` to the job's group (``AlterConsumerGroupOffsets``; the group has no
+    members), waiting at most ``timeout`` seconds.
+
+    Raises:
+        KafkaClientError: the broker refused or did not answer in time (retriable or not).
+    """
+    group = job_group(job)
+    tps = [TopicPartition(t, p, o) for (t, p), o in sorted(offsets.items())]
+    admin = admin_client(settings)
+    context = f"committing the source offsets of job {job!r} to consumer group {group!r}"
+    try:
+        futures = admin.alter_consumer_group_offsets(
+            [ConsumerGroupTopicPartitions(group, tps)], request_timeout=timeout
+        )
+        done = futures[group].result(timeout=timeout + 5.0)
+    except KafkaException as exc:
+        raise classify(exc, context=context) from exc
+    except TimeoutError as exc:  # concurrent.futures: no answer within the deadline
+        raise KafkaClientError(
+            f"{context}: no answer in {timeout + 5.0:g}s", retriable=True
+        ) from exc
+    failed = [tp for tp in done.topic_partitions or [] if tp.error is not None]
+    if failed:
+        raise KafkaClientError(
+            f"{context}: refused for "
+            + ", ".join(f"{tp.topic}[{tp.partition}]: {tp.error}" for tp in failed),
+            retriable=True,
+        )
+
+
 def delete_job_group(settings: KafkaSettings, job: str, *, timeout: float = 10.0) -> bool:
     """Delete the job's group (its committed offsets): True if there was one.
 
@@ -143,8 +179,6 @@ class KafkaJobClaim:
         self.topic = claim_topic(job)
         self._timeout = timeout
         self._producer: Any = None
-        self._metadata: Any = None
-        self._consumer: Any = None
 
     def __repr__(self) -> str:
         return f"KafkaJobClaim({self.job!r}, {self.settings.brokers!r})"
@@ -154,11 +188,6 @@ class KafkaJobClaim:
 
     def open(self) -> None:
         TopicAdmin(self.settings).ensure_topic(self.topic, 1, CLAIM_TOPIC_CONFIG, any_count=True)
-        # The group's metadata for send_offsets_to_transaction: a consumer that never joins
-        # (no subscribe) gives generation -1 and no member id, which the broker accepts from a
-        # transactional producer for a group without members (how Kafka's own tools commit).
-        self._consumer = create_consumer(consumer_config(self.settings, group_id=self.group))
-        self._metadata = self._consumer.consumer_group_metadata()
         self._producer = create_producer(
             producer_config(
                 self.settings,
@@ -180,9 +209,6 @@ class KafkaJobClaim:
         try:
             producer.begin_transaction()
             producer.produce(self.topic, json.dumps(dict(claim)).encode(), _KEY, partition=0)
-            if offsets:
-                tps = [TopicPartition(t, p, o) for (t, p), o in sorted(offsets.items())]
-                producer.send_offsets_to_transaction(tps, self._metadata, self._timeout)
             producer.commit_transaction(self._timeout)
         except KafkaException as exc:
             if is_fenced(exc):
@@ -204,13 +230,12 @@ class KafkaJobClaim:
                         "job=%s: aborting the claim transaction failed: %s", self.job, again
                     )
             raise error from exc
+        if offsets:
+            commit_job_group(self.settings, self.job, offsets, timeout=self._timeout)
 
     def forget(self) -> None:
         if delete_job_group(self.settings, self.job, timeout=self._timeout):
             log.info("job=%s deleted consumer group=%s", self.job, self.group)
 
     def close(self) -> None:
-        if self._consumer is not None:
-            consumer, self._consumer = self._consumer, None
-            consumer.close()
         self._producer = None  # nothing is left to flush: every transaction ended

@@ -28,6 +28,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewPartitions
 
 from connectors import KafkaSettings, TopicAdmin, create_producer, producer_config
+from connectors.claim import claim_topic
 from connectors.transport import produce_waiting
 from processor.compiler import Plan
 from processor.errors import ConfigError
@@ -61,12 +62,13 @@ NAMED = [
 
 
 def _assert_unshuffled(plan: Plan, brokers: str) -> None:
-    """The job ran as one stage, without a channel topic: the path under test."""
+    """The job ran as one stage, without a channel topic: the path under test (its only
+    internal topic is the job's claim, connectors.claim)."""
     assert [s.steps for s in plan.stages] == [("clicks", "work", "totals", "out")], plan.describe()
     topic = plan.flow.steps["clicks"].params["topic"]
     assert plan.edges == () and plan.copartitioned == ((topic,),)
     admin = TopicAdmin(KafkaSettings.from_env(brokers=brokers))
-    assert admin.list_topics(prefix=f"eosflow.{plan.job}.") == []
+    assert admin.list_topics(prefix=f"eosflow.{plan.job}.") == [claim_topic(plan.job)]
 
 
 def test_keyed_source_total_is_exactly_once_when_workers_are_killed_at_protocol_points_and_randomly(

@@ -16,12 +16,13 @@ runner of it must go, the broker, as Kafka Streams keeps it (the transport's
   transactional id (``eosflow.<job>.runner``), which fences every earlier runner of the job,
   and (no checkpoint) looks at the group once more: a runner that committed in between is
   fenced now, and its offsets refuse this start too.
-* **On every completed checkpoint** (:meth:`completed`, :meth:`ready`): the source tasks'
-  checkpointed positions are committed to the group in a transaction of that producer, in the
-  background, and the checkpoint's completion notice (on which the sinks commit) goes out only
-  once that commit succeeded. So no runner commits output the group does not account for, and
-  a fenced runner learns it at its next checkpoint: :class:`~processor.errors.JobFencedError`
-  ("another runner took job ..."), never a success.
+* **On every completed checkpoint** (:meth:`completed`, :meth:`ready`): the claim's
+  transaction commits (the fencing check), then the source tasks' checkpointed positions are
+  committed to the group (:mod:`connectors.claim` says why not inside the transaction), in the
+  background; the checkpoint's completion notice (on which the sinks commit) goes out only once
+  both succeeded. So no runner commits output the group does not account for, and a fenced
+  runner learns it at its next checkpoint: :class:`~processor.errors.JobFencedError` ("another
+  runner took job ..."), never a success.
 * **Before every restart** (:meth:`verify`): the same commit, synchronously, so a runner whose
   workers failed because another runner fenced their transactional ids stops with that message
   instead of restarting into the other runner's way.
@@ -258,9 +259,17 @@ class JobIdentity:
             self._wake.notify()
         if self._thread is not None:
             self._thread.join(35.0)
-        if self.claim is not None:
-            with self._lock:
-                self.claim.close()
+        if self.claim is None:
+            return
+        # Every claim call has a deadline, but a client library call that overstays it must
+        # not hold the runner's exit: the claim is dropped with the process then.
+        if not self._lock.acquire(timeout=5.0):
+            log.warning("job=%s: a claim commit is still running at close; not waiting", self.job)
+            return
+        try:
+            self.claim.close()
+        finally:
+            self._lock.release()
 
     # -- the commit ------------------------------------------------------------------------------
 
