@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 from confluent_kafka import (
     ConsumerGroupTopicPartitions,
@@ -179,6 +179,7 @@ class KafkaJobClaim:
         self.topic = claim_topic(job)
         self._timeout = timeout
         self._producer: Any = None
+        self._unfinished = False  # a commit_transaction that timed out: resumed next time
 
     def __repr__(self) -> str:
         return f"KafkaJobClaim({self.job!r}, {self.settings.brokers!r})"
@@ -207,31 +208,40 @@ class KafkaJobClaim:
         if producer is None:
             raise RuntimeError("KafkaJobClaim.commit before open")
         try:
+            if self._unfinished:
+                # librdkafka: a commit that timed out is resumed by calling commit again (an
+                # abort or a new transaction meanwhile fails with _CONFLICT / _STATE).
+                producer.commit_transaction(self._timeout)
+                self._unfinished = False
             producer.begin_transaction()
             producer.produce(self.topic, json.dumps(dict(claim)).encode(), _KEY, partition=0)
+            self._unfinished = True
             producer.commit_transaction(self._timeout)
+            self._unfinished = False
         except KafkaException as exc:
-            if is_fenced(exc):
-                raise JobFencedError(
-                    f"transactional id {self.transactional_id!r} was initialized by a newer "
-                    f"runner ({exc.args[0].str() if exc.args else exc})"
-                ) from None
-            error = classify(exc, context=f"committing job {self.job!r}'s claim and offsets")
-            if not error.fatal:
-                try:
-                    producer.abort_transaction(self._timeout)
-                except KafkaException as again:
-                    if is_fenced(again):
-                        raise JobFencedError(
-                            f"transactional id {self.transactional_id!r} was initialized by a "
-                            "newer runner"
-                        ) from None
-                    log.warning(
-                        "job=%s: aborting the claim transaction failed: %s", self.job, again
-                    )
-            raise error from exc
+            self._failed(exc)
         if offsets:
             commit_job_group(self.settings, self.job, offsets, timeout=self._timeout)
+
+    def _failed(self, exc: KafkaException) -> NoReturn:
+        if is_fenced(exc):
+            raise JobFencedError(
+                f"transactional id {self.transactional_id!r} was initialized by a newer "
+                f"runner ({exc.args[0].str() if exc.args else exc})"
+            ) from None
+        error = classify(exc, context=f"committing job {self.job!r}'s claim")
+        if error.txn_requires_abort or (not error.retriable and not error.fatal):
+            self._unfinished = False
+            try:
+                self._producer.abort_transaction(self._timeout)
+            except KafkaException as again:
+                if is_fenced(again):
+                    raise JobFencedError(
+                        f"transactional id {self.transactional_id!r} was initialized by a "
+                        "newer runner"
+                    ) from None
+                log.warning("job=%s: aborting the claim transaction failed: %s", self.job, again)
+        raise error from exc
 
     def forget(self) -> None:
         if delete_job_group(self.settings, self.job, timeout=self._timeout):
