@@ -63,8 +63,13 @@ __all__ = [
     "with_duplicates",
 ]
 
-# Parametrize a crash test over runners: the local runner always, Spark (marked) in CI too.
-RUNNERS = [pytest.param("local"), pytest.param("spark", marks=pytest.mark.spark)]
+# Parametrize a test over runners: the local runner in README command 2, its Spark repeat in
+# CI's crash tier (marker ``crash``; README command 2 runs Spark under SIGKILLs once, in
+# tests/e2e/test_spark.py, and the README's Spark example in tests/integration/test_examples.py).
+RUNNERS = [
+    pytest.param("local"),
+    pytest.param("spark", marks=[pytest.mark.spark, pytest.mark.crash]),
+]
 
 PIPELINES = Path(__file__).resolve().parent / "pipelines"
 

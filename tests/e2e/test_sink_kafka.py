@@ -59,7 +59,7 @@ def _decoded(msgs: list[Any]) -> list[Any]:
         ("staged", "local", True),
         # Exact on any broker (Tansu included): the sink's side effects keyed by (epoch, worker)
         # under Spark's job cancel and re-submit.
-        pytest.param("staged", "spark", True, marks=pytest.mark.spark),
+        pytest.param("staged", "spark", True, marks=[pytest.mark.spark, pytest.mark.crash]),
     ],
 )
 def test_kafka_sink_output_is_exactly_once_under_kills_at_every_sink_protocol_point(
