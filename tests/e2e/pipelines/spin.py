@@ -28,13 +28,15 @@ _owed = [0.0]
 
 
 def spin(value: Any, seconds: float) -> Any:
-    """``value``, after ``seconds`` on average: the time is owed and slept in slices of
-    :data:`SLICE_S`; a sleep that overran is paid back by the next records."""
+    """``value``, after ``seconds`` at least, on average: the time is owed and slept in slices
+    of :data:`SLICE_S`. A sleep that overran (a loaded machine) is not paid back by the next
+    records: like the busy loop it replaces, a loaded machine makes a run longer, never shorter
+    (tests time their faults by the job's progress; a job that caught up by running its next
+    records unworked drained its input before a fault's generation started)."""
     _owed[0] += seconds
     if _owed[0] >= SLICE_S:
-        start = time.perf_counter()
         time.sleep(_owed[0])
-        _owed[0] -= time.perf_counter() - start
+        _owed[0] = 0.0
     return value
 
 
