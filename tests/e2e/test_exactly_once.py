@@ -26,7 +26,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 NAMED = ENGINE_FAULTS
 
 
-@pytest.mark.parametrize("mode", ["aligned", "unaligned"])
+# Unaligned under kills stays in README command 2 through the crash loop below, the loops of
+# tests/e2e/test_iterate.py and the processing-time flushes; this repeat runs in CI's crash tier.
+@pytest.mark.parametrize("mode", ["aligned", pytest.param("unaligned", marks=pytest.mark.crash)])
 def test_output_is_exactly_once_when_workers_are_killed_at_every_protocol_point_and_randomly(
     kafka_endpoint: tuple[str, str], tmp_path: Path, mode: str
 ) -> None:

@@ -39,7 +39,7 @@ WORKER_1_FAULTS = [
 WORKER_START = re.compile(r"worker=(\d) generation=(\d+) pid=(\d+) .* recovery=(\w+)")
 
 
-@pytest.mark.parametrize("mode", ["aligned", "unaligned"])
+@pytest.mark.parametrize("mode", ["aligned", pytest.param("unaligned", marks=pytest.mark.crash)])
 def test_only_the_killed_worker_restarts_and_the_output_is_exactly_once(
     kafka_endpoint: tuple[str, str], redis_url: str, tmp_path: Path, mode: str
 ) -> None:

@@ -55,6 +55,34 @@ _WORKER = 1
 #: restore has something to go back to), early enough that the input is far from drained.
 _NTH = {"mid-alignment": 3, "before-prepare": 3, "after-completion-before-commit": 2}
 _POINTS = list(_NTH)
+#: README command 2 holds one point per sink, and releases one held step into the partition;
+#: the rest of the matrix runs in CI's crash tier (marker ``crash``).
+_COMMAND_2 = {("mid-alignment", "file"), ("after-completion-before-commit", "staged-kafka")}
+_COMMAND_2_MEETS = {"before-prepare"}
+
+
+def _points_by_sink() -> list[Any]:
+    return [
+        pytest.param(
+            point,
+            sink,
+            id=f"{point}-{sink}",
+            marks=[] if (point, sink) in _COMMAND_2 else [pytest.mark.crash],
+        )
+        for sink in ("file", "staged-kafka")
+        for point in _POINTS
+    ]
+
+
+def _points_meeting() -> list[Any]:
+    return [
+        pytest.param(
+            point, id=point, marks=[] if point in _COMMAND_2_MEETS else [pytest.mark.crash]
+        )
+        for point in _POINTS
+    ]
+
+
 #: Bounds: the worker must reach the point within this long of the test's start...
 _REACH_S = 120.0
 #: ...and the job must complete a checkpoint within this long of the release.
@@ -184,8 +212,7 @@ def _run(
     return report
 
 
-@pytest.mark.parametrize("sink", ["file", "staged-kafka"])
-@pytest.mark.parametrize("point", _POINTS)
+@pytest.mark.parametrize(("point", "sink"), _points_by_sink())
 def test_a_5s_partition_at_a_protocol_point_keeps_output_exactly_once(
     broker: BrokerBehindProxy, tmp_path: Path, point: str, sink: str
 ) -> None:
@@ -193,7 +220,7 @@ def test_a_5s_partition_at_a_protocol_point_keeps_output_exactly_once(
     _run(broker, tmp_path, sink=sink, point=point, seconds=5.0)
 
 
-@pytest.mark.parametrize("point", _POINTS)
+@pytest.mark.parametrize("point", _points_meeting())
 def test_a_5s_partition_meets_the_held_step_itself_exactly_once(
     broker: BrokerBehindProxy, tmp_path: Path, point: str
 ) -> None:

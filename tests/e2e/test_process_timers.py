@@ -82,7 +82,8 @@ def test_window_updates_are_exactly_once_when_workers_are_killed(
 
 
 # Unaligned is slow-marked: CI keeps under 30 minutes, and the unaligned barrier path is
-# crash-tested in CI by test_exactly_once.py[unaligned].
+# crash-tested in CI by test_exactly_once.py[unaligned] (crash tier) and in README command 2 by
+# its unaligned crash loop.
 @pytest.mark.parametrize("mode", ["aligned", pytest.param("unaligned", marks=pytest.mark.slow)])
 def test_processing_time_flushes_hold_every_click_once_when_workers_are_killed(
     kafka_endpoint: tuple[str, str], tmp_path: Path, mode: str

@@ -59,7 +59,13 @@ def _decoded(msgs: list[Any]) -> list[Any]:
         ("staged", "local", True),
         # Exact on any broker (Tansu included): the sink's side effects keyed by (epoch, worker)
         # under Spark's job cancel and re-submit.
-        pytest.param("staged", "spark", True, marks=pytest.mark.spark),
+        # CI's crash tier, in the Spark repeats' xdist group (tests/e2e/harness.py, SPARK_REPEAT).
+        pytest.param(
+            "staged",
+            "spark",
+            True,
+            marks=[pytest.mark.spark, pytest.mark.crash, pytest.mark.xdist_group("spark")],
+        ),
     ],
 )
 def test_kafka_sink_output_is_exactly_once_under_kills_at_every_sink_protocol_point(

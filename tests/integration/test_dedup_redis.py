@@ -79,7 +79,9 @@ def test_stored_buckets_past_the_horizon_are_deleted_on_commit(store: RedisIdSto
 def test_lookup_fails_closed_when_redis_is_down() -> None:
     """Nothing is let through unchecked: the store retries, then raises."""
     port = _free_port()
-    client = redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=0.2)
+    # The client the store is given in production: without redis-py's own retries (redis-py 6+
+    # retries 3 times with backoff, 25 s of this test), so each attempt is the store's.
+    client = redis_client(f"redis://127.0.0.1:{port}/0", timeout_s=0.2)
     clock = iter(range(0, 1000, 10))
     sleeps: list[float] = []
     s = RedisIdStore(

@@ -1,4 +1,4 @@
-"""Crash-test pipeline: the running total with its CPU work *after* the shuffle.
+"""Crash-test pipeline: the running total with its work *after* the shuffle.
 
 The source stage is fast and the aggregating stage slow (``WORK_US`` per click in ``add``), so
 the channel topics between them hold a backlog: after a restart, a dead generation's records

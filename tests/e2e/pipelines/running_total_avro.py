@@ -3,7 +3,7 @@
 Every click yields one record ``{"user", "count", "amount"}``: the user's totals after that click
 (``examples/clicks.py``, ``expected_running_totals``, as ``[user, [count, amount]]``). Settings
 come from the environment: ``AVRO_CODEC`` (default ``deflate``), ``MAX_PART_BYTES`` (default:
-one part file per epoch) and ``WORK_US`` (CPU spin per click, default 100).
+one part file per epoch) and ``WORK_US`` (work per click, default 100).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from spin import work  # the same CPU work per click
+from spin import work  # the same work per click
 
 from connectors.serde import JsonSerde
 from processor.dataflow import Dataflow

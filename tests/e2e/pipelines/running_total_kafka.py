@@ -1,4 +1,4 @@
-"""Crash-test pipeline: the running total with CPU work per click, into a Kafka topic.
+"""Crash-test pipeline: the running total with work per click, into a Kafka topic.
 
 Environment: ``OUTPUT_TOPIC`` (must exist), ``SINK_MODE`` (``transactional`` | ``staged``),
 ``TXN_PREFIX`` (transactional ids), ``WORK_US`` (spin per record, default 100).
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from spin import work  # the same CPU work per click
+from spin import work  # the same work per click
 
 from connectors.serde import JsonSerde
 from processor.dataflow import Dataflow

@@ -6,7 +6,7 @@ Every per-user total goes to two PostgreSQL sinks of the same stream:
 - ``latest`` (upsert by ``user_id``): the user's newest totals, in ``PG_UPSERT_TABLE``.
 
 Both tables are created by the sinks' start-up check. The database comes from
-``EOSFLOW_POSTGRES_DSN``, read by the sinks in the workers. ``WORK_US`` microseconds of spinning
+``EOSFLOW_POSTGRES_DSN``, read by the sinks in the workers. ``WORK_US`` microseconds of work
 per click (default 100) stretch the run so that SIGKILLs land while records are in flight.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from spin import work  # the same CPU work per click
+from spin import work  # the same work per click
 
 from connectors.serde import JsonSerde
 from processor.dataflow import Dataflow

@@ -7,7 +7,7 @@
   before the shuffle; a replayed epoch would count its clicks twice.
 
 Environment: ``JOB_NAME``, ``CLICKS_TOPIC``, ``EOSFLOW_REDIS_URL``, ``REDIS_PREFIX``,
-``WORK_US`` (microseconds of spinning per click, default 100), and for kills in the middle of an
+``WORK_US`` (microseconds of work per click, default 100), and for kills in the middle of an
 epoch ``SELF_KILLS`` / ``SELF_KILL_DIR`` / ``SELF_KILL_SEED``: a worker SIGKILLs itself after a
 random number of clicks (1,000-12,000), at most ``SELF_KILLS`` times in the whole run (each kill
 claims a file ``kill-<i>`` in ``SELF_KILL_DIR``), once ``SELF_KILL_AFTER_STARTS`` processes
@@ -20,8 +20,9 @@ from __future__ import annotations
 import os
 import random
 import signal
-import time
 from typing import Any
+
+from spin import spin
 
 from connectors.serde import JsonSerde
 from processor.dataflow import Dataflow
@@ -56,9 +57,7 @@ def _kill_self() -> None:
 
 
 def work(click: Any) -> Any:
-    end = time.perf_counter() + WORK_S
-    while time.perf_counter() < end:
-        pass
+    spin(click, WORK_S)
     _left[0] -= 1
     if _left[0] <= 0:
         _kill_self()

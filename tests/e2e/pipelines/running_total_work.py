@@ -1,6 +1,6 @@
-"""Crash-test pipeline: the running-total example with a little CPU work per click.
+"""Crash-test pipeline: the running-total example with a little work per click.
 
-The work (``WORK_US`` microseconds of spinning per record, default 100) stretches a 200,000-record
+The work (``WORK_US`` microseconds of work per record, default 100) stretches a 200,000-record
 run over several seconds, so SIGKILLs land while records are in flight.
 """
 

@@ -3,7 +3,7 @@
 Clicks are counted per page and 10 s window (first shuffle: records derived from source
 offsets), and those counts are summed per window (second shuffle: window emissions, whose IDs
 come from (step, key, window)). Both levels are written to file sinks, so a copy or a loss on
-either channel changes the committed output. ``WORK_US``: CPU work per click (``spin.py``).
+either channel changes the committed output. ``WORK_US``: work per click (``spin.py``).
 """
 
 from __future__ import annotations

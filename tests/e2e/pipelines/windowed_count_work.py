@@ -1,4 +1,4 @@
-"""Crash-test pipeline: the windowed-count example with CPU work per click.
+"""Crash-test pipeline: the windowed-count example with work per click.
 
 See ``running_total_work.py`` for the work knob.
 """
