@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
@@ -114,33 +115,40 @@ def commit_job_group(
     settings: KafkaSettings, job: str, offsets: Mapping[TP, int], *, timeout: float = 10.0
 ) -> None:
     """Commit ``offsets`` to the job's group (``AlterConsumerGroupOffsets``; the group has no
-    members), waiting at most ``timeout`` seconds.
+    members), retrying for at most ``timeout`` seconds. The commit is idempotent, so a dropped
+    connection is retried too (Tansu 0.6 drops the first one after the group was deleted, as
+    ``eosflow reset`` does; measured).
 
     Raises:
-        KafkaClientError: the broker refused or did not answer in time (retriable or not).
+        KafkaClientError: the broker refused, or did not answer within the deadline.
     """
     group = job_group(job)
     tps = [TopicPartition(t, p, o) for (t, p), o in sorted(offsets.items())]
     admin = admin_client(settings)
     context = f"committing the source offsets of job {job!r} to consumer group {group!r}"
-    try:
-        futures = admin.alter_consumer_group_offsets(
-            [ConsumerGroupTopicPartitions(group, tps)], request_timeout=timeout
-        )
-        done = futures[group].result(timeout=timeout + 5.0)
-    except KafkaException as exc:
-        raise classify(exc, context=context) from exc
-    except TimeoutError as exc:  # concurrent.futures: no answer within the deadline
-        raise KafkaClientError(
-            f"{context}: no answer in {timeout + 5.0:g}s", retriable=True
-        ) from exc
-    failed = [tp for tp in done.topic_partitions or [] if tp.error is not None]
-    if failed:
-        raise KafkaClientError(
-            f"{context}: refused for "
-            + ", ".join(f"{tp.topic}[{tp.partition}]: {tp.error}" for tp in failed),
-            retriable=True,
-        )
+    deadline = time.monotonic() + timeout
+    while True:
+        left = max(1.0, deadline - time.monotonic())
+        try:
+            futures = admin.alter_consumer_group_offsets(
+                [ConsumerGroupTopicPartitions(group, tps)], request_timeout=left
+            )
+            done = futures[group].result(timeout=left + 5.0)
+            failed = [tp for tp in done.topic_partitions or [] if tp.error is not None]
+            if not failed:
+                return
+            error = KafkaClientError(
+                f"{context}: refused for "
+                + ", ".join(f"{tp.topic}[{tp.partition}]: {tp.error}" for tp in failed),
+                retriable=True,
+            )
+        except KafkaException as exc:
+            error = classify(exc, context=context)
+        except TimeoutError:  # concurrent.futures: no answer within the deadline
+            error = KafkaClientError(f"{context}: no answer in {left + 5.0:g}s", retriable=True)
+        if not (error.retriable or error.code == "_TRANSPORT") or time.monotonic() >= deadline:
+            raise error
+        time.sleep(0.5)
 
 
 def delete_job_group(settings: KafkaSettings, job: str, *, timeout: float = 10.0) -> bool:

@@ -137,7 +137,13 @@ class JobIdentity:
                 )
             if latest is not None and mine:  # the group shows the state this run restores
                 identity._latest = (latest.checkpoint_id, mine)
-                identity._commit(latest.checkpoint_id, mine)
+                try:
+                    identity._commit(latest.checkpoint_id, mine)
+                except JobFencedError:
+                    raise
+                except EosflowError as exc:  # the broker in trouble: the first checkpoint's
+                    # commit (retried until it succeeds, before any sink commits) catches up
+                    log.warning("job=%s: committing the restored offsets failed: %s", job, exc)
         except BaseException:
             claim.close()
             raise
