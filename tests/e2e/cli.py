@@ -94,10 +94,20 @@ def kill_job(proc: subprocess.Popen[Any], env: dict[str, str], pids: list[int]) 
 
 
 def held_then_killed(
-    argv: list[str], env: dict[str, str], holds: Path, point: str, worker: int
+    argv: list[str],
+    env: dict[str, str],
+    holds: Path,
+    point: str,
+    worker: int,
+    *,
+    feed: tuple[int, Callable[[], None]] | None = None,
 ) -> None:
     """Runs ``argv`` (an ``eosflow run`` with a ``...:hold`` fault at ``point`` in ``worker``)
-    until that worker is held there, then SIGKILLs the whole job (:func:`kill_job`)."""
+    until that worker is held there, then SIGKILLs the whole job (:func:`kill_job`).
+
+    ``feed=(restarts, produce)``: calls ``produce`` once the job has restarted that many times,
+    so that the start holding at a commit point has new input to commit whatever the machine's
+    load did to the earlier starts (which may have read everything before)."""
     from processor.runtime.supervision.worker import hold_paths
 
     holds.mkdir(parents=True, exist_ok=True)
@@ -111,7 +121,14 @@ def held_then_killed(
         )  # fmt: skip
     reached, _release = hold_paths(holds, point, worker)
     deadline = time.monotonic() + 180
+    checked = 0.0
     while not reached.exists() and proc.poll() is None and time.monotonic() < deadline:
+        if feed is not None and time.monotonic() - checked > 0.5:
+            checked = time.monotonic()
+            now = status(env)  # this run's (a finished run's status.json may linger)
+            if now.get("pid") == proc.pid and now.get("restarts", 0) >= feed[0]:
+                feed[1]()
+                feed = None
         time.sleep(0.05)
     if not reached.exists():
         code = proc.poll()

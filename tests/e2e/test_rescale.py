@@ -24,6 +24,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -86,10 +87,12 @@ def _runner_cli(env: dict[str, str], workers: int, fault: str) -> subprocess.Com
     )
 
 
-def _crashed_run(env: dict[str, str], tmp: Path, workers: int) -> None:
+def _crashed_run(env: dict[str, str], tmp: Path, workers: int, rest: Callable[[], None]) -> None:
     """``eosflow run --workers N`` SIGKILLed at two protocol points (a restart each), then,
     in its third start, held in worker 1 after a checkpoint completed and before its commit,
-    where the whole job is SIGKILLed: the runner and every worker."""
+    where the whole job is SIGKILLed: the runner and every worker. ``rest`` produces the
+    input held back for that third start (its commit point needs new output: on a loaded
+    machine the first two starts could read everything there was)."""
     holds = tmp / "holds"
     faults = ["0:2:after-completion-before-commit:1", "1:0:mid-alignment:2",
               "2:1:after-completion-before-commit:1:hold"]  # fmt: skip
@@ -97,7 +100,7 @@ def _crashed_run(env: dict[str, str], tmp: Path, workers: int) -> None:
             "--checkpoint-interval", "0.5"]  # fmt: skip
     for fault in faults:
         argv += ["--fault", fault]
-    held_then_killed(argv, env, holds, "after-completion-before-commit", 1)
+    held_then_killed(argv, env, holds, "after-completion-before-commit", 1, feed=(2, rest))
 
 
 def _phase(
@@ -255,7 +258,8 @@ def test_a_deduplicated_running_total_is_exactly_once_from_2_to_3_to_1_workers_u
 
     # 2 -> 3: the runner dies after settling the old sinks, then after writing the checkpoint
     # of the new shape; then 3 workers run, killed at protocol points.
-    produce(thirds[1])
+    cut = len(thirds[1]) * 2 // 3  # the rest is for the third start of _crashed_run
+    produce(thirds[1][:cut])
     for point in ("after-settle-before-rewrite", "after-rescale-before-spawn"):
         done = _runner_cli(cli_env, 3, point)
         assert done.returncode == -9, f"{point}: {done.returncode}\n{done.stderr[-3000:]}"
@@ -264,7 +268,7 @@ def test_a_deduplicated_running_total_is_exactly_once_from_2_to_3_to_1_workers_u
     assert latest is not None and latest.metadata["topology"]["parallelism"] == 3
     # 3 workers, killed at protocol points; then the whole job dies while a checkpoint is
     # complete but not committed (worker 1 held there): its output is pending in the sinks.
-    _crashed_run(cli_env, tmp_path, 3)
+    _crashed_run(cli_env, tmp_path, 3, lambda: produce(thirds[1][cut:]))
 
     # 3 -> 1: the runner dies while settling that pending output, then after writing the
     # checkpoint of 1 worker; then 1 worker runs to the end, killed at a protocol point.
