@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
@@ -115,9 +114,7 @@ def commit_job_group(
     settings: KafkaSettings, job: str, offsets: Mapping[TP, int], *, timeout: float = 10.0
 ) -> None:
     """Commit ``offsets`` to the job's group (``AlterConsumerGroupOffsets``; the group has no
-    members), retrying for at most ``timeout`` seconds. The commit is idempotent, so a dropped
-    connection is retried too (Tansu 0.6 drops the first one after the group was deleted, as
-    ``eosflow reset`` does; measured).
+    members), retrying for at most ``timeout`` seconds (idempotent: a dropped connection too).
 
     Raises:
         KafkaClientError: the broker refused, or did not answer within the deadline.
@@ -126,29 +123,20 @@ def commit_job_group(
     tps = [TopicPartition(t, p, o) for (t, p), o in sorted(offsets.items())]
     admin = admin_client(settings)
     context = f"committing the source offsets of job {job!r} to consumer group {group!r}"
-    deadline = time.monotonic() + timeout
-    while True:
-        left = max(1.0, deadline - time.monotonic())
-        try:
-            futures = admin.alter_consumer_group_offsets(
-                [ConsumerGroupTopicPartitions(group, tps)], request_timeout=left
-            )
-            done = futures[group].result(timeout=left + 5.0)
-            failed = [tp for tp in done.topic_partitions or [] if tp.error is not None]
-            if not failed:
-                return
-            error = KafkaClientError(
-                f"{context}: refused for "
-                + ", ".join(f"{tp.topic}[{tp.partition}]: {tp.error}" for tp in failed),
-                retriable=True,
-            )
-        except KafkaException as exc:
-            error = classify(exc, context=context)
-        except TimeoutError:  # concurrent.futures: no answer within the deadline
-            error = KafkaClientError(f"{context}: no answer in {left + 5.0:g}s", retriable=True)
-        if not (error.retriable or error.code == "_TRANSPORT") or time.monotonic() >= deadline:
-            raise error
-        time.sleep(0.5)
+
+    def commit(t: float) -> None:
+        futures = admin.alter_consumer_group_offsets(
+            [ConsumerGroupTopicPartitions(group, tps)], request_timeout=t
+        )
+        done = futures[group].result(timeout=t + 5.0)
+        for tp in done.topic_partitions or []:
+            if tp.error is not None:
+                raise KafkaException(tp.error)
+
+    try:
+        retrying(commit, context, deadline_s=timeout, idempotent=True)
+    except TimeoutError as exc:  # concurrent.futures: no answer within the deadline
+        raise KafkaClientError(f"{context}: no answer in time", retriable=True) from exc
 
 
 def delete_job_group(settings: KafkaSettings, job: str, *, timeout: float = 10.0) -> bool:

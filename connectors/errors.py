@@ -127,10 +127,14 @@ def raise_for(error: KafkaError | KafkaException | None, *, context: str) -> Non
         )
 
 
-def retrying(call: Callable[[float], _T], context: str, deadline_s: float = 30.0) -> _T:
+def retrying(
+    call: Callable[[float], _T], context: str, deadline_s: float = 30.0, *, idempotent: bool = False
+) -> _T:
     """Run ``call(timeout)``, retrying with backoff while it fails retriably, for at most
     ``deadline_s`` seconds; then (or at once, for any other class) raise :func:`classify` of
-    the last error, saying how long it was retried.
+    the last error, saying how long it was retried. ``idempotent``: the call may be repeated
+    whatever the broker did with it, so a dropped connection (``_TRANSPORT``) is retried too
+    (Tansu 0.6 drops the first OffsetCommit to a group just deleted; measured).
 
     Raises:
         KafkaClientError: the call failed with a non-retriable error, or retriably past the
@@ -144,7 +148,9 @@ def retrying(call: Callable[[float], _T], context: str, deadline_s: float = 30.0
         try:
             return call(max(0.1, min(10.0, left)))
         except KafkaException as exc:
-            retriable = error_class(exc) is ErrorClass.RETRIABLE
+            retriable = error_class(exc) is ErrorClass.RETRIABLE or (
+                idempotent and _kafka_error(exc).code() == KafkaError._TRANSPORT
+            )
             if retriable and time.monotonic() + delay < deadline:
                 time.sleep(delay)
                 delay = min(1.0, delay * 2)
