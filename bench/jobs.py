@@ -50,7 +50,10 @@ def drop_channel_topics(runner: Runner) -> None:
 
 
 def broker_cpu_s() -> float:
-    """CPU seconds used so far by the Tansu processes this process started (0 if none)."""
+    """CPU seconds used so far by the brokers on this machine: the Tansu processes this
+    process started, and any Apache Kafka broker running here (a JVM whose main class is
+    ``kafka.Kafka``, e.g. one named by ``EOSFLOW_KAFKA_BROKERS`` on loopback). 0 if none: a
+    remote broker's CPU is not seen."""
     tick = os.sysconf("SC_CLK_TCK")
     total = 0.0
     me = os.getpid()
@@ -66,7 +69,8 @@ def broker_cpu_s() -> float:
             continue
         fields = stat.rsplit(")", 1)[1].split()
         # fields[1] is the ppid; fields[11], fields[12] are utime and stime (proc(5))
-        if int(fields[1]) == me and b"tansu" in cmdline:
+        ours = int(fields[1]) == me and b"tansu" in cmdline
+        if ours or b"\0kafka.Kafka\0" in cmdline:
             total += (int(fields[11]) + int(fields[12])) / tick
     return total
 
