@@ -48,6 +48,12 @@ class Serde(Protocol):
         ``serialize`` raises only ``SerializationError``; ``deserialize`` of any ``bytes``
         raises only ``DeserializationError``, with ``topic``, ``partition`` and ``offset``
         copied from its arguments. Serdes hold no per-record state and are thread-safe.
+
+    Optional batch methods (the engine's fast path uses them when a serde has them):
+    ``deserialize_many(datas) -> list`` and ``serialize_many(values) -> list[bytes]``, equal to
+    the per-record methods applied to each item, all or nothing: on any bad item they may raise
+    any exception, and the engine then takes the per-record methods for that batch (which name
+    the bad record). One call per batch instead of one Python call per record.
     """
 
     name: str
@@ -124,7 +130,11 @@ class SinkWriter(Protocol):
     """
 
     def write(self, values: Sequence[Any]) -> None:
-        """Buffer or stage ``values`` for the current epoch."""
+        """Buffer or stage ``values`` for the current epoch.
+
+        A writer may also have ``write_keyed(keys, values)``, equal to
+        ``write(list(zip(keys, values)))`` (a keyed stream hands ``(key, value)`` pairs): the
+        engine calls it for keyed streams when it exists, without building the pairs."""
 
     def prepare(self, checkpoint_id: int) -> Any:
         """Make the epoch's output durable but invisible; return its committable (or ``None``

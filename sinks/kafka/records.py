@@ -37,8 +37,9 @@ __all__ = [
 # one definition, shared with the readers' dedup.
 HEADER_SUBTASK = "eosflow-subtask"  # on commit markers
 HEADER_EPOCH = "eosflow-epoch"  # on commit markers: "<generation>.<n>"
-# On every record of a transactional sink with record_ids=False, instead of the two above:
-# "<job>/<step>|<subtask>.<generation>.<n>", the same bytes for a whole epoch.
+# Written on every record of a record_ids=False sink by earlier versions (whose committables
+# have no "runs"): "<job>/<step>|<subtask>.<generation>.<n>". Read only by the rescue of such
+# an epoch; record_ids=False records carry no header now.
 HEADER_TXN = "eosflow-txn"
 _MAX_SLOTS = 8
 Headers = list[tuple[str, str | bytes | None]]
@@ -120,7 +121,25 @@ class _Encoder:
 
     def __init__(self, sink: KafkaSinkConfig) -> None:
         self.serialize = sink.serde.serialize
+        self.serialize_many = getattr(sink.serde, "serialize_many", None)
         self.key_fn = sink.key
+
+    def columns(self, keys: list[Any], values: list[Any]) -> tuple[list[Any], list[bytes]]:
+        """Key bytes and value bytes of a keyed stream's batch (no key function): the same as
+        ``all(list(zip(keys, values)))`` in two lists, with the serde's batch form when it
+        has one (on an error, per value: the serde's own error for the bad one)."""
+        assert self.key_fn is None
+        serialize_many = self.serialize_many
+        encoded: list[bytes] | None = None
+        if serialize_many is not None:
+            try:
+                encoded = serialize_many(values)
+            except Exception:
+                encoded = None
+        if encoded is None:
+            serialize = self.serialize
+            encoded = [serialize(value) for value in values]
+        return [k.encode() if type(k) is str else _key_bytes(k) for k in keys], encoded
 
     def all(self, values: Sequence[Any]) -> list[tuple[bytes | None, bytes]]:
         """``[self(v) for v in values]``, faster for the common batch: every value a

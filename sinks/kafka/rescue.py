@@ -7,7 +7,8 @@ epoch are still in the log, behind an abort marker. The committable recorded at 
 says where: the offset ranges the transaction wrote and the offset of the epoch's commit marker
 (a record written inside the same transaction). :func:`epoch_committed` looks for that marker;
 if it is not committed, :func:`read_epoch` re-reads the ranges with ``read_uncommitted`` and
-keeps the records whose headers name this sink, subtask and epoch (other producers may share
+keeps the records whose headers name this sink, subtask and epoch, or (``record_ids=False``:
+no header) the exact offsets the transaction's delivery reports gave (other producers may share
 the partitions), and the writer re-publishes them in a new transaction with a new marker
 (:meth:`sinks.kafka.transactional.KafkaSinkWriter._rescue`).
 """
@@ -129,10 +130,18 @@ def _marker_in(
 def read_epoch(
     settings: KafkaSettings, committable: Any, subtask: int, sink_id: bytes
 ) -> list[EpochRecord]:
-    """The records of the committable's epoch, read back from its offset ranges with
-    ``read_uncommitted`` (its transaction aborted, so ``read_committed`` would hide them)."""
+    """The records of the committable's epoch, read back from the log with ``read_uncommitted``
+    (its transaction aborted, so ``read_committed`` would hide them), in their order.
+
+    How they are told apart from other producers' records in the same partitions depends on
+    the committable: ``runs`` (``record_ids=False``; its records carry no header) lists their
+    exact offsets; otherwise (``record_ids=True``, or ``record_ids=False`` committables written
+    before ``runs`` existed) their headers name the sink, subtask and epoch within ``ranges``.
+    """
+    if "runs" in committable:
+        return _read_runs(settings, committable["runs"])
     prefix = f"{subtask}.{committable['epoch']}.".encode()
-    # record_ids=False (committables of older versions have no "ids": they had IDs)
+    # committables of older versions have no "ids": they had IDs
     ids = committable.get("ids", True)
     epoch = None if ids else txn_header(sink_id, subtask, str(committable["epoch"]))
     out: list[EpochRecord] = []
@@ -142,7 +151,7 @@ def read_epoch(
         ):
             headers = msg.headers() or []
             h = dict(headers)
-            if epoch is not None:  # record_ids=False: the epoch header names it
+            if epoch is not None:  # an older record_ids=False epoch: one header names it
                 mine = h.get(HEADER_TXN) == epoch
             else:
                 record_id = h.get(HEADER_ID)
@@ -152,11 +161,38 @@ def read_epoch(
                     and h.get(HEADER_SINK) == sink_id
                 )
             if mine:
-                _ts_type, ts = msg.timestamp()
-                out.append((topic, int(partition), msg.key(), msg.value(), headers, ts))
+                out.append(_epoch_record(msg, topic, int(partition), headers))
     return out
 
 
+def _read_runs(settings: KafkaSettings, runs: Any) -> list[EpochRecord]:
+    """The records at exactly the offsets of ``runs`` (``[[topic, partition, [[first, last],
+    ...]], ...]``, sorted): one read per partition, from its first run's start to its last
+    run's end, keeping what lies inside a run (other producers' batches may lie between)."""
+    out: list[EpochRecord] = []
+    for topic, partition, spans in runs:
+        if not spans:
+            continue
+        spans = sorted((int(lo), int(hi)) for lo, hi in spans)
+        i = 0
+        for msg in _read_range(
+            settings, topic, int(partition), spans[0][0], spans[-1][1] + 1, read_committed=False
+        ):
+            offset = msg.offset()
+            while i < len(spans) and offset > spans[i][1]:
+                i += 1
+            if i < len(spans) and offset >= spans[i][0]:
+                out.append(_epoch_record(msg, topic, int(partition), msg.headers()))
+    return out
+
+
+def _epoch_record(msg: Any, topic: str, partition: int, headers: Any) -> EpochRecord:
+    _ts_type, ts = msg.timestamp()
+    return (topic, partition, msg.key(), msg.value(), headers, ts)
+
+
 def txn_header(sink_id: bytes, subtask: int, epoch: str) -> bytes:
-    """The :data:`~sinks.kafka.records.HEADER_TXN` value of a sink subtask's epoch."""
+    """The :data:`~sinks.kafka.records.HEADER_TXN` value of a sink subtask's epoch (written by
+    ``record_ids=False`` sinks before committables had ``runs``; read only by rescues of
+    those)."""
     return b"%s|%d.%s" % (sink_id, subtask, epoch.encode())

@@ -50,11 +50,16 @@ class KafkaSink:
         commit_timeout_s: how long a commit may keep failing with retriable errors before the
             epoch is treated as aborted and re-published (after fencing the old producer).
         record_ids: give every record its own ID header (``eosflow-sink`` and ``eosflow-id``,
-            what :class:`dedup.IdDedupConsumer` and other ID-based readers use). ``False``
-            (transactional mode only): one header naming the sink subtask's epoch, the same
-            bytes on every record of the epoch, which is all the sink's own recovery needs;
-            ``read_committed`` readers still see every record once. It saves about 0.3 µs
-            of CPU per record (bench/RESULTS.md, "Peers"; docs/sinks.md, "Record IDs").
+            what :class:`dedup.IdDedupConsumer` and other ID-based readers use). Default:
+            ``True`` in staged mode (its readers need them), ``False`` in transactional mode:
+            the records carry no header, like a Flink or Kafka Streams job's output; the
+            sink's own recovery finds an epoch's records by the offsets their delivery reports
+            gave, and ``read_committed`` readers see every record once. Headers are the
+            largest per-record cost of producing from Python: about 1 µs of CPU per record in
+            the job and as much again in the broker (bench/RESULTS.md, "Performance on a real
+            Kafka"; docs/sinks.md, "Record IDs"). Give ``True`` when the output's readers drop
+            repeats by ID (a service reading at least once, a broker whose ``read_committed``
+            shows aborted records).
 
     Raises:
         ConfigError: unknown mode, missing prefix, non-callable ``key``, bad pool size,
@@ -74,10 +79,12 @@ class KafkaSink:
         pool_size: int = 2,
         producer_config: dict[str, Any] | None = None,
         commit_timeout_s: float = 30.0,
-        record_ids: bool = True,
+        record_ids: bool | None = None,
     ) -> None:
         if mode not in _MODES:
             raise ConfigError(f"KafkaSink mode {mode!r} is unknown; expected one of {_MODES}")
+        if record_ids is None:
+            record_ids = mode == "staged"
         if not record_ids and mode == "staged":
             raise ConfigError(
                 "KafkaSink(mode='staged') needs record_ids=True: its readers drop the repeats "

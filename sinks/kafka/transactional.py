@@ -44,14 +44,13 @@ from sinks.kafka.records import (
     HEADER_ID,
     HEADER_SINK,
     HEADER_SUBTASK,
-    HEADER_TXN,
     Headers,
     KafkaSinkConfig,
     _Encoder,
     marker_topic,
     transactional_id,
 )
-from sinks.kafka.rescue import epoch_committed, read_epoch, txn_header
+from sinks.kafka.rescue import epoch_committed, read_epoch
 
 __all__ = ["KafkaSinkWriter", "committable_subtask"]
 
@@ -89,6 +88,8 @@ class KafkaSinkWriter:
         self.n = 0
         self.seq = 0
         self.ranges: dict[tuple[str, int], list[int]] = {}
+        # record_ids=False: the exact offsets each partition got, as runs [first, last]
+        self.runs: dict[tuple[str, int], list[list[int]]] = {}
         self.errors: list[KafkaError] = []
         self.marker_offset: list[int] = []
         self.published = 0
@@ -149,6 +150,28 @@ class KafkaSinkWriter:
         elif offset < r[0]:
             r[0] = offset
 
+    def _delivered_run(self, err: KafkaError | None, msg: Any) -> None:
+        """``record_ids=False``: the records carry no header, so a rescue finds them by their
+        exact offsets. Reports of one partition arrive in order (idempotent producer), and a
+        transaction's records in a partition are runs of consecutive offsets (one per produce
+        batch; other producers' batches may lie between them)."""
+        if err is not None:
+            self.errors.append(err)
+            return
+        tp = (msg.topic(), msg.partition())
+        offset = msg.offset()
+        runs = self.runs.get(tp)
+        if runs is not None:
+            last = runs[-1]
+            if offset == last[1] + 1:
+                last[1] = offset
+            else:
+                runs.append([offset, offset])
+        elif tp == (self.markers, self.marker_partition):
+            self.marker_offset.append(offset)
+        else:
+            self.runs[tp] = [[offset, offset]]
+
     # -- the epoch -------------------------------------------------------------------------------
 
     def _begin(self) -> Producer:
@@ -162,6 +185,7 @@ class KafkaSinkWriter:
         self.began[slot] = time.monotonic()
         self.seq = 0
         self.ranges = {}
+        self.runs = {}
         self.errors = []
         self.marker_offset = []
         return producer
@@ -169,23 +193,36 @@ class KafkaSinkWriter:
     def write(self, values: Sequence[Any]) -> None:
         if not values:
             return
+        encoded = self.encode.all(values)
+        self._produce([k for k, _v in encoded], [v for _k, v in encoded])
+
+    def write_keyed(self, keys: list[Any], values: list[Any]) -> None:
+        """``write(list(zip(keys, values)))`` of a keyed stream, without the pairs."""
+        if not values:
+            return
+        if self.encode.key_fn is not None:  # the key function decides the key
+            self.write(list(zip(keys, values, strict=True)))
+            return
+        self._produce(*self.encode.columns(keys, values))
+
+    def _produce(self, keys: list[Any], values: list[bytes]) -> None:
         producer = self._producer(self.slot) if self.slot is not None else self._begin()
-        produce, topic, delivered = producer.produce, self.sink.topic, self._delivered
+        produce, topic = producer.produce, self.sink.topic
         sink_header = (HEADER_SINK, self.sink_id)
         id_prefix = f"{self.ctx.subtask}.{self.tag}."
-        epoch_headers: Headers | None = (
-            None if self.sink.record_ids else [(HEADER_TXN, self.txn_header())]
-        )
-        encoded = self.encode.all(values)
-        seq, i, n = self.seq, 0, len(encoded)
+        ids = self.sink.record_ids
+        seq, i, n = self.seq, 0, len(values)
         while i < n:  # the hot loop: one produce per record, nothing else
+            rest = zip(keys[i:], values[i:], strict=True) if i else zip(keys, values, strict=True)
             try:
-                if epoch_headers is not None:  # record_ids=False: the same header throughout
-                    for key, value in encoded[i:] if i else encoded:
-                        produce(topic, value, key, on_delivery=delivered, headers=epoch_headers)
+                if not ids:  # no header: a rescue finds the records by their offsets
+                    delivered = self._delivered_run
+                    for key, value in rest:
+                        produce(topic, value, key, on_delivery=delivered)
                         i += 1
                     continue
-                for key, value in encoded[i:] if i else encoded:
+                delivered = self._delivered
+                for key, value in rest:
                     produce(
                         topic, value, key, on_delivery=delivered,
                         headers=[sink_header, (HEADER_ID, f"{id_prefix}{seq}".encode())],
@@ -194,14 +231,10 @@ class KafkaSinkWriter:
                     i += 1
             except BufferError:  # librdkafka's local queue is full: serve delivery reports
                 producer.poll(0.05)
-        self.seq = seq + (n if epoch_headers is not None else 0)
+        self.seq = seq + (0 if ids else n)
         producer.poll(0)
         if self.errors:
             self._raise_delivery(f"writing epoch {self.tag}")
-
-    def txn_header(self) -> bytes:
-        """The :data:`HEADER_TXN` value of the open epoch (``record_ids=False``)."""
-        return txn_header(self.sink_id, self.ctx.subtask, self.tag)
 
     def txn_headroom_s(self) -> float | None:
         """Seconds until the broker would abort the oldest open transaction of this subtask
@@ -223,7 +256,10 @@ class KafkaSinkWriter:
             {"job": self.ctx.job, "step": self.ctx.step, "subtask": self.ctx.subtask,
              "epoch": self.tag, "checkpoint": checkpoint_id, "count": self.seq}
         )  # fmt: skip
-        self._produce_marker(producer, marker, self.tag, self._delivered)
+        self._produce_marker(
+            producer, marker, self.tag,
+            self._delivered if self.sink.record_ids else self._delivered_run,
+        )  # fmt: skip
         left = producer.flush(60)
         if left:
             raise KafkaClientError(
@@ -241,11 +277,17 @@ class KafkaSinkWriter:
             "count": self.seq,
             "ids": self.sink.record_ids,  # how its records are told apart on a rescue
             "ranges": [[t, p, lo, hi] for (t, p), (lo, hi) in sorted(self.ranges.items())],
+            # record_ids=False: the offsets themselves (format 2: no header on the records)
+            **({} if self.sink.record_ids else {"runs": self._sorted_runs()}),
             "marker": [self.markers, self.marker_partition, self.marker_offset[0]],
         }
         self.published += self.seq
         self.slot = None
         return committable
+
+    def _sorted_runs(self) -> list[list[Any]]:
+        """``[[topic, partition, [[first, last], ...]], ...]``: the committable's ``runs``."""
+        return [[t, p, sorted(runs)] for (t, p), runs in sorted(self.runs.items())]
 
     def _produce_marker(
         self,
@@ -357,7 +399,8 @@ class KafkaSinkWriter:
         if len(records) != expected:
             raise EosflowError(
                 f"sink {self.ctx.step}[{subtask}]: epoch {tag} held {expected} records "
-                f"but only {len(records)} are still in {committable['ranges']} (deleted by "
+                f"but only {len(records)} are still in "
+                f"{committable.get('runs') or committable['ranges']} (deleted by "
                 "retention?); its output cannot be re-published"
             )
         self.errors = []

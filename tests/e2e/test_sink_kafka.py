@@ -22,7 +22,7 @@ import pytest
 from connectors import KafkaSettings
 from connectors.admin import TopicAdmin
 from processor.runtime.supervision.local import Fault
-from sinks.kafka import HEADER_ID, HEADER_TXN, read_transaction_markers
+from sinks.kafka import HEADER_ID, read_transaction_markers
 from tests.e2e.harness import (
     assert_exactly_once,
     chaos_seed,
@@ -126,14 +126,11 @@ def test_kafka_sink_output_is_exactly_once_under_kills_at_every_sink_protocol_po
     assert not missing, f"seed={seed}: {sum(missing.values())} records lost"
     markers = read_transaction_markers(kafka_settings, seen["job"][0], "out")
     assert markers, "the sink wrote no commit markers"
-    epochs = {
-        dict(m.headers())[HEADER_ID].decode().rsplit(".", 1)[0]
-        if record_ids
-        else dict(m.headers())[HEADER_TXN].decode()
-        for m in seen["msgs"]
-    }
+    if record_ids:  # record_ids=False: the records carry no header to count epochs by
+        epochs = {dict(m.headers())[HEADER_ID].decode().rsplit(".", 1)[0] for m in seen["msgs"]}
+        print(f"seed={seed} {len(epochs)} epochs with output")
     print(
         f"seed={seed} Tansu: {sum((run.output - want).values())} records of aborted "
         f"transactions visible (read_committed does not hide them here); "
-        f"{len(markers)} commit markers, {len(epochs)} epochs with output"
+        f"{len(markers)} commit markers"
     )

@@ -354,7 +354,11 @@ class SinkOp(Operator):
     def process(self, batch: list[Record]) -> list[Record]:
         if batch:
             if self.keyed:
-                self.writer.write([(k, v) for k, v, _t in batch])
+                write_keyed = getattr(self.writer, "write_keyed", None)
+                if write_keyed is not None:  # without building (key, value) pairs
+                    write_keyed([r[0] for r in batch], [r[1] for r in batch])
+                else:
+                    self.writer.write([(k, v) for k, v, _t in batch])
             else:
                 self.writer.write([v for _k, v, _t in batch])
             self.written += len(batch)

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from itertools import groupby, repeat
+from operator import itemgetter
 from typing import Any
 
 from dedup.ids import source_id
@@ -83,6 +85,23 @@ class SourceInputs:
                 p["max_out_of_orderness_ms"],
                 message_key_decoder(source, p["key_serde"]) if p.get("keyed") else None,
             )
+        #: one source topic, not a table: batches take :meth:`_fast_batch`
+        self._fast: tuple[str, Any, Any, int, Any] | None = None
+        if len(stage.sources) == 1 and not self.table_topics:
+            p = steps[stage.sources[0]].params
+            serde = p["serde"]
+            decode_many = None if serde is None else getattr(serde, "deserialize_many", None)
+            if serde is None or decode_many is not None:
+                topic = p["topic"]
+                key_many = _key_decoder_many(p["key_serde"]) if p.get("keyed") else None
+                if not p.get("keyed") or key_many is not None:
+                    self._fast = (
+                        topic,
+                        decode_many,
+                        p["timestamp"],
+                        p["max_out_of_orderness_ms"],
+                        key_many,
+                    )
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -139,6 +158,8 @@ class SourceInputs:
     # -- the data path ---------------------------------------------------------------------------
 
     def _source_batch(self, msgs: list[Message]) -> None:
+        if self._fast is not None and self.chain.lineage is None and self._fast_batch(msgs):
+            return
         params = self.source_params
         by_topic: dict[str, list[Record]] = {}
         single: list[tuple[Message, Record]] = []  # local recovery: pushed one at a time
@@ -199,6 +220,52 @@ class SourceInputs:
                 self.chain.push(child, [record], True)
         self.chain.origins = None
         self.pos = self.reader.positions()
+
+    def _fast_batch(self, msgs: list[Message]) -> bool:
+        """One source topic's batch as columns: the values decoded by the serde's batch form,
+        the timestamps, the keys, then the records zipped from them; ``False`` (nothing done)
+        when any record fails to decode or to give a timestamp: :meth:`_source_batch` then
+        takes it record by record, with dead letters and located errors."""
+        assert self._fast is not None
+        topic, decode_many, ts_fn, lag_ms, key_many = self._fast
+        try:
+            values: list[Any] = [m.value() for m in msgs]
+            if decode_many is not None:
+                values = decode_many(values)
+            if ts_fn is None:
+                stamps = [m.timestamp()[1] for m in msgs]
+            else:
+                stamps = [int(ts_fn(v)) for v in values]
+            keys = None
+            if key_many is not None:
+                keys = [m.key() for m in msgs]
+                if None in keys:  # a keyed source's record without a key: a bad record
+                    return False
+                keys = key_many(keys)
+        except Exception:
+            return False
+        max_ts = self.max_ts
+        for partition, run in groupby(
+            zip([m.partition() for m in msgs], stamps, strict=True), _first
+        ):
+            top = max(map(_second, run)) - lag_ms
+            tp = (topic, partition)
+            if top > max_ts[tp]:
+                max_ts[tp] = top
+        if keys is None:
+            batch = list(zip(repeat(None), values, stamps, strict=False))  # repeat: endless
+        else:
+            batch = list(zip(keys, values, stamps, strict=True))
+        self.records_in += len(msgs)
+        self.chain.origins = source_origins(msgs, topic, set())
+        source = self.chain.entry[topic]
+        source.n_in += len(batch)
+        source.n_out += len(batch)
+        for child in source.children:
+            self.chain.push(child, batch, True)
+        self.chain.origins = None
+        self.pos = self.reader.positions()
+        return True
 
     def _bad_record(self, m: Message, exc: Exception) -> None:
         """A source record that did not decode, or whose ``timestamp`` function raised."""
@@ -290,6 +357,22 @@ def message_key_decoder(step: str, serde: Any) -> Callable[[Message], Any]:
         )  # fmt: skip
 
     return key_of
+
+
+def _key_decoder_many(serde: Any) -> Callable[[list[Any]], list[Any]] | None:
+    """The batch form of a keyed source's key decoding (raises on a missing or bad key, for
+    the per-record path to report), or ``None`` when the key serde has none."""
+    if serde is None:
+        return _utf8_many
+    return getattr(serde, "deserialize_many", None)
+
+
+def _utf8_many(keys: list[bytes]) -> list[str]:
+    return [str(key, "utf-8") for key in keys]
+
+
+_first = itemgetter(0)
+_second = itemgetter(1)
 
 
 def _utf8(data: bytes) -> str:
