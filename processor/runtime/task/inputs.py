@@ -259,6 +259,8 @@ class ChannelInputs:
             self._loop_batch(msgs)
             return
         entry, pos, modes, blocked = self.chain.entry, self.pos, self.modes, self.blocked
+        if not blocked and len(entry) == 1 and msgs and self._live_batch(msgs):
+            return
         live, fence = self.fence.live_keys, self.fence
         buckets: dict[str, list[Record]] = {}
         loads = orjson.loads
@@ -307,6 +309,36 @@ class ChannelInputs:
         self._drain(buckets, msgs, after, None)
         self.chain.origins = None
         self.records_in += n
+
+    def _live_batch(self, msgs: list[Message]) -> bool:
+        """The common batch as columns: one channel topic, nothing paused, every record a data
+        record (no header) keyed with its channel's live key. ``False`` (nothing done) for any
+        other batch: :meth:`_channel_batch` takes it record by record."""
+        heads = [m.headers() for m in msgs]
+        if heads.count(None) != len(heads):  # a control record
+            return False
+        keys = [m.key() for m in msgs]
+        if keys.count(keys[0]) != len(keys):
+            return False
+        (topic,) = self.chain.entry
+        live, key = self.fence.live_keys, keys[0]
+        # each partition's last record in the batch (a dict keeps the last value of a key)
+        last = dict(zip([m.partition() for m in msgs], range(len(msgs)), strict=True))
+        for partition in last:
+            if live.get((topic, partition), NOT_LIVE) != key:  # recovering, or a zombie's
+                return False
+        values: list[Any] = [m.value() for m in msgs]
+        items = list(map(orjson.loads, values))
+        batch = [(tuple(k) if type(k) is list else k, v, t) for k, v, t in items]
+        pos = self.pos
+        for partition, i in last.items():
+            offset: Any = msgs[i].offset()
+            pos[(topic, partition)] = offset + 1
+        self.chain.origins = channel_origins(msgs, None, None, topic, self.blocked, self.modes)
+        self.chain.push(self.chain.entry[topic], batch, True)
+        self.chain.origins = None
+        self.records_in += len(batch)
+        return True
 
     def _channel_batch_ids(self, msgs: list[Message]) -> None:
         """Local recovery: channel records are ``[key, value, ts, id hex]``; the ones whose ID

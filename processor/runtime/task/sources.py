@@ -236,7 +236,7 @@ class SourceInputs:
                 stamps = [m.timestamp()[1] for m in msgs]
             else:
                 stamps = [int(ts_fn(v)) for v in values]
-            keys = None
+            keys: list[Any] | None = None
             if key_many is not None:
                 keys = [m.key() for m in msgs]
                 if None in keys:  # a keyed source's record without a key: a bad record
@@ -252,6 +252,7 @@ class SourceInputs:
             tp = (topic, partition)
             if top > max_ts[tp]:
                 max_ts[tp] = top
+        batch: list[Record]
         if keys is None:
             batch = list(zip(repeat(None), values, stamps, strict=False))  # repeat: endless
         else:

@@ -75,3 +75,59 @@ def test_a_batch_with_a_bad_record_is_taken_record_by_record(tmp_path: Path) -> 
     task.inputs._source_batch(_batch(20, bad=4, keyless=7))
     assert task.inputs.bad_records == 2  # the malformed value, the keyed record without a key
     assert [v["n"] for _k, v in sink.epoch] == [n for n in range(20) if n % 3 and n not in (4, 7)]
+
+
+def _channel_task(tmp_path: Path, log: Log, *, columns: bool) -> Task:
+    from tests.unit.test_task import _task
+
+    task = _task(tmp_path, log, "aligned")
+    if not columns:
+        task.inputs._live_batch = lambda _msgs: False  # type: ignore[method-assign]
+    task.open(None, {"in": 2})
+    return task
+
+
+def test_a_live_channel_batch_as_columns_gives_what_the_records_one_by_one_give(
+    tmp_path: Path,
+) -> None:
+    """Channel records of live channels, interleaved over two partitions, after the
+    generation start (control records: the record-by-record path), then as columns."""
+    from processor.wire import GenerationStart
+    from tests.unit.test_task import P0, P2, _counts
+
+    log = Log()
+    for tp in (P0, P2):
+        log.ctl(tp, GenerationStart(1))
+    tasks = [_channel_task(tmp_path / n, log, columns=n == "fast") for n in ("fast", "slow")]
+    for task in tasks:
+        task.step(0.0, 100)  # the generation starts: the channels are live
+    taken: list[bool] = []
+    live_batch = tasks[0].inputs._live_batch
+    tasks[0].inputs._live_batch = lambda msgs: taken.append(live_batch(msgs)) or taken[-1]  # type: ignore[method-assign]
+    for i in range(30):
+        log.data(P0 if i % 3 else P2, f"k{i % 4}", ts=i)
+    for task in tasks:
+        task.step(0.0, 100)
+    assert taken == [True]  # the batch went as columns
+    assert _counts(tasks[0]) == _counts(tasks[1]) == {"k0": 8, "k1": 8, "k2": 7, "k3": 7}
+    assert tasks[0].inputs.pos == tasks[1].inputs.pos == {P0: 21, P2: 11}
+    assert tasks[0].inputs.records_in == tasks[1].inputs.records_in == 30
+
+
+def test_a_channel_batch_with_a_control_record_or_a_zombie_key_goes_record_by_record(
+    tmp_path: Path,
+) -> None:
+    from processor.wire import Barrier, GenerationStart
+    from tests.unit.test_task import P0, P2
+
+    log = Log()
+    for tp in (P0, P2):
+        log.ctl(tp, GenerationStart(1))
+    task = _channel_task(tmp_path, log, columns=True)
+    task.step(0.0, 100)
+    log.data(P0, "a")
+    log.data(P2, "b", incarnation=7)  # another incarnation's key: not live
+    assert task.inputs._live_batch(log.parts[P0][1:] + log.parts[P2][1:]) is False
+    log.ctl(P0, Barrier(1, 1))
+    assert task.inputs._live_batch(log.parts[P0][1:]) is False
+    assert task.inputs.records_in == 0 and task.inputs.pos == {P0: 1, P2: 1}
