@@ -128,6 +128,7 @@ def test_a_channel_batch_with_a_control_record_or_a_zombie_key_goes_record_by_re
     log.data(P0, "a")
     log.data(P2, "b", incarnation=7)  # another incarnation's key: not live
     assert task.inputs._live_batch(log.parts[P0][1:] + log.parts[P2][1:]) is False
+    assert task.inputs._live_batch(log.parts[P2][1:]) is False  # the zombie's alone
     log.ctl(P0, Barrier(1, 1))
     assert task.inputs._live_batch(log.parts[P0][1:]) is False
     assert task.inputs.records_in == 0 and task.inputs.pos == {P0: 1, P2: 1}
