@@ -68,8 +68,8 @@ SYSTEMS = (
     "eosflow2",
     "eosflow1-keyed",
     "eosflow2-keyed",
-    "eosflow1-keyed-noids",
-    "eosflow2-keyed-noids",
+    "eosflow1-keyed-ids",
+    "eosflow2-keyed-ids",
     "loop",
     "loop-txn",
     "quix",
@@ -93,8 +93,9 @@ LABELS = {
     "eosflow1-keyed": "eosflow, 1 worker, keyed source (no shuffle; txn KafkaSink, 1 s "
     "checkpoints)",
     "eosflow2-keyed": "eosflow, 2 workers, keyed source (same)",
-    "eosflow1-keyed-noids": "eosflow, 1 worker, keyed source, KafkaSink(record_ids=False)",
-    "eosflow2-keyed-noids": "eosflow, 2 workers, keyed source, KafkaSink(record_ids=False)",
+    "eosflow1-keyed-ids": "eosflow, 1 worker, keyed source, KafkaSink(record_ids=True): an ID "
+    "header per record",
+    "eosflow2-keyed-ids": "eosflow, 2 workers, keyed source, KafkaSink(record_ids=True)",
     "loop": "hand-written loop, at-least-once, orjson, 1 process",
     "loop-txn": "hand-written loop, transactions every 1 s, orjson, 1 process",
     "quix": f"Quix Streams {VENVS['quix'][0].split('==')[1]}, exactly-once, 1 process "
@@ -277,8 +278,8 @@ class Bench:
         me = sys.executable
         if system.startswith("eosflow"):
             keyed = ["--keyed-source"] if "-keyed" in system else []
-            noids = ["--no-record-ids"] if system.endswith("-noids") else []
-            return [me, str(Path(__file__)), "--child-eosflow", system[7], *keyed, *noids]
+            ids = ["--record-ids"] if system.endswith("-ids") else []
+            return [me, str(Path(__file__)), "--child-eosflow", system[7], *keyed, *ids]
         if system == "loop":
             return [me, str(JOBS / "loop.py"), "at-least-once"]
         if system == "loop-txn":
@@ -410,7 +411,7 @@ def table(outcomes: list[Outcome], records: int) -> str:
     return "\n".join(rows)
 
 
-def child_eosflow(workers: int, keyed_source: bool, record_ids: bool = True) -> None:
+def child_eosflow(workers: int, keyed_source: bool, record_ids: bool = False) -> None:
     """Runs ``pipelines/keyed_count.py`` until idle (in the subprocess of a run);
     ``keyed_source``: keyed by the message key, without a shuffle."""
     from processor.runtime.supervision.local import LocalRunner, RunOptions
@@ -430,7 +431,8 @@ def child_eosflow(workers: int, keyed_source: bool, record_ids: bool = True) -> 
                 "TXN_PREFIX",
             )
         }
-        | {"KEYED_SOURCE": "1" if keyed_source else "0", "RECORD_IDS": "1" if record_ids else "0"},
+        | {"KEYED_SOURCE": "1" if keyed_source else "0"}
+        | ({"RECORD_IDS": "1"} if record_ids else {}),  # else the sink's default
         state_dir=os.environ["STATE_DIR"],
     )
     result = LocalRunner(BENCH / "pipelines" / "keyed_count.py", options).run()
@@ -465,12 +467,12 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--child-eosflow", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--keyed-source", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--no-record-ids", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--record-ids", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)
     if args.child_eosflow:
-        child_eosflow(args.child_eosflow, args.keyed_source, not args.no_record_ids)
+        child_eosflow(args.child_eosflow, args.keyed_source, args.record_ids)
         return
     if args.table:
         saved = json.loads(args.table.read_text())

@@ -26,7 +26,8 @@ Configured by environment variables (read in the runner and in every worker proc
   user, value JSON ``[count, amount]``);
 * ``KEYED_SOURCE=1``: key the stream by the message key (the input is keyed by user) instead
   of ``key_by``: the aggregate runs in the source's task, with no shuffle (no channel topic);
-* ``RECORD_IDS=0``: the Kafka sink writes no per-record ID header (``record_ids=False``).
+* ``RECORD_IDS=1`` / ``0``: the Kafka sink's ``record_ids`` (unset: the sink's default, no
+  header in transactional mode).
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ valid = clicks.filter("valid", lambda click: click["amount"] > 0)
         KafkaSink(
             OUTPUT_TOPIC,
             transactional_id_prefix=os.environ.get("TXN_PREFIX", "bench"),
-            record_ids=os.environ.get("RECORD_IDS", "1") != "0",
+            record_ids={"1": True, "0": False}.get(os.environ.get("RECORD_IDS", "")),
         )
         if OUTPUT_TOPIC
         else FileSink(os.environ.get("OUTPUT_DIR", "out/bench-keyed-count")),
