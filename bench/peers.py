@@ -72,6 +72,7 @@ SYSTEMS = (
     "eosflow2-keyed-ids",
     "loop",
     "loop-txn",
+    "loop-txn2",
     "quix",
     "bytewax",
     "bytewax-recovery",
@@ -98,6 +99,8 @@ LABELS = {
     "eosflow2-keyed-ids": "eosflow, 2 workers, keyed source, KafkaSink(record_ids=True)",
     "loop": "hand-written loop, at-least-once, orjson, 1 process",
     "loop-txn": "hand-written loop, transactions every 1 s, orjson, 1 process",
+    "loop-txn2": "hand-written loop, transactions every 1 s, orjson, 2 processes (4 partitions "
+    "each): the 2-core ceiling",
     "quix": f"Quix Streams {VENVS['quix'][0].split('==')[1]}, exactly-once, 1 process "
     "(session.timeout.ms=6000)",
     "bytewax": f"Bytewax {VENVS['bytewax'][0].split('==')[1]} (no recovery store: no guarantee), "
@@ -284,6 +287,8 @@ class Bench:
             return [me, str(JOBS / "loop.py"), "at-least-once"]
         if system == "loop-txn":
             return [me, str(JOBS / "loop.py"), "transactional"]
+        if system == "loop-txn2":
+            return [me, str(JOBS / "loop.py"), "transactional", "2"]
         if system == "quix":
             return [str(self.pythons["quix"]), str(JOBS / "quix_job.py")]
         if system == "bytewax":
@@ -387,11 +392,11 @@ def table(outcomes: list[Outcome], records: int) -> str:
     rates = {o.system: o.rate(records) for o in outcomes}
     peer_rates = [r for s, r in rates.items() if s in PEERS and r]
     best_peer = max(peer_rates) if peer_rates else None
-    loop = rates.get("loop-txn")
+    loop, loop2 = rates.get("loop-txn"), rates.get("loop-txn2")
     rows = [
         "| system | records/s | s to all (to first) output | steady records/s (10-90% of outputs) "
-        "| CPU-µs/record: system + broker | x best peer | x loop-txn | output |",
-        "|---|---:|---:|---:|---:|---:|---:|---|",
+        "| CPU-µs/record: system + broker | x best peer | x loop-txn | x loop-txn2 | output |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for o in outcomes:
         rate = rates[o.system]
@@ -406,6 +411,7 @@ def table(outcomes: list[Outcome], records: int) -> str:
             f"| {f'{after:,.0f}' if after else '-'} | {cpu} "
             f"| {f'{rate / best_peer:.2f}' if rate and best_peer else '-'} "
             f"| {f'{rate / loop:.2f}' if rate and loop else '-'} "
+            f"| {f'{rate / loop2:.2f}' if rate and loop2 else '-'} "
             f"| {'exactly once' if o.ok else o.status} |"
         )
     return "\n".join(rows)

@@ -1,10 +1,13 @@
 """The hand-written loop: confluent-kafka consume -> orjson -> running totals -> produce.
 
-    python bench/peer_jobs/loop.py at-least-once|transactional
+    python bench/peer_jobs/loop.py at-least-once|transactional [PROCESSES]
 
 One process reads all partitions of ``INPUT_TOPIC`` (assigned, no group join) and stops at
-their end. ``at-least-once``: idempotent producer; every second the producer is flushed, then
-the consumer's positions are committed. ``transactional``: one transaction per second holding
+their end; with ``PROCESSES`` (e.g. 2: the ceiling of two cores), that many processes each read
+every ``PROCESSES``-th partition, with transactional ids of their own.
+
+``at-least-once``: idempotent producer; every second the producer is flushed, then the
+consumer's positions are committed. ``transactional``: one transaction per second holding
 the outputs and the consumer's positions (``send_offsets_to_transaction``), as Kafka Streams'
 exactly-once does. The consumer uses ``fetch.queue.backoff.ms=10`` (DESIGN.md: the librdkafka
 default of 1000 ms caps one consumer).
@@ -13,6 +16,7 @@ default of 1000 ms caps one consumer).
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 
@@ -25,6 +29,20 @@ _COMMIT_S = 1.0
 
 def main() -> None:
     mode = sys.argv[1]
+    processes = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+    if processes > 1 and "LOOP_SHARE" not in os.environ:
+        children = [
+            subprocess.Popen(
+                [sys.executable, __file__, mode, str(processes)],
+                env={**os.environ, "LOOP_SHARE": str(i)},
+            )
+            for i in range(processes)
+        ]
+        codes = [child.wait() for child in children]
+        if any(codes):
+            raise SystemExit(f"loop: a process failed: exit codes {codes}")
+        return
+    share = int(os.environ.get("LOOP_SHARE", "0"))
     brokers, topic, out = (
         os.environ["BROKERS"],
         os.environ["INPUT_TOPIC"],
@@ -48,9 +66,10 @@ def main() -> None:
         "linger.ms": 5,
     }
     if txn:
-        producer_conf["transactional.id"] = f"peers-loop-{os.environ['RUN_ID']}"
+        producer_conf["transactional.id"] = f"peers-loop-{os.environ['RUN_ID']}-{share}"
     producer = Producer(producer_conf)
-    parts = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+    parts = sorted(consumer.list_topics(topic, timeout=30).topics[topic].partitions)
+    parts = parts[share::processes]
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
     if txn:
         producer.init_transactions(30)
