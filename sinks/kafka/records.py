@@ -139,7 +139,10 @@ class _Encoder:
         if encoded is None:
             serialize = self.serialize
             encoded = [serialize(value) for value in values]
-        return [k.encode() if type(k) is str else _key_bytes(k) for k in keys], encoded
+        try:
+            return list(map(str.encode, keys)), encoded  # the common case: str keys
+        except TypeError:
+            return [_key_bytes(k) for k in keys], encoded
 
     def all(self, values: Sequence[Any]) -> list[tuple[bytes | None, bytes]]:
         """``[self(v) for v in values]``, faster for the common batch: every value a

@@ -27,6 +27,7 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Callable
+from operator import itemgetter
 from typing import Any, TypeAlias
 
 from processor.contracts import SinkContext
@@ -340,6 +341,9 @@ class Aggregate(Operator):
             self.state = dict(state)
 
 
+_key, _value = itemgetter(0), itemgetter(1)
+
+
 class SinkOp(Operator):
     """Hands values to a :class:`~processor.contracts.SinkWriter` (keyed: ``(key, value)``)."""
 
@@ -356,7 +360,7 @@ class SinkOp(Operator):
             if self.keyed:
                 write_keyed = getattr(self.writer, "write_keyed", None)
                 if write_keyed is not None:  # without building (key, value) pairs
-                    write_keyed([r[0] for r in batch], [r[1] for r in batch])
+                    write_keyed(list(map(_key, batch)), list(map(_value, batch)))
                 else:
                     self.writer.write([(k, v) for k, v, _t in batch])
             else:

@@ -369,7 +369,7 @@ def _key_decoder_many(serde: Any) -> Callable[[list[Any]], list[Any]] | None:
 
 
 def _utf8_many(keys: list[bytes]) -> list[str]:
-    return [str(key, "utf-8") for key in keys]
+    return list(map(bytes.decode, keys))  # UTF-8, strict: raises on a malformed key
 
 
 _first = itemgetter(0)
