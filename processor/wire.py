@@ -8,7 +8,18 @@ Records:
     * Every record of a channel, data and control, has as its Kafka key the writer's
       *incarnation*, encoded by :func:`channel_key` (1 to 4 bytes, big-endian, no leading zero
       byte). See "Fencing" below.
-    * Data records carry no ``eosflow-ctl`` header. Telling them apart is the hot path:
+    * Data records carry no ``eosflow-ctl`` header. Their value is one record, the JSON array
+      ``[key, value, ts]`` (``[key, value, ts, tag]`` with a record ID or a loop iteration), or
+      a *bundle* (issue 38): the byte :data:`BUNDLE` followed by the JSON array of the records
+      one writer sent to one channel in one batch, in order (:func:`encode_bundles`,
+      :func:`bundle_records`). A bundle is one Kafka message: one produce, one delivery, one
+      offset, one record in the broker for up to :data:`BUNDLE_RECORDS` records, which is what
+      a shuffle costs per record otherwise (bench/RESULTS.md). JSON never starts with that
+      byte, so one look at the first byte tells a bundle from a record. A bundle sits wholly
+      before or after any control record (a batch is written between two of them), so
+      barriers, positions and replays work per message as before; a bundle's records share
+      its offset (a dead letter's origin names the bundle).
+    * Telling data records from control records is the hot path:
       :func:`decode_control` costs a ``headers is None`` test when the record has no headers
       (the common case) and one short scan otherwise.
     * Control records have an empty value and one header ``eosflow-ctl`` whose value is
@@ -77,11 +88,16 @@ import struct
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import Any, TypeAlias
+
+import orjson
 
 from processor.errors import ConfigError, DeserializationError
 
 __all__ = [
+    "BUNDLE",
+    "BUNDLE_BYTES",
+    "BUNDLE_RECORDS",
     "CONTROL_HEADER",
     "FORMAT_VERSION",
     "MAX_CHECKPOINT_ID",
@@ -94,12 +110,14 @@ __all__ = [
     "EndOfStream",
     "GenerationStart",
     "Watermark",
+    "bundle_records",
     "channel_key",
     "channel_partition",
     "channel_partitions_for",
     "channel_topic_name",
     "decode_control",
     "default_key_groups",
+    "encode_bundles",
     "encode_control",
     "job_topic_prefix",
     "key_group",
@@ -287,6 +305,48 @@ def _decode_payload(payload: bytes | None) -> Control:
         _, _, generation, incarnation = _S_GENERATION.unpack(payload)
         return GenerationStart(generation, incarnation)
     return EndOfStream()
+
+
+#: First byte of a bundle's value: records follow as one JSON array (never a JSON start).
+BUNDLE = b"\x00"
+#: At most this many records per bundle; a bundle over :data:`BUNDLE_BYTES` is halved.
+BUNDLE_RECORDS = 500
+#: Bundle size above which it is split: well under Kafka's default ``message.max.bytes``
+#: (1 MB), so a bundle always fits where its records would have fitted one by one.
+BUNDLE_BYTES = 256 * 1024
+
+
+def encode_bundles(records: Sequence[Any]) -> list[bytes]:
+    """The values carrying ``records`` (JSON-encodable sequences) in order: bundles of at
+    most :data:`BUNDLE_RECORDS` records and (unless one record alone is bigger)
+    :data:`BUNDLE_BYTES` bytes; a bundle that would hold a single record is that record as
+    a plain value."""
+    out: list[bytes] = []
+    for start in range(0, len(records), BUNDLE_RECORDS):
+        _encode_bundle(records[start : start + BUNDLE_RECORDS], out)
+    return out
+
+
+def _encode_bundle(records: Sequence[Any], out: list[bytes]) -> None:
+    if len(records) == 1:
+        out.append(orjson.dumps(records[0]))
+        return
+    value = BUNDLE + orjson.dumps(records)
+    if len(value) <= BUNDLE_BYTES:
+        out.append(value)
+        return
+    half = len(records) // 2
+    _encode_bundle(records[:half], out)
+    _encode_bundle(records[half:], out)
+
+
+def bundle_records(value: bytes) -> list[Any] | None:
+    """The records of a bundle's ``value`` (JSON arrays, as written), or ``None`` when the
+    value is one record."""
+    if value[:1] != BUNDLE:
+        return None
+    records: list[Any] = orjson.loads(memoryview(value)[1:])
+    return records
 
 
 def channel_key(incarnation: int) -> bytes:

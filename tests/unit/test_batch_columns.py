@@ -132,3 +132,74 @@ def test_a_channel_batch_with_a_control_record_or_a_zombie_key_goes_record_by_re
     log.ctl(P0, Barrier(1, 1))
     assert task.inputs._live_batch(log.parts[P0][1:]) is False
     assert task.inputs.records_in == 0 and task.inputs.pos == {P0: 1, P2: 1}
+
+
+def test_bundles_keep_the_order_and_split_by_count_and_size() -> None:
+    from processor import wire
+
+    records = [(f"k{i}", {"n": i}, i) for i in range(1_203)]
+    values = wire.encode_bundles(records)
+    assert [len(wire.bundle_records(v) or [None]) for v in values] == [500, 500, 203]
+    decoded = [tuple(r) for v in values for r in wire.bundle_records(v) or []]
+    assert decoded == [(k, v, t) for k, v, t in records]
+    big = [("k", "x" * 100_000, i) for i in range(5)]  # 500 KB: over BUNDLE_BYTES
+    values = wire.encode_bundles(big)
+    assert all(len(v) <= wire.BUNDLE_BYTES for v in values)
+    assert [r[2] for v in values for r in wire.bundle_records(v) or [orjson.loads(v)]] == [
+        0, 1, 2, 3, 4,
+    ]  # fmt: skip
+    assert wire.bundle_records(wire.encode_bundles([("k", 1, 2)])[0]) is None  # one: plain
+
+
+def _bundle(log: Log, tp: Any, records: list[Any]) -> None:
+    from processor import wire
+
+    for value in wire.encode_bundles(records):
+        log._append(tp, value, None)
+
+
+def test_bundled_channel_records_count_once_on_every_read_path(tmp_path: Path) -> None:
+    """Bundles and single records, with a barrier in the batch (the record-by-record path) and
+    without (columns): every record counted once, positions per message."""
+    from processor.wire import Barrier, GenerationStart
+    from tests.unit.test_task import P0, P2, _counts
+
+    log = Log()
+    for tp in (P0, P2):
+        log.ctl(tp, GenerationStart(1))
+    _bundle(log, P0, [(f"k{i % 3}", {}, i) for i in range(10)])
+    log.data(P2, "k0")
+    log.ctl(P2, Barrier(1, 1))  # in the first batch: record by record
+    _bundle(log, P2, [(f"k{i % 3}", {}, i) for i in range(7)])
+    tasks = [_channel_task(tmp_path / n, log, columns=n == "fast") for n in ("fast", "slow")]
+    for task in tasks:
+        task.step(0.0, 100)
+    log.ctl(P0, Barrier(1, 1))
+    for task in tasks:
+        task.step(0.0, 100)
+    _bundle(log, P0, [(f"k{i % 3}", {}, i) for i in range(5)])  # a batch of bundles only
+    for task in tasks:
+        task.step(0.0, 100)
+        assert _counts(task) == {"k0": 4 + 1 + 3 + 2, "k1": 3 + 2 + 2, "k2": 3 + 2 + 1}
+        assert task.inputs.records_in == 10 + 1 + 7 + 5
+        assert task.inputs.pos == {P0: 4, P2: 4}  # messages, not records
+
+
+def test_bundled_records_get_distinct_ids_from_their_place_under_local_recovery(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bundle written before a switch to local recovery has no record IDs: each record's ID
+    comes from the bundle's offset and its index, so a copy of the bundle is dropped whole and
+    its records are not taken for copies of each other."""
+    from processor.wire import GenerationStart
+    from tests.unit.test_task import P0, P2, _counts, _local_task
+
+    log = Log()
+    for tp in (P0, P2):
+        log.ctl(tp, GenerationStart(1))
+    _bundle(log, P0, [("a", {}, 0), ("a", {}, 1), ("b", {}, 2)])
+    task = _local_task(tmp_path, log, monkeypatch)
+    task.open(None, {"in": 2})
+    task.step(0.0, 100)
+    assert _counts(task) == {"a": 2, "b": 1}
+    task.close()

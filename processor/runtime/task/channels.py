@@ -23,6 +23,7 @@ from processor.wire import (
     Watermark,
     channel_key,
     channel_partition,
+    encode_bundles,
     encode_control,
     route_table,
 )
@@ -183,18 +184,19 @@ class ChannelOut(Operator):
         if self.loop is not None:
             return self._write_tagged(batch, repeat(self.loop.iteration))
         topic, dumps = self.topic, orjson.dumps
-        if self.shuffle:
+        if self.shuffle:  # each destination's records in order, bundled (processor.wire)
             base, route, G, crc = self.partitions[0], self.route, self.key_groups, zlib.crc32
-            records = [
-                (
-                    base + route[crc(r[0].encode() if type(r[0]) is str else dumps(r[0])) % G],
-                    dumps(r),
-                )
+            parts = [
+                base + route[crc(r[0].encode() if type(r[0]) is str else dumps(r[0])) % G]
                 for r in batch
             ]
+            groups: dict[int, list[Record]] = {p: [] for p in set(parts)}
+            for p, r in zip(parts, batch, strict=True):
+                groups[p].append(r)
+            records = [(p, v) for p, rs in groups.items() for v in encode_bundles(rs)]
         else:
             (partition,) = self.partitions
-            records = [(partition, dumps(r)) for r in batch]
+            records = [(partition, v) for v in encode_bundles(batch)]
         self.write_many(topic, records, self.key)
         self.written += len(batch)
         return []

@@ -39,6 +39,7 @@ from typing import Any
 import orjson
 
 from processor.contracts import Message, SinkWriter
+from processor.wire import bundle_records
 
 __all__ = ["DeadLetters", "Origins", "channel_origins", "jsonable", "source_origins"]
 
@@ -227,7 +228,8 @@ def channel_origins(
                 and m.headers() is None
                 and tp not in recovering
             ):
-                chosen.append(m)
+                bundle = bundle_records(m.value())  # type: ignore[arg-type]
+                chosen += [m] * (1 if bundle is None else len(bundle))  # a bundle: each record
         return chosen
 
     return _lazy(select)

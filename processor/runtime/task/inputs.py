@@ -46,7 +46,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from dedup.ids import source_id
+from dedup.ids import derived_id, source_id
 from processor.checkpoint.aligner import (
     AbortCheckpoint,
     Action,
@@ -70,10 +70,12 @@ from processor.runtime.task.checkpoints import InputState
 from processor.runtime.task.dead_letters import channel_origins
 from processor.runtime.task.fence import NOT_LIVE, ChannelFence
 from processor.wire import (
+    BUNDLE,
     Barrier,
     EndOfStream,
     GenerationStart,
     Watermark,
+    bundle_records,
     decode_control,
 )
 
@@ -263,7 +265,6 @@ class ChannelInputs:
             return
         live, fence = self.fence.live_keys, self.fence
         buckets: dict[str, list[Record]] = {}
-        loads = orjson.loads
         n = 0
         after: Message | None = None  # the buckets hold records after this message
         for m in msgs:
@@ -276,15 +277,13 @@ class ChannelInputs:
             headers = m.headers()
             key = m.key()
             if headers is None and key == live.get(tp, NOT_LIVE):
-                k, v, t = loads(m.value())  # type: ignore[arg-type]
-                if type(k) is list:
-                    k = tuple(k)
+                items = _items(m.value())
                 bucket = buckets.get(topic)
                 if bucket is None:
                     bucket = buckets[topic] = []
-                bucket.append((k, v, t))
+                bucket += [(tuple(k) if type(k) is list else k, v, t) for k, v, t in items]
                 pos[tp] = offset + 1
-                n += 1
+                n += len(items)
                 continue
             # slow path: a control record, a channel still recovering, another incarnation
             self._drain(buckets, msgs, after, m)
@@ -300,10 +299,14 @@ class ChannelInputs:
                 if mode == _DROP:
                     self.stale_dropped += 1
                     continue
-                k, v, t = loads(m.value())  # type: ignore[arg-type]
+                items = _items(m.value())
                 self.chain.origins = lambda _i, m=m: m
-                self.chain.push(entry[topic], [(tuple(k) if type(k) is list else k, v, t)], True)
-                n += 1
+                self.chain.push(
+                    entry[topic],
+                    [(tuple(k) if type(k) is list else k, v, t) for k, v, t in items],
+                    True,
+                )
+                n += len(items)
             else:
                 self._control(tp, ctl, mode)
         self._drain(buckets, msgs, after, None)
@@ -327,8 +330,14 @@ class ChannelInputs:
         for partition in last:
             if live.get((topic, partition), NOT_LIVE) != key:  # recovering, or a zombie's
                 return False
-        values: list[Any] = [m.value() for m in msgs]
-        items = list(map(orjson.loads, values))
+        loads = orjson.loads
+        items: list[Any] = []
+        append = items.append
+        for value in [m.value() for m in msgs]:
+            if value[:1] == BUNDLE:  # type: ignore[index]
+                items += loads(memoryview(value)[1:])  # type: ignore[arg-type]
+            else:
+                append(loads(value))  # type: ignore[arg-type]
         batch = [(tuple(k) if type(k) is list else k, v, t) for k, v, t in items]
         pos = self.pos
         for partition, i in last.items():
@@ -351,11 +360,21 @@ class ChannelInputs:
                 if modes.get(tp) == _DROP:
                     self.stale_dropped += 1
                     continue
-                item = loads(m.value())  # type: ignore[arg-type]
-                k = tuple(item[0]) if type(item[0]) is list else item[0]
-                # a record written without IDs (before a switch to local recovery): its place
-                rid = int(item[3], 16) if len(item) > 3 else source_id(topic, tp[1], m.offset())
-                held.append((m, (k, item[1], item[2]), rid))
+                value: Any = m.value()
+                bundle = bundle_records(value)
+                if bundle is None:
+                    item = loads(value)
+                    k = tuple(item[0]) if type(item[0]) is list else item[0]
+                    # a record written without IDs (before a switch to local recovery): its place
+                    rid = int(item[3], 16) if len(item) > 3 else source_id(topic, tp[1], m.offset())
+                    held.append((m, (k, item[1], item[2]), rid))
+                    continue
+                # a bundle (written without IDs): each record's place in it
+                place = source_id(topic, tp[1], m.offset())
+                for i, (k, v, t) in enumerate(bundle):
+                    held.append(
+                        (m, (tuple(k) if type(k) is list else k, v, t), derived_id(place, i))
+                    )
                 continue
             n += self._deliver(held)
             held = []
@@ -388,7 +407,7 @@ class ChannelInputs:
         records with one input and one iteration are pushed together, with the iteration in
         :attr:`loop`. A loop head adds one to what its back-edges deliver, drops what exceeds
         ``max_iterations``, and counts the back-edge log of the checkpoint it is collecting."""
-        modes, loads = self.modes, orjson.loads
+        modes = self.modes
         loop_topics, back_topics = self.loop_topics, self.back_topics
         logging_tps = self.back_logging
         run: list[Record] = []
@@ -405,26 +424,26 @@ class ChannelInputs:
             if mode == _DROP:
                 self.stale_dropped += 1
                 continue
-            item = loads(m.value())  # type: ignore[arg-type]
-            k = tuple(item[0]) if type(item[0]) is list else item[0]
-            record = (k, item[1], item[2])
-            it = item[3] if topic in loop_topics else 0
-            if topic in back_topics:
-                it += 1
-                if mode == _REPLAY:
-                    replayed += 1
-                elif tp in logging_tps:  # the log of the checkpoint whose barrier is coming around
-                    self.loop_log[self.logging_id] += 1
-                limit = back_topics[topic]
-                if limit is not None and it > limit:
-                    self._iteration_limit(m, record, limit)
-                    continue
-            if run_key != (topic, it):
-                self._push_run(run_key, run, run_msgs)
-                run, run_msgs, run_key = [], [], (topic, it)
-            run.append(record)
-            run_msgs.append(m)
-            n += 1
+            for item in _items(m.value()):  # loop channels' records are never bundled
+                k = tuple(item[0]) if type(item[0]) is list else item[0]
+                record = (k, item[1], item[2])
+                it = item[3] if topic in loop_topics else 0
+                if topic in back_topics:
+                    it += 1
+                    if mode == _REPLAY:
+                        replayed += 1
+                    elif tp in logging_tps:  # the log of the checkpoint whose barrier comes around
+                        self.loop_log[self.logging_id] += 1
+                    limit = back_topics[topic]
+                    if limit is not None and it > limit:
+                        self._iteration_limit(m, record, limit)
+                        continue
+                if run_key != (topic, it):
+                    self._push_run(run_key, run, run_msgs)
+                    run, run_msgs, run_key = [], [], (topic, it)
+                run.append(record)
+                run_msgs.append(m)
+                n += 1
         self._push_run(run_key, run, run_msgs)
         self.records_in += n
         self.log_replayed += replayed
@@ -598,3 +617,9 @@ class ChannelInputs:
             self._actions(self.aligner.on_abort(checkpoint_id, reason))
             self._resume_pending()
         self.forget(checkpoint_id)
+
+
+def _items(value: Any) -> list[Any]:
+    """The records (JSON arrays) of a data record's value: itself, or a bundle's records."""
+    bundle = bundle_records(value)
+    return [orjson.loads(value)] if bundle is None else bundle
