@@ -220,7 +220,8 @@ def measure(
         outcome.status = f"INCOMPLETE: {reader.seen:,} outputs seen in {args.timeout:g}s"
     else:
         outcome.status, outcome.seconds = "ok", reader.done - start
-        if reader.t10 is not None and reader.t90 is not None and reader.t90 > reader.t10:
+        # shorter than 2 s, the span measures commit bursts and the reader (as in peers.py)
+        if reader.t10 is not None and reader.t90 is not None and reader.t90 - reader.t10 >= 2:
             outcome.steady_per_s = 0.8 * args.records / (reader.t90 - reader.t10)
     if proc.returncode != 0 or outcome.status != "ok":
         outcome.notes.append(f"exit code {proc.returncode}; log tail:")
@@ -312,8 +313,9 @@ def run(args: argparse.Namespace, systems: list[str], brokers: str, origin: str)
         _say(f"wrote {len(versions):,} user rows to {clicks}-users in {took:.1f}s")
     wanted = dict(expectations(args.records, {s.split("-")[0] for s in systems}))
     work = Path(tempfile.mkdtemp(prefix="eosflow-operators-"))
-    outcomes = []
+    outcomes, loads = [], {}
     for system in systems:
+        loads[system] = round(os.getloadavg()[0], 2)  # a shared machine: say how busy it was
         state = work / system
         state.mkdir(parents=True)
         env = {
@@ -342,12 +344,17 @@ def run(args: argparse.Namespace, systems: list[str], brokers: str, origin: str)
                 "cores": os.cpu_count(),
                 "broker": origin,
                 "read_committed_hides_aborted": hides,
+                "loadavg_1m_before": loads,
                 "outcomes": [asdict(o) for o in outcomes],
             },
             indent=2,
         )
     )
-    print(f"\n{args.records:,} records, {os.cpu_count()} cores, broker: {origin}; {saved}")
+    print(
+        f"\n{args.records:,} records, {os.cpu_count()} cores, broker: {origin}; {saved}; "
+        f"1-min load average before each system: {min(loads.values()):.1f} to "
+        f"{max(loads.values()):.1f}"
+    )
     print(table(outcomes, args.records))
     for o in outcomes:
         for note in o.notes:
