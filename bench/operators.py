@@ -45,6 +45,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -359,7 +360,10 @@ def run(args: argparse.Namespace, systems: list[str], brokers: str, origin: str)
     for o in outcomes:
         for note in o.notes:
             print(f"- {o.system}: {note}")
-    _say(f"logs of the systems in {work}")
+    if all(o.ok for o in outcomes) and not args.keep_logs:
+        shutil.rmtree(work, ignore_errors=True)
+    else:
+        _say(f"logs and state of the systems kept in {work}")
     if args.profile is not None:
         for system in systems:
             raw = args.profile / f"{system}.raw"
@@ -374,6 +378,10 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--timeout", type=float, default=600.0, help="per system, seconds")
+    parser.add_argument(
+        "--keep-logs", action="store_true",
+        help="keep each system's log and eosflow's checkpoints even when all pass",
+    )  # fmt: skip
     parser.add_argument(
         "--table", type=Path, metavar="RESULTS.json", help="print the table of a saved run and exit"
     )
