@@ -155,7 +155,7 @@ class BloomBuckets:
         bloom = self.buckets[starts[0]][0].copy()
         try:
             for start in starts[1:]:
-                bloom |= self.buckets[start][0]
+                bloom |= self.buckets[start][0]  # type: ignore[misc]  # rbloom types |= as Bloom | set
         except ValueError:  # another size or rate (an older snapshot's): probed alone
             return
         self._union_of.update(dict.fromkeys(starts, _Union(bloom, count)))

@@ -29,7 +29,7 @@ import os
 from typing import Any
 
 from dedup.core import Deduplicator
-from dedup.ids import value_id
+from dedup.ids import pair_id, value_id
 from dedup.rescale import InheritingIdStore, dedup_prefix
 from dedup.store import redis_client
 from processor.contracts import SinkContext
@@ -82,7 +82,7 @@ class DedupOperator(Operator):
         if not self.keyed:  # the key is the ID's hex (IdRouter, before the shuffle)
             return [int(k, 16) for k, _v, _t in batch]
         fn = self.id_fn
-        return [value_id([k, fn(v)]) for k, v, _t in batch]
+        return [pair_id(k, fn(v)) for k, v, _t in batch]
 
     def process(self, batch: list[Record]) -> list[Record]:
         dedup = self.dedup
