@@ -64,8 +64,8 @@ from processor.embedded import servers  # noqa: E402
 
 VARIANTS = ("no-dedup", "dedup")
 LABELS = {
-    "no-dedup": "keyed job, no dedup (copies counted)",
-    "dedup": "keyed job + dedup(event_id, within 5 min), Bloom + Redis",
+    "no-dedup": "{job}, no dedup (copies counted)",
+    "dedup": "{job} + dedup(event_id, within 5 min), Bloom + Redis",
 }
 _CLOSED = re.compile(r"dedup closed step=(\S+) (.*?) round_trips=(\d+)")
 
@@ -132,7 +132,7 @@ class DedupBench(peers.Bench):
 
     def label(self, system: str) -> str:
         variant, repeat = system.rsplit("-", 1)
-        return f"{LABELS[variant]}, run {repeat}"
+        return f"{_label(variant, self.args.shuffle)}, run {repeat}"
 
     def command(self, system: str) -> list[str]:
         variant = system.rsplit("-", 1)[0]
@@ -179,6 +179,10 @@ class DedupBench(peers.Bench):
         return outcome
 
 
+def _label(variant: str, shuffle: bool) -> str:
+    return LABELS[variant].format(job="shuffled job (key_by)" if shuffle else "keyed job")
+
+
 def _median(runs: list[dict[str, Any]], key: str) -> float | None:
     values = [r[key] for r in runs if r.get(key) is not None]
     return statistics.median(values) if values else None
@@ -193,7 +197,7 @@ def _cpu_per_record(runs: list[dict[str, Any]]) -> float | None:
     return statistics.median(totals) if totals else None
 
 
-def table(runs: list[dict[str, Any]]) -> str:
+def table(runs: list[dict[str, Any]], shuffle: bool = False) -> str:
     """The Markdown table: one row per variant (medians over the repeats, every run listed).
     "x no-dedup by CPU" divides the CPU per record (job, broker and Redis) of the job without
     dedup by the one with it: the rate ratio on a machine the two jobs have to themselves,
@@ -228,7 +232,7 @@ def table(runs: list[dict[str, Any]]) -> str:
         drops = [r["dedup"].get("duplicates", 0) for r in good if r["dedup"]]
         failed = [r["status"] for r in mine if r["status"] != "ok"]
         rows.append(
-            f"| {LABELS[variant]} | {f'{rate:,.0f} ({each})' if rate else '-'} "
+            f"| {_label(variant, shuffle)} | {f'{rate:,.0f} ({each})' if rate else '-'} "
             f"| {f'{rate / base:.2f}' if rate and base else '-'} | {cpu} "
             f"| {f'{base_cpu / total_cpu:.2f}' if base_cpu and total_cpu else '-'} "
             f"| {f'{trips:.2f}' if trips is not None else '-'} "
@@ -272,7 +276,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.table:
-        print(table(json.loads(args.table.read_text())["runs"]))
+        saved = json.loads(args.table.read_text())
+        print(table(saved["runs"], saved.get("shuffle", False)))
         return
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     if set(variants) - set(VARIANTS):
@@ -335,7 +340,7 @@ def run(
         f"copies = {copies / bench.inputs:.1%}), {os.cpu_count()} cores, broker: "
         f"{origin['kafka']} ({brokers}), Redis: {origin['redis']}; {saved}"
     )
-    print(table(runs))
+    print(table(runs, args.shuffle))
     if ratios:
         print(
             f"\ndedup / no-dedup per repeat: {', '.join(f'{r:.2f}' for r in ratios)} "
