@@ -46,6 +46,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -158,12 +159,16 @@ def ensure_venv(name: str, cache: Path) -> Path:
     return python
 
 
-def expected_outputs(records: int) -> tuple[Counter[tuple[str, int, int]], dict[str, tuple]]:
+def expected_outputs(
+    records: int, events: Iterable[dict[str, object]] | None = None
+) -> tuple[Counter[tuple[str, int, int]], dict[str, tuple]]:
     """Every ``(user, count, amount)`` output the job must write, and each user's final totals,
-    from the generated clicks (the same generator that wrote the input)."""
+    from the generated clicks (the same generator that wrote the input): ``click_events
+    (records)``, or ``events`` (e.g. the clicks with re-sent copies, for a job that counts
+    them)."""
     acc: dict[str, tuple[int, int]] = {}
     want: Counter[tuple[str, int, int]] = Counter()
-    for click in click_events(records):
+    for click in click_events(records) if events is None else events:
         amount = int(str(click["amount"]))
         if amount <= 0:
             continue
@@ -277,6 +282,9 @@ class Bench:
         self.want, self.finals = expected_outputs(args.records)
         self.pythons: dict[str, Path] = {}
 
+    def label(self, system: str) -> str:
+        return LABELS[system]
+
     def command(self, system: str) -> list[str]:
         me = sys.executable
         if system.startswith("eosflow"):
@@ -328,7 +336,7 @@ class Bench:
         reader = Reader(self.settings, out, sum(self.want.values()))
         log_path = self.work / f"{system}.log"
         cpu0, broker0 = _cpu_children(), broker_cpu_s()
-        _say(f"{system}: launching ({LABELS[system]}); log {log_path}")
+        _say(f"{system}: launching ({self.label(system)}); log {log_path}")
         start = time.monotonic()
         with open(log_path, "wb") as log:
             command = self.command(system)
@@ -417,9 +425,12 @@ def table(outcomes: list[Outcome], records: int) -> str:
     return "\n".join(rows)
 
 
-def child_eosflow(workers: int, keyed_source: bool, record_ids: bool = False) -> None:
+def child_eosflow(
+    workers: int, keyed_source: bool, record_ids: bool = False, dedup: bool = False
+) -> None:
     """Runs ``pipelines/keyed_count.py`` until idle (in the subprocess of a run);
-    ``keyed_source``: keyed by the message key, without a shuffle."""
+    ``keyed_source``: keyed by the message key, without a shuffle; ``dedup``: with its
+    ``dedup`` step (Redis at ``EOSFLOW_REDIS_URL``; ``bench/dedup_job.py``)."""
     from processor.runtime.supervision.local import LocalRunner, RunOptions
 
     options = RunOptions(
@@ -438,7 +449,8 @@ def child_eosflow(workers: int, keyed_source: bool, record_ids: bool = False) ->
             )
         }
         | {"KEYED_SOURCE": "1" if keyed_source else "0"}
-        | ({"RECORD_IDS": "1"} if record_ids else {}),  # else the sink's default
+        | ({"RECORD_IDS": "1"} if record_ids else {})  # else the sink's default
+        | ({"DEDUP": "1", "EOSFLOW_REDIS_URL": os.environ["EOSFLOW_REDIS_URL"]} if dedup else {}),
         state_dir=os.environ["STATE_DIR"],
     )
     result = LocalRunner(BENCH / "pipelines" / "keyed_count.py", options).run()
@@ -474,11 +486,12 @@ def main() -> None:
     parser.add_argument("--child-eosflow", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--keyed-source", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--record-ids", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--dedup", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)
     if args.child_eosflow:
-        child_eosflow(args.child_eosflow, args.keyed_source, args.record_ids)
+        child_eosflow(args.child_eosflow, args.keyed_source, args.record_ids, args.dedup)
         return
     if args.table:
         saved = json.loads(args.table.read_text())

@@ -27,12 +27,17 @@ Configured by environment variables (read in the runner and in every worker proc
 * ``KEYED_SOURCE=1``: key the stream by the message key (the input is keyed by user) instead
   of ``key_by``: the aggregate runs in the source's task, with no shuffle (no channel topic);
 * ``RECORD_IDS=1`` / ``0``: the Kafka sink's ``record_ids`` (unset: the sink's default, no
-  header in transactional mode).
+  header in transactional mode);
+* ``DEDUP=1``: drop re-sent clicks before the aggregate: a per-user ``dedup`` step on the
+  click's ``event_id`` (Bloom filters in front of Redis, ``EOSFLOW_REDIS_URL``), horizon
+  ``DEDUP_WITHIN_S`` seconds of event time (default 300). ``bench/dedup_job.py`` runs the job
+  with and without it.
 """
 
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
 from connectors.serde import JsonSerde
 from processor.dataflow import Dataflow
@@ -50,14 +55,16 @@ clicks = flow.source(
     keyed=KEYED_SOURCE,
 )
 valid = clicks.filter("valid", lambda click: click["amount"] > 0)
+by_user = valid if KEYED_SOURCE else valid.key_by("by-user", lambda click: click["user"])
+if os.environ.get("DEDUP") == "1":
+    within = timedelta(seconds=float(os.environ.get("DEDUP_WITHIN_S", "300")))
+    by_user = by_user.dedup("unique", id=lambda click: click["event_id"], within=within)
 (
-    (valid if KEYED_SOURCE else valid.key_by("by-user", lambda click: click["user"]))
-    .aggregate(
+    by_user.aggregate(
         "per-user",
         init=lambda: (0, 0),
         add=lambda acc, click: (acc[0] + 1, acc[1] + click["amount"]),
-    )
-    .sink(
+    ).sink(
         "out",
         KafkaSink(
             OUTPUT_TOPIC,

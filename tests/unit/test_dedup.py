@@ -20,6 +20,7 @@ from dedup.ids import (
     emission_id,
     id_from_bytes,
     id_to_bytes,
+    pair_id,
     source_id,
     value_id,
 )
@@ -55,6 +56,17 @@ def test_ids_are_stable_128_bit_and_domain_separated() -> None:
         assert id_from_bytes(id_to_bytes(x)) == x
     with pytest.raises(ValueError, match="not an eosflow record ID"):
         id_from_bytes(b"short")
+
+
+def test_pair_id_is_the_value_id_of_the_pair() -> None:
+    """The per-key dedup step hashes ``[key, id]`` with ``pair_id``: IDs stored by an older
+    eosflow (``value_id([key, id])``) must still match."""
+    assert pair_id("user-00001", "c-7-1") == value_id(["user-00001", "c-7-1"])
+    assert pair_id("user-00001", "c-7-1") == 0x3D33A606C4001E464D64A3316AF58044  # pinned
+    assert pair_id(7, {"b": 1, "a": [1, 2]}) == value_id((7, {"a": [1, 2], "b": 1}))
+    assert value_id({"b": 1, "a": [1, 2]}) == 0x7D9B13471CB6D62ACA563232385E5116  # pinned
+    with pytest.raises(TypeError):
+        pair_id("k", object())
 
 
 # -- Bloom buckets --------------------------------------------------------------------------------

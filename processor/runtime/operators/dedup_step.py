@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import logging
 import os
+from itertools import compress
+from operator import itemgetter
 from typing import Any
 
 from dedup.core import Deduplicator
-from dedup.ids import value_id
+from dedup.ids import pair_id, value_id
 from dedup.rescale import InheritingIdStore, dedup_prefix
 from dedup.store import redis_client
 from processor.contracts import SinkContext
@@ -39,6 +41,8 @@ from processor.runtime.operators.core import Operator, Record
 __all__ = ["DedupOperator", "IdRouter", "ReplayCheck"]
 
 log = logging.getLogger(__name__)
+
+_timestamp = itemgetter(2)
 
 
 class DedupOperator(Operator):
@@ -82,7 +86,7 @@ class DedupOperator(Operator):
         if not self.keyed:  # the key is the ID's hex (IdRouter, before the shuffle)
             return [int(k, 16) for k, _v, _t in batch]
         fn = self.id_fn
-        return [value_id([k, fn(v)]) for k, v, _t in batch]
+        return [pair_id(k, fn(v)) for k, v, _t in batch]
 
     def process(self, batch: list[Record]) -> list[Record]:
         dedup = self.dedup
@@ -93,9 +97,9 @@ class DedupOperator(Operator):
             if self.on_error is None:
                 raise
             batch, ids = self._ids_per_record(batch)
-        new = dedup.check(ids, [t for _k, _v, t in batch])
+        new = dedup.check(ids, list(map(_timestamp, batch)))
         if self.keyed:
-            return [r for r, n in zip(batch, new, strict=True) if n]
+            return list(compress(batch, new))
         return [(None, v, t) for (_k, v, t), n in zip(batch, new, strict=True) if n]
 
     def _ids_per_record(self, batch: list[Record]) -> tuple[list[Record], list[int]]:
