@@ -212,15 +212,12 @@ class KafkaSinkWriter:
         id_prefix = f"{self.ctx.subtask}.{self.tag}."
         ids = self.sink.record_ids
         seq, i, n = self.seq, 0, len(values)
+        if not ids:  # no header: a rescue finds the records by their offsets
+            self._produce_batch(producer, keys, values)
+            i = n
         while i < n:  # the hot loop: one produce per record, nothing else
             rest = zip(keys[i:], values[i:], strict=True) if i else zip(keys, values, strict=True)
             try:
-                if not ids:  # no header: a rescue finds the records by their offsets
-                    delivered = self._delivered_run
-                    for key, value in rest:
-                        produce(topic, value, key, on_delivery=delivered)
-                        i += 1
-                    continue
                 delivered = self._delivered
                 for key, value in rest:
                     produce(
@@ -235,6 +232,36 @@ class KafkaSinkWriter:
         producer.poll(0)
         if self.errors:
             self._raise_delivery(f"writing epoch {self.tag}")
+
+    def _produce_batch(self, producer: Producer, keys: list[Any], values: list[bytes]) -> None:
+        """Records without headers, in one ``produce_batch`` call (librdkafka's
+        ``rd_kafka_produce_batch``: the configured partitioner per message, in order; about
+        0.2 µs of CPU less per record than one ``produce`` each, bench/RESULTS.md). When the
+        local queue fills, the records from the first refused one on are refused (a suffix:
+        nothing is served in between); they are offered again after serving delivery
+        reports, so each partition keeps the order of ``keys``."""
+        messages = [{"key": k, "value": v} for k, v in zip(keys, values, strict=True)]
+        delivered = self._delivered_run
+        while messages:
+            queued = producer.produce_batch(self.sink.topic, messages, on_delivery=delivered)
+            if queued == len(messages):
+                return
+            refused = [i for i, m in enumerate(messages) if "_error" in m]
+            first = refused[0] if refused else len(messages)
+            if refused != list(range(first, len(messages))):
+                raise KafkaClientError(  # never seen: the order could not be kept
+                    f"sink {self.ctx.step}[{self.ctx.subtask}]: produce_batch refused "
+                    f"{len(refused)} records that are not the batch's tail; failing the task "
+                    "(the epoch is replayed)",
+                    retriable=True,
+                )
+            error = messages[first]["_error"]
+            if error.code() != KafkaError._QUEUE_FULL:
+                raise classify(error, context=f"sink {self.ctx.step}[{self.ctx.subtask}] write")
+            messages = messages[first:]
+            for m in messages:
+                del m["_error"]
+            producer.poll(0.05)  # serve delivery reports: room in the queue
 
     def txn_headroom_s(self) -> float | None:
         """Seconds until the broker would abort the oldest open transaction of this subtask

@@ -399,3 +399,26 @@ def test_staged_epochs_publish_after_commit_and_repeats_are_dropped_by_readers(
     assert all(len(p) == 1 for p in by_key.values())
     epochs = {dict(m.headers())[HEADER_ID].decode().rsplit(".", 1)[0] for m in clean}
     assert epochs == {"0.1.0", "0.2.0"}  # subtask 0: generation 1 epoch 0, generation 2 epoch 0
+
+
+def test_a_batch_larger_than_the_local_queue_is_written_whole_and_in_order(
+    kafka_settings: KafkaSettings, output: str
+) -> None:
+    """``record_ids=False`` writes a batch with one ``produce_batch``; a full local queue
+    refuses its tail, which is offered again after delivery reports are served."""
+    sink = KafkaSink(
+        output, transactional_id_prefix=f"p-{output}", settings=kafka_settings,
+        key=lambda v: str(v["n"] % 5), producer_config={"queue.buffering.max.messages": 40},
+    )  # fmt: skip
+    writer = sink.open(_ctx(output))
+    writer.recover([])
+    writer.write([{"n": i} for i in range(500)])
+    committable = writer.prepare(1)
+    writer.commit(1, committable)
+    writer.close()
+    assert committable["count"] == 500
+    got = read_topic(kafka_settings, output)
+    assert values(got) == Counter(range(500))
+    for key in {m.key() for m in got}:  # each key's records in the order written
+        ns = [orjson.loads(m.value())["n"] for m in got if m.key() == key]
+        assert ns == sorted(ns)
