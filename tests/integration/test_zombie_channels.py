@@ -33,7 +33,7 @@ from connectors import KafkaSettings
 from connectors.transport import KafkaTransport
 from processor.runtime.task import Task
 from processor.testing import unique_name
-from processor.wire import GenerationStart, decode_control
+from processor.wire import GenerationStart, bundle_records, decode_control
 from tests.integration.zombie_job import CommittedList, acked, plan_of, read_until, task_env
 
 pytestmark = pytest.mark.integration
@@ -78,19 +78,23 @@ def _stopped(pid: int, timeout: float = 60.0) -> None:
     raise TimeoutError(f"process {pid} did not stop")
 
 
-def _channel_log(brokers: str, topic: str) -> list[tuple[int, object, bytes | None]]:
-    """``(offset, control or None, key)`` of every record of channel partition 0."""
+def _channel_log(brokers: str, topic: str) -> list[tuple[int, object, bytes | None, int]]:
+    """``(offset, control or None, key, records)`` of every message of channel partition 0
+    (``records``: how many data records it carries, a bundle several)."""
     consumer = Consumer(
         {"bootstrap.servers": brokers, "group.id": "zombie-test", "enable.auto.commit": False}
     )
     _low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
     consumer.assign([TopicPartition(topic, 0, 0)])
-    out: list[tuple[int, object, bytes | None]] = []
+    out: list[tuple[int, object, bytes | None, int]] = []
     deadline = time.monotonic() + 30
     while len(out) < high and time.monotonic() < deadline:
         for m in consumer.consume(500, 0.5):
             if m.error() is None:
-                out.append((m.offset() or 0, decode_control(m.headers()), m.key()))
+                ctl = decode_control(m.headers())
+                value = m.value() or b""
+                records = 0 if ctl is not None else len(bundle_records(value) or [value])
+                out.append((m.offset() or 0, ctl, m.key(), records))
     consumer.close()
     return out
 
@@ -141,7 +145,7 @@ def test_records_a_frozen_worker_queued_are_ignored_when_it_wakes_up_after_the_n
         _stopped(zombie.pid)
         before = _channel_log(brokers, channel)
         # generation 1's first records are in the channel, the second batch is in the queue
-        assert sum(ctl is None for _o, ctl, _k in before) == FIRST
+        assert sum(n for _o, _ctl, _k, n in before) == FIRST
 
         # Generation 2 restores checkpoint 1: its source re-reads the second batch.
         src2 = Task(task_env(plan, transport, snapshots, generation=2), plan.stage_of("clicks"), 0)
@@ -159,13 +163,13 @@ def test_records_a_frozen_worker_queued_are_ignored_when_it_wakes_up_after_the_n
         src2.env.writer.flush()
         log = _channel_log(brokers, channel)
         marker = next(
-            o for o, ctl, _k in log if isinstance(ctl, GenerationStart) and ctl.generation == 2
+            o for o, ctl, _k, _n in log if isinstance(ctl, GenerationStart) and ctl.generation == 2
         )
-        after = [o for o, ctl, _k in log if ctl is None and o > marker]
-        assert len(after) == 2 * SECOND  # generation 2's and, after them, the zombie's
+        after = sum(n for o, _ctl, _k, n in log if o > marker)
+        assert after == 2 * SECOND  # generation 2's records and, after them, the zombie's
         # what generation 1 wrote after the marker (keyed as its own marker): the records, and
         # the watermarks of a source that goes on
-        zombie_writes = [o for o, _ctl, key in log if o > marker and key == log[0][2]]
+        zombie_writes = [(o, n) for o, _ctl, key, n in log if o > marker and key == log[0][2]]
 
         # Generation 2's downstream task restores checkpoint 1 and reads through barrier 3.
         down2 = Task(task_env(plan, transport, snapshots, generation=2), downstream, 0)
@@ -184,4 +188,5 @@ def test_records_a_frozen_worker_queued_are_ignored_when_it_wakes_up_after_the_n
     twice = sorted(k for k, c in committed.items() if c > 1)
     assert not twice, f"{len(twice)} (user, count) emitted twice: {twice[:10]}"
     assert committed == _expected(range(FIRST + SECOND))  # more counts: the zombie's records
-    assert stats["fenced"] == len(zombie_writes) >= SECOND
+    assert stats["fenced"] == len(zombie_writes)  # messages: bundles, watermarks
+    assert sum(n for _o, n in zombie_writes) == SECOND  # every record the zombie held
