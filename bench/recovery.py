@@ -478,8 +478,8 @@ def table(runs: list[dict[str, Any]]) -> str:
 
 def worker_table(runs: list[dict[str, Any]]) -> str:
     """Median of a restarted worker's own start-up split (its log line)."""
-    keys = ("compile", "clients", "admit", "open")
-    lines = ["| sink | recovery | " + " | ".join(keys) + " | open per task |", "|---" * 7 + "|"]
+    keys = ("compile", "clients", "admit", "build", "open")
+    lines = ["| sink | recovery | " + " | ".join(keys) + " | open per task |", "|---" * 8 + "|"]
     for sink in ("kafka", "file"):
         for rec in ("global", "local"):
             ws = [

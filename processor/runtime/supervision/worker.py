@@ -210,6 +210,7 @@ def run_worker(spec: dict[str, Any]) -> int:
     purger: ChannelPurger | None = None
     try:
         tasks += [Task(env, stage, worker) for stage in plan.stages]
+        built = time.monotonic()
         counts = {str(k): int(v) for k, v in spec["source_counts"].items()}
         opened: list[str] = []
         for task in tasks:
@@ -222,13 +223,15 @@ def run_worker(spec: dict[str, Any]) -> int:
         sources = [t for t in tasks if t.is_source]
         purger = ChannelPurger(transport, store, plan.job, tasks, supported=spec.get("purge"))
         # Where a (re)start's time goes (bench/recovery.py reads it): the pipeline's import and
-        # compile, the clients and the restored manifest, the coordinator's admission, and each
-        # task's open (its snapshot read and restore, its sinks' recover, its inputs' opening).
+        # compile, the clients and the restored manifest, the coordinator's admission, building
+        # the tasks (their readers and sinks' writers), and each task's open (its snapshot read
+        # and restore, its sinks' recover, its inputs' opening).
         log.info(
             "worker=%d generation=%d pid=%d python=%s restored_checkpoint=%d tasks=%d recovery=%s "
-            "startup_s=compile:%.3f,clients:%.3f,admit:%.3f,open:%.3f open_s=%s",
+            "startup_s=compile:%.3f,clients:%.3f,admit:%.3f,build:%.3f,open:%.3f open_s=%s",
             worker, env.generation, os.getpid(), sys.executable, restore, len(tasks), recovery,
-            compiled - began, hello - compiled, welcome - hello, time.monotonic() - welcome,
+            compiled - began, hello - compiled, welcome - hello, built - welcome,
+            time.monotonic() - built,
             ",".join(opened),
         )  # fmt: skip
         max_records = int(spec.get("max_records", 5000))
