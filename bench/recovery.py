@@ -12,7 +12,8 @@ each measured from the kill:
 * ``detect_s``: the runner noticed the death and started a restart (``runner.restarts``);
 * ``spawned_s``: the new worker processes exist (global: a new generation of every worker;
   local: the victim alone); from ``detect_s`` this is stopping the others, the restart
-  backoff (``RunOptions``'s default 0.5 s before the first restart) and the spawn;
+  backoff (none before the first restart in a window, then ``RunOptions``'s 0.5 s doubling)
+  and the spawn;
 * ``connected_s``: every new worker said hello: Python started, imported the engine and the
   pipeline, compiled it, made its clients and read the restored manifest;
 * ``opened_s``: every new worker sent its first counters: it restored its tasks' snapshots,
@@ -493,7 +494,10 @@ def worker_table(runs: list[dict[str, Any]]) -> str:
                 continue
             cells = [f"{statistics.median(w[k] for w in ws):.3f}" for k in keys]
             tasks = sorted({t for w in ws for t in w["open_tasks"]})
-            med = {t: statistics.median(w["open_tasks"].get(t, 0.0) for w in ws) for t in tasks}
+            med = {
+                t: statistics.median(w["open_tasks"][t] for w in ws if t in w["open_tasks"])
+                for t in tasks
+            }
             per = ", ".join(f"{t} {s:.3f}" for t, s in med.items())
             lines.append(f"| {sink} | {rec} | " + " | ".join(cells) + f" | {per} |")
     return "\n".join(lines)
