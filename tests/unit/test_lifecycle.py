@@ -126,20 +126,23 @@ def test_the_same_failure_three_times_before_the_workers_started_fails_the_job()
         again.check_start(cause.format(w=0), started=started)
 
 
-def test_the_backoff_doubles_with_the_restarts_in_the_window_up_to_its_cap() -> None:
+def test_the_first_restart_is_immediate_and_the_backoff_doubles_from_the_second_to_its_cap() -> (
+    None
+):
+    """Regression (issue 38): a single SIGKILLed worker waited the whole 0.5 s backoff before
+    its replacement was spawned, a quarter of the 2 s recovery goal."""
     clock = Clock()
     budget = _budget(clock, max_restarts=10, restart_backoff=0.5, max_backoff=3.0)
-    assert budget.backoff() == 0.5
     waits = []
-    for n in range(4):
+    for n in range(5):
         budget.count("x")
         budget.check("x", n)
         waits.append(budget.backoff())
-    assert waits == [0.5, 1.0, 2.0, 3.0]
-    clock.now += 301
+    assert waits == [0.0, 0.5, 1.0, 2.0, 3.0]
+    clock.now += 301  # the window forgot them: a failure alone again
     budget.count("x")
     budget.check("x", 9)
-    assert budget.backoff() == 0.5
+    assert budget.backoff() == 0.0
 
 
 # -- the stop controller -------------------------------------------------------------------------

@@ -149,6 +149,50 @@ def test_a_dead_worker_under_local_recovery_restarts_alone_past_the_pending_chec
     assert supervisor.current.workers[1] is not survivor and supervisor.budget.restarts == 1
 
 
+def test_the_first_checkpoint_after_a_global_recovery_waits_until_every_restarted_worker_reads(
+    tmp_path: Path, server: ControlServer
+) -> None:
+    """Regression (issue 38): the first checkpoint of a new generation fell due one interval
+    after it started, before its workers had opened their tasks; they injected its barrier
+    before reading anything, so it committed no new output and the first new output came a
+    checkpoint later, behind the replayed backlog (10 s after a SIGKILL on Apache Kafka)."""
+    supervisor, _launcher = _supervisor(tmp_path, server)
+    supervisor.start_generation()
+    assert supervisor.first_checkpoint() == "periodic"  # a fresh start: on the interval
+    supervisor.recover("worker 1 exit code 1", 1)
+    workers = supervisor.current.workers
+    assert supervisor.first_checkpoint() == "hold"  # still restoring and opening
+    workers[0].stats = {"clicks.0": {"in": 5000}}  # its first counters
+    assert supervisor.first_checkpoint() == "hold"
+    workers[1].stats = {"clicks.1": {"in": 5000}}
+    assert supervisor.first_checkpoint() == "now"  # once
+    assert supervisor.first_checkpoint() == "periodic"
+
+
+def test_checkpoints_stay_periodic_under_local_recovery_while_the_survivors_run(
+    tmp_path: Path, server: ControlServer
+) -> None:
+    """Holding the survivors' barriers until the restarted worker reads grew its backlog."""
+    supervisor, _launcher = _supervisor(tmp_path, server, recovery="local")
+    supervisor.start_generation()
+    supervisor.recover("worker 1 exit code 1", 1)
+    assert supervisor.first_checkpoint() == "periodic"
+
+
+def test_a_restarted_worker_that_never_reads_holds_checkpoints_at_most_the_checkpoint_timeout(
+    tmp_path: Path, server: ControlServer
+) -> None:
+    supervisor, _launcher = _supervisor(tmp_path, server)
+    clock = [100.0]
+    supervisor._clock = lambda: clock[0]
+    supervisor.start_generation()
+    supervisor.recover("worker 1 exit code 1", 1)
+    assert supervisor.first_checkpoint() == "hold"
+    clock[0] += supervisor.options.checkpoint_timeout + 1
+    # periodic again: those checkpoints time out, and a stuck worker is restarted
+    assert supervisor.first_checkpoint() == "periodic"
+
+
 def test_a_dead_worker_the_launcher_cannot_name_restarts_globally_even_under_local_recovery(
     tmp_path: Path, server: ControlServer
 ) -> None:

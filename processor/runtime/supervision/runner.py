@@ -519,7 +519,14 @@ class Runner:
                 self.reporter.say(f"final checkpoint {final} triggered")
                 self.reporter.mark_final_trigger()
             return
-        chk = coordinator.due() if stop.final is None else None
+        chk = None
+        if stop.final is None:
+            first = self.supervisor.first_checkpoint() if self.supervisor else "periodic"
+            periodic = coordinator.interval_s is not None
+            if first == "now" and periodic:  # every restarted worker reads (Supervisor)
+                chk = coordinator.trigger_now(aligned=coordinator.aligned)
+            elif first == "periodic":
+                chk = coordinator.due()
         if chk is not None:
             self.server.broadcast({"t": "trigger", "chk": chk})
         if (

@@ -134,6 +134,7 @@ def tune_gc(environ: Any = os.environ) -> tuple[int, int, int]:
 def run_worker(spec: dict[str, Any]) -> int:
     """Runs until the coordinator says stop (0) or goes away (1)."""
     tune_gc()
+    began = time.monotonic()
     worker, parallelism = int(spec["worker"]), int(spec["workers"])
     flow = load_flow(spec["pipeline"])
     recovery = str(spec.get("recovery", "global"))
@@ -151,6 +152,7 @@ def run_worker(spec: dict[str, Any]) -> int:
             f"{plan.describe()}\nIt probably reads environment variables that differ here. "
             "On Spark, pass them to the executors with --conf spark.executorEnv.NAME=VALUE"
         )
+    compiled = time.monotonic()
     transport = load_object(spec["transport"])()
     store = SnapshotStore(spec["snapshot_url"])
     restore = int(spec["restore"])
@@ -183,6 +185,7 @@ def run_worker(spec: dict[str, Any]) -> int:
         map_state=dict(spec.get("map_state") or {}),
         drain=bool(spec.get("drain", True)),
     )
+    hello = time.monotonic()
     client.send(
         {
             "t": "hello",
@@ -197,6 +200,7 @@ def run_worker(spec: dict[str, Any]) -> int:
     # worker of a generation the coordinator already left (a Spark task started late, a zombie)
     # must not roll back or delete what the live generation's sinks prepared (issue 19).
     admitted = _admitted(client, worker, env.generation)
+    welcome = time.monotonic()
     if admitted is not None:
         uploads.shutdown(wait=False)
         client.close()
@@ -206,17 +210,29 @@ def run_worker(spec: dict[str, Any]) -> int:
     purger: ChannelPurger | None = None
     try:
         tasks += [Task(env, stage, worker) for stage in plan.stages]
+        built = time.monotonic()
         counts = {str(k): int(v) for k, v in spec["source_counts"].items()}
+        opened: list[str] = []
         for task in tasks:
             state = None
+            started = time.monotonic()
             if manifest is not None:
                 state = store.read_task_snapshot(manifest.tasks[task.name])
             task.open(state, counts)
+            opened.append(f"{task.name}:{time.monotonic() - started:.3f}")
         sources = [t for t in tasks if t.is_source]
         purger = ChannelPurger(transport, store, plan.job, tasks, supported=spec.get("purge"))
+        # Where a (re)start's time goes (bench/recovery.py reads it): the pipeline's import and
+        # compile, the clients and the restored manifest, the coordinator's admission, building
+        # the tasks (their readers and sinks' writers), and each task's open (its snapshot read
+        # and restore, its sinks' recover, its inputs' opening).
         log.info(
-            "worker=%d generation=%d pid=%d python=%s restored_checkpoint=%d tasks=%d recovery=%s",
+            "worker=%d generation=%d pid=%d python=%s restored_checkpoint=%d tasks=%d recovery=%s "
+            "startup_s=compile:%.3f,clients:%.3f,admit:%.3f,build:%.3f,open:%.3f open_s=%s",
             worker, env.generation, os.getpid(), sys.executable, restore, len(tasks), recovery,
+            compiled - began, hello - compiled, welcome - hello, built - welcome,
+            time.monotonic() - built,
+            ",".join(opened),
         )  # fmt: skip
         max_records = int(spec.get("max_records", 5000))
         pace = _Pace(float(spec.get("max_rate") or 0.0))
