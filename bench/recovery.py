@@ -162,8 +162,9 @@ class _OutputWatcher(threading.Thread):
 
 
 def _generation_of(headers: list[tuple[str, bytes]]) -> int:
-    """The sink incarnation of a record: ``eosflow-id`` is ``<subtask>.<generation>.<n>.<seq>``,
-    ``eosflow-txn`` (``record_ids=False``) ``<job>/<step>|<subtask>.<generation>.<n>``."""
+    """The sink incarnation of a record: ``eosflow-id`` is ``<subtask>.<generation>.<n>.<seq>``
+    (the run sets ``record_ids=True``), ``eosflow-txn`` (``record_ids=False`` before issue 38)
+    ``<job>/<step>|<subtask>.<generation>.<n>``."""
     for name, value in headers:
         if name == "eosflow-id":
             return int(value.split(b".")[1])
@@ -548,6 +549,9 @@ def main() -> int:
                 if sink == "kafka":
                     environ["OUTPUT_TOPIC"] = f"{job}-out"
                     environ["TXN_PREFIX"] = job
+                    # the ID header names the generation that wrote a record: how the watcher
+                    # tells new output (the sink's default since issue 38 writes no header)
+                    environ["RECORD_IDS"] = "1"
                     admin.ensure_topic(environ["OUTPUT_TOPIC"], PARTITIONS)
                 r = measure_recovery(
                     PIPELINE,
