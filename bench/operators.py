@@ -74,12 +74,13 @@ from peers import (  # noqa: E402
     _cpu_children,
     _say,
     create_input,
+    dispatch,
     expected_outputs,
+    notes_and_profiles,
 )
 from users import RowsAt, produce_users, user_versions  # noqa: E402
 
 from connectors import KafkaSettings, TopicAdmin  # noqa: E402
-from processor.embedded import servers  # noqa: E402
 
 JOBS = BENCH / "peer_jobs"
 OPERATORS = ("keyed", "window", "join")
@@ -357,20 +358,11 @@ def run(args: argparse.Namespace, systems: list[str], brokers: str, origin: str)
         f"{max(loads.values()):.1f}"
     )
     print(table(outcomes, args.records))
-    for o in outcomes:
-        for note in o.notes:
-            print(f"- {o.system}: {note}")
+    notes_and_profiles(outcomes, args.profile, systems)
     if all(o.ok for o in outcomes) and not args.keep_logs:
         shutil.rmtree(work, ignore_errors=True)
     else:
         _say(f"logs and state of the systems kept in {work}")
-    if args.profile is not None:
-        for system in systems:
-            raw = args.profile / f"{system}.raw"
-            if raw.exists():
-                summary = profiles.top(raw)
-                (args.profile / f"{system}-top.txt").write_text(summary + "\n")
-                print(f"\n{summary}")
 
 
 def main() -> None:
@@ -397,18 +389,7 @@ def main() -> None:
     if args.child:
         child(args.child)
         return
-    if args.table:
-        saved = json.loads(args.table.read_text())
-        print(table([Outcome(**o) for o in saved["outcomes"]], saved["records"]))
-        return
-    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    unknown = [s for s in systems if s not in SYSTEMS]
-    if unknown:
-        parser.error(f"unknown systems {unknown}; expected some of {','.join(SYSTEMS)}")
-    with servers(["kafka"]) as endpoints:
-        assert endpoints.kafka_brokers is not None
-        _say(f"kafka: {endpoints.kafka_brokers} ({endpoints.origin['kafka']})")
-        run(args, systems, endpoints.kafka_brokers, endpoints.origin["kafka"])
+    dispatch(parser, args, SYSTEMS, table, run)
 
 
 if __name__ == "__main__":

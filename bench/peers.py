@@ -46,7 +46,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -493,14 +493,42 @@ def main() -> None:
     if args.child_eosflow:
         child_eosflow(args.child_eosflow, args.keyed_source, args.record_ids, args.dedup)
         return
+    dispatch(parser, args, SYSTEMS, table, run)
+
+
+def notes_and_profiles(outcomes: list[Outcome], profile: Path | None, systems: list[str]) -> None:
+    """After a run's table: each system's notes, and (``--profile``) each system's top
+    functions, also written to ``<profile>/<system>-top.txt``."""
+    for o in outcomes:
+        for note in o.notes:
+            print(f"- {o.system}: {note}")
+    if profile is not None:
+        for system in systems:
+            raw = profile / f"{system}.raw"
+            if raw.exists():
+                summary = profiles.top(raw)
+                (profile / f"{system}-top.txt").write_text(summary + "\n")
+                print(f"\n{summary}")
+
+
+def dispatch(
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    known: tuple[str, ...],
+    table: Callable[[list[Outcome], int], str],
+    run: Callable[[argparse.Namespace, list[str], str, str], None],
+) -> None:
+    """The rest of a bench's ``main`` (this one's and ``operators.py``'s): ``--table`` prints a
+    saved run; otherwise the ``--systems`` are checked and run against the broker
+    (``EOSFLOW_KAFKA_BROKERS``, or the embedded one)."""
     if args.table:
         saved = json.loads(args.table.read_text())
         print(table([Outcome(**o) for o in saved["outcomes"]], saved["records"]))
         return
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    unknown = [s for s in systems if s not in SYSTEMS]
+    unknown = [s for s in systems if s not in known]
     if unknown:
-        parser.error(f"unknown systems {unknown}; expected some of {','.join(SYSTEMS)}")
+        parser.error(f"unknown systems {unknown}; expected some of {','.join(known)}")
     with servers(["kafka"]) as endpoints:
         brokers = endpoints.kafka_brokers
         assert brokers is not None
@@ -559,16 +587,7 @@ def run(args: argparse.Namespace, systems: list[str], brokers: str, origin: str)
             "left by an aborted transaction cannot be told from a real one here (the check "
             "counts both as duplicates)."
         )
-    for o in outcomes:
-        for note in o.notes:
-            print(f"- {o.system}: {note}")
-    if args.profile is not None:
-        for system in systems:
-            raw = args.profile / f"{system}.raw"
-            if raw.exists():
-                summary = profiles.top(raw)
-                (args.profile / f"{system}-top.txt").write_text(summary + "\n")
-                print(f"\n{summary}")
+    notes_and_profiles(outcomes, args.profile, systems)
     if all(o.ok for o in outcomes) and not args.keep_logs:
         shutil.rmtree(work, ignore_errors=True)
     else:
