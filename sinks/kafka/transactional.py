@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import orjson
@@ -393,15 +393,22 @@ class KafkaSinkWriter:
         """
         keep = {*range(self.sink.pool_size), *(int(c["slot"]) for _chk, c in pending)}
         self.producers.clear()
-        with ThreadPoolExecutor(_MAX_SLOTS, thread_name_prefix="txn-init") as pool:
-            fresh = dict(
-                zip(range(_MAX_SLOTS), pool.map(self._new_producer, range(_MAX_SLOTS)), strict=True)
-            )
+        with ThreadPoolExecutor(_MAX_SLOTS + len(pending), thread_name_prefix="txn-init") as pool:
+            inits = [pool.submit(self._new_producer, slot) for slot in range(_MAX_SLOTS)]
+            # Each pending epoch is decided once its own id is fenced (its transaction can no
+            # longer change), while the pool's other ids are still being initialized: an id
+            # whose transaction was open waits librdkafka's fixed 0.5 s PID timer.
+            decisions = [
+                pool.submit(self._committed_once_fenced, inits[int(c["slot"])], c)
+                for _chk, c in pending
+            ]
+            fresh = {slot: init.result() for slot, init in enumerate(inits)}
+            committed = [decision.result() for decision in decisions]
         for slot, producer in fresh.items():
             if slot in keep:
                 self.producers[slot] = producer
-        for i, (chk, committable) in enumerate(pending):
-            self._rescue(committable, fresh=False)
+        for i, ((chk, committable), done) in enumerate(zip(pending, committed, strict=True)):
+            self._rescue(committable, fresh=False, committed=done)
             log.info(
                 "sink=%s subtask=%d recovered checkpoint=%d epoch=%s",
                 self.ctx.step, self.ctx.subtask, chk, committable["epoch"],
@@ -410,16 +417,31 @@ class KafkaSinkWriter:
                 self.ctx.fault("mid-sink-recover")
         self.busy.clear()
 
-    def _rescue(self, committable: Any, *, fresh: bool) -> None:
-        """Publish the epoch of ``committable`` unless its marker says it committed."""
-        slot, tag = int(committable["slot"]), str(committable["epoch"])
+    def _committed_once_fenced(self, init: Future[Producer], committable: Any) -> bool:
+        """Whether ``committable``'s epoch committed, asked once ``init`` (the producer of its
+        id, whose initialization fenced the id) is done."""
+        init.result()
+        return self._epoch_committed(committable)
+
+    def _epoch_committed(self, committable: Any) -> bool:
         # The epoch's own subtask (the same as this writer's when the engine restores a task,
         # or settles an old shape with its old context: processor.runtime.shape.settle).
         subtask = committable_subtask(committable)
+        where = f"sink={self.ctx.step} subtask={subtask}"
+        return epoch_committed(
+            self.settings, committable, self.sink_id, str(subtask).encode(), where
+        )
+
+    def _rescue(self, committable: Any, *, fresh: bool, committed: bool | None = None) -> None:
+        """Publish the epoch of ``committable`` unless its marker says it committed
+        (``committed``: already asked, after its id was fenced)."""
+        slot, tag = int(committable["slot"]), str(committable["epoch"])
+        subtask = committable_subtask(committable)
         subtask_b = str(subtask).encode()
         producer = self._producer(slot, fresh=fresh)
-        where = f"sink={self.ctx.step} subtask={subtask}"
-        if epoch_committed(self.settings, committable, self.sink_id, subtask_b, where):
+        if committed is None:
+            committed = self._epoch_committed(committable)
+        if committed:
             return
         records = read_epoch(self.settings, committable, subtask, self.sink_id)
         expected = int(committable["count"])

@@ -111,3 +111,47 @@ def test_a_rescue_matches_the_subtask_of_the_committable_when_another_writer_set
     assert asked == {"marker": b"2", "where": "sink=out subtask=2", "records": 2}
     assert transactional.committable_subtask({**committable, "subtask": 5}) == 5
     assert transactional.committable_subtask({"tid": "my-job-p-sink-step-12-3"}) == 12
+
+
+def test_recover_decides_an_epoch_once_its_own_id_is_fenced_while_the_others_still_init(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An id whose transaction a crash left open takes librdkafka's 0.5 s PID timer to
+    initialize; a pending epoch on another id is decided meanwhile, never before its own id
+    is fenced (its transaction could still change until then)."""
+    import threading
+    import time
+
+    from processor.contracts import SinkContext
+    from sinks.kafka import transactional
+
+    fenced: set[int] = set()
+    lock = threading.Lock()
+
+    def new_producer(slot: int) -> object:
+        time.sleep(0.5 if slot == 5 else 0.01)  # slot 5: an open transaction to abort
+        with lock:
+            fenced.add(slot)
+        return object()
+
+    asked: list[tuple[int, set[int]]] = []
+
+    def committed(_s: Any, c: Any, _sink: bytes, _subtask: bytes, _where: str) -> bool:
+        with lock:
+            asked.append((c["slot"], set(fenced)))
+        return True
+
+    monkeypatch.setattr(transactional, "epoch_committed", committed)
+    writer = object.__new__(transactional.KafkaSinkWriter)
+    writer.ctx = SinkContext("job", "out", 0, 1, 1)
+    writer.settings = KafkaSettings(brokers="127.0.0.1:9")
+    writer.sink_id = b"job/out"
+    writer.sink = type("Sink", (), {"pool_size": 2})()  # type: ignore[assignment]
+    writer.producers, writer.busy = {}, {}
+    monkeypatch.setattr(writer, "_new_producer", new_producer)
+    writer.recover([(7, {**COMMITTABLE, "tid": "p-out-0-1", "slot": 1, "subtask": 0})])
+    ((slot, fenced_then),) = asked
+    assert slot == 1 and 1 in fenced_then  # its own id first
+    assert 5 not in fenced_then  # not after the slow one
+    assert sorted(writer.producers) == [0, 1]  # the pool kept, every id initialized
+    assert fenced == set(range(8))
