@@ -330,7 +330,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--fault", action="append", default=[], metavar="ATTEMPT:WORKER:POINT[:N][:hold]",
         help="crash testing: SIGKILL a worker at a protocol point, or with :hold pause it "
-        "there until FAULT_DIR/POINT.wWORKER.release exists (repeatable)",
+        "there until FAULT_DIR/POINT.wWORKER.release exists (repeatable). ATTEMPT counts the "
+        "job's starts from 0 (0: the first start, 1: after the first restart), WORKER from 0, "
+        "N (default 1) the time the point is reached",
     )  # fmt: skip
     run.add_argument(
         "--metrics", metavar="HOST:PORT[-LAST]|off",

@@ -27,8 +27,9 @@ be JSON-like (dict, list, str, int, float, bool, None); tuples come back as list
 Bad records are data, not crashes: with ``Dataflow(name, dead_letters=sink)`` (or
 ``flow.dead_letters(sink)``), a record that fails to decode, or whose user function raises, goes to
 that sink with the cause and where it came from, inside the same epoch as everything else
-(docs/engine.md, "Dead letters"). Without one, undecodable records are counted, logged and skipped,
-and a user function that raises fails the job.
+(docs/engine.md, "Dead letters"). Without one, undecodable records (and records whose ``timestamp``
+function raises ``KeyError``, ``TypeError`` or ``ValueError``) are counted, logged and skipped,
+and any other user function that raises fails the job.
 
 The streams and their methods are in :mod:`processor.streams`, the :class:`Step` in
 :mod:`processor.steps`; this module re-exports them.

@@ -85,8 +85,9 @@ def preflight(plan: Plan, options: RunOptions, interval: float | None) -> None:
         sinks.append(flow.dead_letter_sink)
     else:
         log.warning(
-            "job=%s has no dead-letter destination: records that fail to decode are "
-            "counted, logged and skipped, and a user function that raises fails the job; "
+            "job=%s has no dead-letter destination: records that fail to decode (or whose "
+            "timestamp function raises KeyError, TypeError or ValueError) are counted, logged "
+            "and skipped, and any other user function that raises fails the job; "
             "give Dataflow(..., dead_letters=<sink>) to keep them",
             plan.job,
         )
