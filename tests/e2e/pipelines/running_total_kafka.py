@@ -29,7 +29,8 @@ flow = Dataflow(os.environ["JOB_NAME"])
             mode=os.environ.get("SINK_MODE", "transactional"),
             transactional_id_prefix=os.environ.get("TXN_PREFIX"),
             commit_timeout_s=5,
-            record_ids=os.environ.get("RECORD_IDS", "1") != "0",
+            # RECORD_IDS=1 / 0; unset: the sink's default (IDs only in staged mode)
+            record_ids={"1": True, "0": False}.get(os.environ.get("RECORD_IDS", "")),
         ),
     )
 )
