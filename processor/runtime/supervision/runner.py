@@ -42,10 +42,8 @@ import contextlib
 import logging
 import os
 import secrets
-import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -324,7 +322,11 @@ class Runner:
             # not in every worker process (runtime.purge); a scratch topic's round trips (0.55 s
             # on Kafka 4.3.1), so in a thread while the topics are prepared and the job claimed.
             probe = getattr(transport, "purge_supported", None)
-            probing = _background(probe if probe is not None and self.plan.edges else None)
+            if probe is None or not self.plan.edges:
+                probe = lambda: False  # noqa: E731 (no channels, or a transport that cannot)
+            probing = ThreadPoolExecutor(1, thread_name_prefix="eosflow-probe")
+            purge = probing.submit(probe)
+            probing.shutdown(wait=False)  # the thread ends with the probe
             counts, self.end_offsets = prepare_topics(
                 self.plan, transport, until_idle=self.options.until_idle, run_dir=self.dir
             )
@@ -338,7 +340,7 @@ class Runner:
             )  # fmt: skip
             if latest is None:
                 self.starts = start_positions(self.plan, self.store, transport, counts)
-            self.purge = bool(probing.result())
+            self.purge = bool(purge.result())
             sharing.close()
             self.metrics = metrics = JobMetrics(
                 self.plan,
@@ -574,21 +576,3 @@ class Runner:
             self._handle(*self.server.inbox.get_nowait())
         self.reporter.report(force=True)
         return True
-
-
-def _background(call: Callable[[], Any] | None) -> Future[Any]:
-    """``call()`` in a thread of its own (its result or exception in the future); ``None``:
-    a future already holding ``False``."""
-    future: Future[Any] = Future()
-    if call is None:
-        future.set_result(False)
-        return future
-
-    def run() -> None:
-        try:
-            future.set_result(call())
-        except BaseException as exc:  # handed to whoever waits for the answer
-            future.set_exception(exc)
-
-    threading.Thread(target=run, name="eosflow-probe", daemon=True).start()
-    return future
