@@ -70,7 +70,6 @@ from processor.runtime.task.checkpoints import InputState
 from processor.runtime.task.dead_letters import channel_origins
 from processor.runtime.task.fence import NOT_LIVE, ChannelFence
 from processor.wire import (
-    BUNDLE,
     Barrier,
     EndOfStream,
     GenerationStart,
@@ -330,14 +329,9 @@ class ChannelInputs:
         for partition in last:
             if live.get((topic, partition), NOT_LIVE) != key:  # recovering, or a zombie's
                 return False
-        loads = orjson.loads
         items: list[Any] = []
-        append = items.append
-        for value in [m.value() for m in msgs]:
-            if value[:1] == BUNDLE:  # type: ignore[index]
-                items += loads(memoryview(value)[1:])  # type: ignore[arg-type]
-            else:
-                append(loads(value))  # type: ignore[arg-type]
+        for m in msgs:  # messages are mostly bundles: one call per message, not per record
+            items += _items(m.value())
         batch = [(tuple(k) if type(k) is list else k, v, t) for k, v, t in items]
         pos = self.pos
         for partition, i in last.items():
