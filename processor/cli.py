@@ -32,7 +32,7 @@ from processor import __version__, cli_jobs
 from processor.embedded import ENV_VARS, SERVICES, DevCluster, servers, state_file
 from processor.embedded._process import is_running
 from processor.errors import EosflowError
-from processor.runtime.job import parse_duration, parse_map_state
+from processor.runtime.job import parse_alignment, parse_duration, parse_map_state
 
 __all__ = ["main"]
 
@@ -165,6 +165,7 @@ def _run(args: argparse.Namespace) -> int:
             heartbeat_timeout=args.heartbeat_timeout,
             stop_timeout=args.stop_timeout,
             max_rate=args.max_rate,
+            watermark_alignment=args.watermark_alignment,
             tolerable_failed_checkpoints=args.tolerable_failed_checkpoints,
             on_deleted_records=args.on_deleted_records,
             keep_checkpoints=args.keep_checkpoints,
@@ -303,6 +304,13 @@ def _parser() -> argparse.ArgumentParser:
         "--max-rate", type=float, default=0.0, metavar="RECORDS_PER_S",
         help="records per second each worker's sources read at most, e.g. to replay or "
         "backfill at a bounded pace (default: no limit)",
+    )  # fmt: skip
+    run.add_argument(
+        "--watermark-alignment", type=parse_alignment, default=30.0, metavar="DURATION|off",
+        help="pause a source partition whose watermark runs this far (event time) ahead of "
+        "the slowest partition that still has records to read, in any worker, so that a "
+        "backfill fires its windows as it goes with bounded state; off: read partitions as "
+        "they come (30s)",
     )  # fmt: skip
     run.add_argument(
         "--stop-timeout", type=parse_duration, default=120.0, metavar="DURATION",

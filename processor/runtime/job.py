@@ -144,6 +144,11 @@ class RunOptions:
     #: backfill at a bounded pace, and ``eosflow certify``'s fault runs, whose faults must land
     #: while input still flows.
     max_rate: float = 0.0
+    #: Watermark alignment (seconds of event time; ``None`` or 0: off): a source partition
+    #: whose watermark runs this far ahead of the slowest partition with records to read, in
+    #: any source task, is paused until that one catches up, so windows fire during a backfill
+    #: and state stays bounded (docs/engine.md, "Watermark alignment").
+    watermark_alignment: float | None = 30.0
     log_level: str = "INFO"
     #: ``global``: every worker restarts from the latest completed checkpoint; ``local``: only
     #: the failed one (docs/local-recovery.md; needs Redis for the record IDs).
@@ -172,6 +177,11 @@ class RunOptions:
     #: replacing them; the output since is committed again (runtime.identity).
     start_over: bool = False
 
+    def watermark_drift_ms(self) -> int | None:
+        """:attr:`watermark_alignment` in ms, ``None`` when off."""
+        drift = self.watermark_alignment
+        return None if not drift else int(drift * 1000)
+
     def metrics_address(self) -> str | None:
         """The address to serve on, ``None`` for off (checked: a bad one is a ConfigError)."""
         text = self.metrics or os.environ.get("EOSFLOW_METRICS") or DEFAULT_ADDRESS
@@ -182,6 +192,11 @@ class RunOptions:
             raise ConfigError(f"mode {self.mode!r}: choose one of {MODES}")
         if self.max_rate < 0:
             raise ConfigError(f"--max-rate must be 0 (no limit) or positive, got {self.max_rate}")
+        if self.watermark_alignment is not None and self.watermark_alignment < 0:
+            raise ConfigError(
+                f"--watermark-alignment must be a positive duration of event time (e.g. 30s) "
+                f"or off, got {self.watermark_alignment}s"
+            )
         if self.workers < 1:
             raise ConfigError(f"workers must be at least 1, got {self.workers}")
         if self.checkpoint_interval <= 0:
@@ -283,6 +298,13 @@ def parse_duration(text: str) -> float:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"duration {text!r} must be positive")
     return value
+
+
+def parse_alignment(text: str) -> float | None:
+    """``--watermark-alignment``: a duration in seconds, or ``off``: ``None``."""
+    if text.strip().lower() in ("off", "none", "no", "false", "0"):
+        return None
+    return parse_duration(text)
 
 
 def parse_address(text: str) -> tuple[str, list[int]] | None:

@@ -71,6 +71,7 @@ from processor.runtime.shape.rescale import prepare_shape
 from processor.runtime.shape.savepoint_state import redis_urls
 from processor.runtime.shape.savepoints import SavepointRequests, restore_savepoint, undo_restore
 from processor.runtime.shape.settle import settle_checkpoint
+from processor.runtime.supervision.alignment import SourceAlignment
 from processor.runtime.supervision.identity import JobIdentity
 from processor.runtime.supervision.lifecycle import RestartBudget, StopController
 from processor.runtime.supervision.preflight import check_local_recovery, extra_environ, preflight
@@ -150,6 +151,7 @@ class Runner:
         self.supervisor: Supervisor | None = None
         self.savepoints: SavepointRequests | None = None
         self.identity = JobIdentity(self.job, None)  # the job's claim in the broker, once taken
+        self.alignment: SourceAlignment | None = None  # --watermark-alignment, once serving
 
     # -- what tests, the test kit and benchmarks read ---------------------------------------------
 
@@ -224,6 +226,7 @@ class Runner:
             "transport": self.options.transport,
             "max_records": self.options.max_records,
             "max_rate": self.options.max_rate,
+            "watermark_drift_ms": self.options.watermark_drift_ms(),
             "log_level": self.options.log_level,
             "log_path": str(self.current.log_path(worker)),
             "recovery": self.options.recovery,
@@ -369,6 +372,8 @@ class Runner:
             # After open: SparkContext installs its own SIGINT handler (cancel every job).
             handlers = self.stop.install_signals()
             self.server = ControlServer(*control.bind)
+            if self.options.watermark_drift_ms() is not None and self.plan.stages:
+                self.alignment = SourceAlignment(self.server.broadcast)
             port = self.server.address[1]
             self.advertised = (control.advertise or control.bind[0], port)
             self.supervisor = supervisor = Supervisor(
@@ -501,6 +506,8 @@ class Runner:
             sender.drained = bool(msg["drained"])
             if self.metrics is not None:
                 self.metrics.on_stats(sender, self.current.number, sender.stats)
+            if self.alignment is not None:
+                self.alignment.on_stats(st for w in self.current.workers for st in w.stats.values())
 
     def _ready(self) -> bool:
         ready = self.current.connected()

@@ -184,6 +184,7 @@ def run_worker(spec: dict[str, Any]) -> int:
         sink_generation=spec.get("sink_generation"),
         map_state=dict(spec.get("map_state") or {}),
         drain=bool(spec.get("drain", True)),
+        watermark_drift_ms=spec.get("watermark_drift_ms"),
     )
     hello = time.monotonic()
     client.send(
@@ -402,6 +403,9 @@ def _serve(
         elif kind == "abort":
             for task in tasks:
                 task.abort(int(msg["chk"]), str(msg.get("reason", "aborted")))
+        elif kind == "align":  # the slowest source task's watermark (watermark alignment)
+            for task in sources:
+                task.align(msg["wm"])
         elif kind == "stop":
             log.info("worker=%d stopping on request", worker)
             return 0

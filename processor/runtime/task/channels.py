@@ -58,6 +58,7 @@ class TaskEnv:
         now_ms: Callable[[], int] | None = None,
         map_state: dict[str, str] | None = None,
         drain: bool = True,
+        watermark_drift_ms: int | None = None,
     ) -> None:
         self.plan = plan
         self.generation = generation
@@ -89,6 +90,9 @@ class TaskEnv:
         self.map_state = map_state or {}
         # A bounded run's sources at their end: emit the maximum watermark (``--no-drain``: no).
         self.drain = drain
+        # ``--watermark-alignment``: the largest lead of a source partition's watermark over
+        # the slowest one's (event time, ms); ``None``: sources read without alignment.
+        self.watermark_drift_ms = watermark_drift_ms
 
 
 class Lineage:

@@ -172,6 +172,12 @@ class Task:
         """Checkpoints whose snapshot is uploaded and whose alignment is done (ack them now)."""
         return self.checkpoints.ready_acks()
 
+    def align(self, group_watermark: int | None) -> None:
+        """Source tasks: the slowest source task's watermark, as the coordinator last saw it
+        (watermark alignment, :mod:`.sources`)."""
+        if isinstance(self.inputs, SourceInputs):
+            self.inputs.group_wm = group_watermark
+
     def alignment_of(self, checkpoint_id: int) -> float:
         """Seconds this task aligned its inputs for ``checkpoint_id`` (0: none, a source)."""
         if isinstance(self.inputs, ChannelInputs):
@@ -241,10 +247,20 @@ class Task:
         """What only the metrics and the job page read (docs/observability.md): per step,
         per partition, per sink, and the dedup steps' store traffic."""
         chain = self.chain.metrics()
+        lag = self.reader.cached_lag()
+        inputs = self.inputs
+        if isinstance(inputs, SourceInputs):
+            wm_parts, local = inputs.watermark_parts(lag), inputs.local_watermark(lag)
+        else:
+            wm_parts, local = inputs.watermark_parts(), None
         return {
+            # per input partition [topic, partition, watermark, newest event time, state];
+            # a source task's watermark for the coordinator's alignment (None: all idle)
+            "wm_parts": wm_parts,
+            "align_wm": local,
             "steps": chain["steps"],
             "sinks": chain["sinks"],
-            "parts": [[t, p, n] for (t, p), n in self.reader.cached_lag().items()],
+            "parts": [[t, p, n] for (t, p), n in lag.items()],
             "lookups": chain["lookups"],
             "round_trips": chain["round_trips"],
             "commits": self.checkpoints.take_commit_times(),

@@ -197,6 +197,16 @@ class ChannelInputs:
             self.blocked |= set(self.held)  # anything fetched anyway is stashed, not processed
             self.reader.pause(self.held)
 
+    def watermark_parts(self) -> list[list[Any]]:
+        """``[topic, partition, watermark, None, state]`` per channel input (the metrics and
+        the job page; back-edges have no watermark): state ``aligning`` while held for a
+        barrier, else ``reading``."""
+        return [
+            [tp[0], tp[1], None if wm == MIN_WATERMARK else wm, None,
+             "aligning" if tp in self.blocked else "reading"]
+            for tp, wm in self.channel_wm.items()
+        ]  # fmt: skip
+
     def restore(self, state: dict[str, Any]) -> None:
         self.channel_wm = dict(state["channel_wm"])
         self.max_ts = dict(state["max_ts"])

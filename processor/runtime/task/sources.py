@@ -9,10 +9,23 @@ progress of each partition (``max_ts``) and whether the inputs are drained (a bo
 end offsets); it pushes records into the task's :class:`~.chain.OperatorChain` and advances the
 chain's watermark.
 
+Watermark alignment (Flink's FLIP-182 across source tasks, FLIP-217 across the partitions of
+one; docs/engine.md, "Watermark alignment"): a partition whose watermark runs more than
+``--watermark-alignment`` (event time) ahead of the slowest partition that still has records
+to read, in this task or (as the coordinator last told, :attr:`SourceInputs.group_wm`) in any
+source task of the job, is paused until the others catch up. A caught-up partition (nothing to
+read now, or a bounded run's end reached) is idle: it neither holds the others back nor is
+paused. Pausing only changes which partition is read next: what is read and its watermark are
+the same, so alignment cannot change the output, only when windows fire and how much state the
+job holds meanwhile (a backfill of partitions read unevenly fires nothing until its end).
+
 Invariants:
     ``pos`` is the reader's position after each batch (it also moves over what the reader never
     delivers: transaction markers, aborted records). The source watermark is the minimum of
     ``max_ts`` (minus the out-of-orderness allowed), except for caught-up quiet tables.
+    The partition with the lowest watermark among those with records to read is never paused
+    for alignment by its own task's view (the group's may be older: it catches up within a
+    stats interval), so alignment never stalls a job.
 """
 
 from __future__ import annotations
@@ -63,6 +76,12 @@ class SourceInputs:
         self.channel_wm: dict[TP, int] = {}
         self.drained = False
         self._last_wm_emit = 0.0
+        #: watermark alignment: the largest lead (event time, ms) of a partition over the
+        #: slowest one with records to read (``None``: off); the slowest source task's
+        #: watermark as the coordinator last told it; the partitions paused for being ahead
+        self.drift = env.watermark_drift_ms
+        self.group_wm: int | None = None
+        self.ahead: set[TP] = set()
         steps = env.plan.flow.steps
         # topic -> (the value serde's ``deserialize`` or None, timestamp function, lag, message
         # key decoder or None)
@@ -312,6 +331,8 @@ class SourceInputs:
         if not self.max_ts:
             return
         self._last_wm_emit = now
+        if self.drift is not None:
+            self._align(self.reader.cached_lag())
         if not self.quiet_tables:
             self.chain.advance_watermark(min(self.max_ts.values()))
             return
@@ -325,6 +346,68 @@ class SourceInputs:
             if tp[0] not in self.quiet_tables or lag.get(tp, 1) > 0
         ]
         self.chain.advance_watermark(min(live) if live else MAX_WATERMARK - 1)
+
+    # -- watermark alignment ---------------------------------------------------------------------
+
+    def _busy(self, lag: dict[TP, int]) -> list[TP]:
+        """The partitions with records to read (not idle): lag unknown (never fetched yet) or
+        above 0, and a bounded run's end not reached."""
+        ends = self.env.end_offsets
+        return [
+            tp
+            for tp in self.max_ts
+            if lag.get(tp, 1) > 0 and (ends is None or self.pos.get(tp, 0) < ends.get(tp, 0))
+        ]
+
+    def local_watermark(self, lag: dict[TP, int] | None = None) -> int | None:
+        """The lowest watermark among this task's partitions with records to read (``None``:
+        all idle): what the coordinator aligns the source tasks on."""
+        busy = self._busy(self.reader.cached_lag() if lag is None else lag)
+        return min(self.max_ts[tp] for tp in busy) if busy else None
+
+    def _align(self, lag: dict[TP, int]) -> None:
+        """Pauses the partitions more than :attr:`drift` ahead of the slowest one (this task's
+        or the group's), resumes those no longer ahead."""
+        assert self.drift is not None
+        busy = self._busy(lag)
+        if not busy:
+            ahead: set[TP] = set()
+        else:
+            local = min(self.max_ts[tp] for tp in busy)
+            slowest = local if self.group_wm is None else min(local, self.group_wm)
+            limit = slowest + self.drift
+            ahead = {tp for tp in busy if self.max_ts[tp] > limit}
+        if ahead == self.ahead:
+            return
+        resumed, paused = self.ahead - ahead, ahead - self.ahead
+        self.ahead = ahead
+        if paused:
+            self.reader.pause(paused)
+        if resumed:  # a bounded partition at its stop stays paused (PartitionReader._bounded)
+            self.reader.resume(resumed)
+        log.debug(
+            "watermark alignment task=%s paused=%s resumed=%s group=%s",
+            self.name, sorted(paused), sorted(resumed), self.group_wm,
+        )  # fmt: skip
+
+    def watermark_parts(self, lag: dict[TP, int]) -> list[list[Any]]:
+        """``[topic, partition, watermark, newest event time, state]`` per partition (the
+        metrics and the job page): state ``reading``, ``ahead`` (paused by alignment), ``idle``
+        (caught up) or ``done`` (a bounded run's end reached)."""
+        ends = self.env.end_offsets
+        parts = []
+        for tp, wm in self.max_ts.items():
+            newest = None if wm == MIN_WATERMARK else wm + self.source_params[tp[0]][2]
+            if ends is not None and self.pos.get(tp, 0) >= ends.get(tp, 0):
+                state = "done"
+            elif tp in self.ahead:
+                state = "ahead"
+            elif lag.get(tp, 1) == 0:
+                state = "idle"
+            else:
+                state = "reading"
+            parts.append([tp[0], tp[1], None if wm == MIN_WATERMARK else wm, newest, state])
+        return parts
 
 
 def _table_decode(decode: Callable[[Any], Any] | None) -> Callable[[Any], Any]:
