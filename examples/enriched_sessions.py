@@ -15,7 +15,7 @@ before the user signed up, or after the account was deleted).
 The join is an event-time *temporal* join: a click waits until the watermark passes its time,
 so every profile change up to then has been read, whatever order the two topics are read in.
 A replay after a crash gives the same answer, and the answer is the one computed from the
-inputs alone (docs/engine.md, "Joins").
+inputs alone (docs/engine.md, "Tables and joins").
 
 Run it end to end (embedded Kafka unless configured; writes both topics, runs until idle, checks
 every session against the answer computed without the engine)::

@@ -236,7 +236,7 @@ class Dataflow:
 
         Watermark: a table's partition that has caught up with its end does not hold the
         watermark back (tables are often quiet for hours); an update that arrives after that
-        applies to the stream records not yet joined (docs/engine.md, "Joins").
+        applies to the stream records not yet joined (docs/engine.md, "Tables and joins").
 
         Args:
             serde: decodes rows (a tombstone is not decoded: its row is ``None``).

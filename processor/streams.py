@@ -435,7 +435,7 @@ class KeyedStream(Stream):
         }
         return KeyedStream(self.flow, self._then(name, "process", True, **params))
 
-    # -- joins (docs/engine.md, "Joins") ---------------------------------------------------------
+    # -- joins (docs/engine.md, "Tables and joins") ----------------------------------------------
 
     def join(
         self,

@@ -107,7 +107,7 @@ def _fault_hook(worker: int, faults: list[list[Any]], hold_dir: Path) -> Callabl
 #: ``default`` for Python's 700,10,10). A worker holds large containers (windows, sessions,
 #: records waiting in a join) while it allocates a tuple per record: at the default, young
 #: collections ran every 700 allocations and the full ones walked every held object, 20-30 %
-#: of a session or join worker's time. Measured in bench/RESULTS.md ("Joins and sessions").
+#: of a session or join worker's time. Measured in bench/RESULTS.md, "The workers' GC".
 GC_THRESHOLDS = (100_000, 50, 1000)
 
 

@@ -337,7 +337,7 @@ class SourceInputs:
             self.chain.advance_watermark(min(self.max_ts.values()))
             return
         # A table's partition that caught up with its end does not hold the watermark back:
-        # tables are often quiet for hours (docs/engine.md, "Joins"). While a table loads, the
+        # tables are often idle for hours (docs/engine.md, "Tables and joins"). While loading, the
         # watermark waits for it, so stream records join the rows their time had.
         lag = self.reader.cached_lag()
         live = [
