@@ -5,7 +5,7 @@ keep ``amount > 0``, key by user, update the user's running ``(count, amount)``,
 ``orjson.dumps([user, [count, amount]])`` keyed by user to an output topic (one output per
 input). The clients use eosflow's own configuration (``connectors.consumer_config`` /
 ``producer_config``: idempotent producer, ``acks=all``, ``linger.ms=5``, ``read_committed``) with
-``fetch.queue.backoff.ms=10`` as in DESIGN.md's "Performance context", so the difference to the
+``fetch.queue.backoff.ms=10`` as in bench/README.md, "The reference job", so the difference to the
 engine is the engine, not the client settings.
 
 It runs in one process reading every partition, or in ``n`` processes each reading

@@ -3,9 +3,10 @@
     python bench/metrics_cost.py [--records 500000] [--rounds 3] [--workers 2]
         [--old-tree PATH]
 
-The job is ``pipelines/keyed_count.py`` (DESIGN.md's reference job: JSON clicks, filter, key by
-user, running count and sum, one output per input, through a shuffle into part files), run
-until idle on the same pre-produced input by three variants, alternating, ``--rounds`` times:
+The job is ``pipelines/keyed_count.py`` (bench/README.md, "The reference job": JSON clicks,
+filter, key by user, running count and sum, one output per input, through a shuffle into part
+files), run until idle on the same pre-produced input by three variants, alternating,
+``--rounds`` times:
 
 * ``off``: ``--metrics off``. The workers still count what the metrics need (per step, per
   partition, commit times): that part has no switch, it is in every variant;

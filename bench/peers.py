@@ -3,9 +3,10 @@
     python bench/peers.py [--records 200000] [--keep-venvs]
         [--systems eosflow1,eosflow2,loop,loop-txn,quix,bytewax]
 
-The job is DESIGN.md's "Performance context": JSON clicks in 8 partitions keyed by user; parse,
-keep ``amount > 0``, key by user, running (count, amount sum) per user, one JSON output per
-input (key user, value ``[count, amount]``) to an 8-partition topic. What one run does:
+The job is the reference job (bench/README.md, "The reference job"): JSON clicks in 8
+partitions keyed by user; parse, keep ``amount > 0``, key by user, running (count, amount sum)
+per user, one JSON output per input (key user, value ``[count, amount]``) to an 8-partition
+topic. What one run does:
 
 1. starts the embedded broker (Tansu), or uses ``EOSFLOW_KAFKA_BROKERS``, and probes it (does
    ``read_committed`` hide aborted transactions?);

@@ -54,7 +54,8 @@ CONSUMER_DEFAULTS: Mapping[str, Any] = {
     "isolation.level": "read_committed",
     # End-offset detection (bounded runs) relies on EOF events.
     "enable.partition.eof": True,
-    # librdkafka's 1000 ms default caps one consumer near 160k records/s (DESIGN.md).
+    # librdkafka's 1000 ms default capped one consumer near 160k records/s (bench/README.md,
+    # "The reference job").
     "fetch.queue.backoff.ms": 10,
     "queued.max.messages.kbytes": 65536,
 }

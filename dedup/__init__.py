@@ -1,7 +1,7 @@
 """Record-ID deduplication, a library of its own: it imports nothing from the engine
 (:mod:`processor`); the engine's ``dedup`` step is :mod:`processor.runtime.operators.dedup_step`.
 
-Record-ID deduplication (DESIGN.md, "Record IDs and deduplication"; docs/dedup.md).
+Record-ID deduplication (docs/dedup.md).
 
 - :mod:`dedup.ids`: deterministic 127-bit record IDs.
 - :mod:`dedup.buckets`: time-bucketed Bloom filters (rbloom), saved into snapshots.

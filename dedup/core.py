@@ -11,7 +11,8 @@ New IDs go into the filters and a pending list that :meth:`Deduplicator.prepare`
 store at the checkpoint barrier (one round trip; also every ``flush_ids`` IDs), tagged with this
 run and the epoch that recorded them.
 
-**The store agrees with the snapshots** (DESIGN.md). Each incarnation of a task is a *run* with
+**The store agrees with the snapshots** (docs/dedup.md, "The ID store agrees with the
+snapshots"). Each incarnation of a task is a *run* with
 a random 63-bit ID. A snapshot holds the *lineage*: for every run whose IDs it includes, the
 last epoch it includes (``{run: checkpoint}``). After a restore, a stored entry counts as seen
 only if its run is in the restored lineage and its epoch is at most that run's cut-off, or it

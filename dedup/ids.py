@@ -6,7 +6,7 @@ Bloom filters use them as their own hash (:mod:`dedup.buckets`), and two distinc
 with probability ``n**2 / 2**128`` (about 3e-21 for a billion IDs in one horizon; a 64-bit ID
 would be 3e-2).
 
-The functions are the ID rules of DESIGN.md ("Record IDs and deduplication"):
+The functions are the ID rules of docs/dedup.md, "Record IDs":
 
 * :func:`source_id`: a record of a replayable input, from ``(topic, partition, offset)``;
 * :func:`value_id`: a user's business ID (``id=`` function of ``.dedup``), any JSON-like value;

@@ -10,7 +10,7 @@ Layout, under a prefix unique per dedup scope (``eosflow:<job>:dedup:<step>:<sub
 Every call is one round trip (a pipeline; ``HMGET`` of many IDs per bucket, ``HSET`` of many
 fields per bucket), never one per record. The tag says which run of a task recorded the ID and in
 which epoch: :class:`dedup.core.Deduplicator` treats an entry as seen only when that run and
-epoch belong to the history it restored (DESIGN.md: "the ID store must agree with the
+epoch belong to the history it restored (docs/dedup.md, "The ID store agrees with the
 snapshots").
 
 Fail closed: a connection error or timeout is retried with backoff (logged at every attempt),
@@ -25,9 +25,10 @@ ones, a replica promoted before it received them, or all of them after a restart
 persistence), so a marker that still counts a batch vouches for that batch and everything
 written before it. A lookup reads the marker in the same round trip as the IDs, and an insert
 checks it in the script before it counts the new batch: a marker behind what the caller knows
-was written raises :class:`RedisDataLost` instead of answering "absent" (DESIGN.md: never let
-records through unchecked). Eviction loses keys one by one, not as a suffix: the start-up check
-refuses an ``allkeys-*`` policy (:mod:`dedup.server`). Run Redis with ``appendonly yes``.
+was written raises :class:`RedisDataLost` instead of answering "absent" (never let records
+through unchecked: docs/dedup.md, "Redis down: fail closed"). Eviction loses keys one by one,
+not as a suffix: the start-up check refuses an ``allkeys-*`` policy (:mod:`dedup.server`). Run
+Redis with ``appendonly yes``.
 """
 
 from __future__ import annotations

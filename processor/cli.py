@@ -13,7 +13,8 @@
     eosflow status [JOB] [--json]                      a running (or the last) job's progress
     eosflow version
 
-The CLI is the one place in ``processor`` allowed to import the other packages (DESIGN.md).
+The CLI is the wiring: one of the few places in ``processor`` allowed to import ``sinks`` and
+``connectors`` (docs/architecture.md, "Layers").
 """
 
 from __future__ import annotations

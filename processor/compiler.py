@@ -1,6 +1,6 @@
 """Compilation of a ``Dataflow`` into stages connected by Kafka channel topics.
 
-Rules (DESIGN.md, "Execution model"):
+Rules (docs/engine.md, "From ``Dataflow`` to processes"):
 
 * **Fusion.** Steps joined by forward edges run in one task (operator chaining): ``map``,
   ``filter``, ``flat_map``, ``key_by`` and ``sink`` stay in their parent's stage.

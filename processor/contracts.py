@@ -111,7 +111,7 @@ class SinkContext:
 
 @runtime_checkable
 class SinkWriter(Protocol):
-    """One subtask's writer of a two-phase-commit sink (DESIGN.md, "Sinks: two-phase commit").
+    """One subtask's writer of a two-phase-commit sink (docs/sinks.md, "The two-phase contract").
 
     The engine calls, for every epoch (the records between two barriers): ``write`` any number of
     times, then ``prepare(checkpoint_id)`` when the barrier passes. The returned committable goes

@@ -2,7 +2,7 @@
 
 Every cross-stage edge is one Kafka topic of ``U x D`` partitions; upstream subtask ``u`` writes to
 downstream subtask ``d`` on partition ``u*D + d``, so each partition (channel) has exactly one
-producer and is FIFO and replayable (DESIGN.md, "Execution model").
+producer and is FIFO and replayable (docs/engine.md, "From ``Dataflow`` to processes").
 
 Records:
     * Every record of a channel, data and control, has as its Kafka key the writer's
@@ -24,7 +24,7 @@ Records:
       (the common case) and one short scan otherwise.
     * Control records have an empty value and one header ``eosflow-ctl`` whose value is
       ``[version u8][kind u8][fields]``, big-endian, fixed size per kind. Nothing is unpickled:
-      anyone who can write to a topic must not get code execution (DESIGN.md).
+      anyone who can write to a topic must not get code execution.
 
     ======= ================ =========================================================
     kind    class            fields
@@ -43,7 +43,8 @@ Records:
     ``GenerationStart`` has the generation as its incarnation) because a new release reads the
     tail an older one left in the channels (replayed in-flight records, dropped stale ones).
 
-GenerationStart (an addition to DESIGN.md):
+GenerationStart (docs/checkpointing.md, "Generation start markers instead of per-record
+generation headers"):
     After a global recovery to checkpoint ``n`` the job runs as generation ``g`` (one more than
     before). Every upstream subtask, sources included, writes ``GenerationStart(g)`` into each of
     its output partitions before any data of generation ``g``. A partition has one producer and is

@@ -1,4 +1,4 @@
-"""Two-phase-commit sinks (DESIGN.md, "Sinks: two-phase commit").
+"""Two-phase-commit sinks (docs/sinks.md, "The two-phase contract").
 
 Every sink implements :class:`processor.contracts.Sink`: it holds configuration only, and each
 worker opens its own :class:`processor.contracts.SinkWriter` from it, which writes during the

@@ -9,8 +9,8 @@ every ``PROCESSES``-th partition, with transactional ids of their own.
 ``at-least-once``: idempotent producer; every second the producer is flushed, then the
 consumer's positions are committed. ``transactional``: one transaction per second holding
 the outputs and the consumer's positions (``send_offsets_to_transaction``), as Kafka Streams'
-exactly-once does. The consumer uses ``fetch.queue.backoff.ms=10`` (DESIGN.md: the librdkafka
-default of 1000 ms caps one consumer).
+exactly-once does. The consumer uses ``fetch.queue.backoff.ms=10`` (bench/README.md, "The reference
+job": the librdkafka default of 1000 ms caps one consumer).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ The pipeline (what ``eosflow run`` executes)::
         -> running (count, amount) per user   [shuffle through Kafka]
         -> part files
 
-This is the reference job of DESIGN.md's "Performance context" (parse, filter, key by user,
+This is the reference job (bench/README.md, "The reference job": parse, filter, key by user,
 running count and sum per user, one output per input), so its throughput compares directly with
 the raw confluent-kafka loop that ``bench/throughput.py`` measures as the ceiling.
 

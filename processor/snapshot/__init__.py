@@ -1,10 +1,10 @@
 """Snapshot storage: a safe state codec, the snapshot and manifest file format, checkpoint
 files on any fsspec URL, and the job's lease in them.
 
-See DESIGN.md, "ABS checkpoints" and "Recovery". Tasks write their snapshots with
-:meth:`SnapshotStore.write_task_snapshot`; the coordinator marks a checkpoint completed with
-:meth:`SnapshotStore.complete` once every task has acknowledged; recovery starts from
-:meth:`SnapshotStore.latest_completed`.
+See docs/engine.md, "Checkpoints", and docs/engine.md, "Recovery (global)". Tasks write their
+snapshots with :meth:`SnapshotStore.write_task_snapshot`; the coordinator marks a checkpoint
+completed with :meth:`SnapshotStore.complete` once every task has acknowledged; recovery starts
+from :meth:`SnapshotStore.latest_completed`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """File sink: part files written under hidden temporary names, renamed atomically on commit.
 
-Layout of the output directory (DESIGN.md, "Sinks: two-phase commit"; docs/sink-files.md)::
+Layout of the output directory (docs/sink-files.md, "Layout")::
 
     part-<subtask:05d>-<checkpoint_id:010d>.<ext>          committed; one per subtask and epoch
     part-<subtask:05d>-<checkpoint_id:010d>-<n:04d>.<ext>  committed, when max_part_bytes is set

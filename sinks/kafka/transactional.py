@@ -1,5 +1,5 @@
-"""The Kafka sink's transactional mode (DESIGN.md, "Sinks: two-phase commit"): an epoch is
-committed on checkpoint completion.
+"""The Kafka sink's transactional mode (docs/sinks.md, "Kafka, transactional
+(``sinks.KafkaSink``)"): an epoch is committed on checkpoint completion.
 
 Each sink subtask owns a small pool of stable ``transactional.id``\\ s,
 ``<prefix>-<step>-<subtask>-<slot>``. An epoch's records go into one transaction on a free

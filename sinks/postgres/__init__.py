@@ -1,5 +1,5 @@
-"""PostgreSQL sink: two-phase commit with ``PREPARE TRANSACTION`` (DESIGN.md, "Sinks: two-phase
-commit").
+"""PostgreSQL sink: two-phase commit with ``PREPARE TRANSACTION`` (docs/sink-postgres.md,
+"Protocol").
 
 One writer per sink subtask, one connection per writer. An epoch's rows are buffered in memory
 and written at the barrier, in one transaction that also writes a marker row, and is then

@@ -1,4 +1,5 @@
-"""The dedup step's Redis fails while the job runs (issue 17, DESIGN.md "Failure model").
+"""The dedup step's Redis fails while the job runs (issue 17, docs/failures.md, "The failure
+model").
 
 Each job has a Redis of its own (embedded, append-only file on), which the test kills by PID
 and starts again on the same port:

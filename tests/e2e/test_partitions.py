@@ -1,5 +1,6 @@
 """The broker partitioned from the whole job while it runs: exactly once, or a loud failure
-(issue 17, DESIGN.md "Failure model": "the broker unreachable or frozen for seconds to minutes").
+(issue 17, docs/failures.md, "The failure model": "the broker unreachable or frozen for seconds
+to minutes").
 
 The job talks to an embedded broker that advertises a :class:`processor.testing.FaultProxy`, so
 every connection of every client (sources, channels, sinks, the runner's admin) goes through it.

@@ -28,7 +28,8 @@ runner of it must go, the broker, as Kafka Streams keeps it (the transport's
   instead of restarting into the other runner's way.
 
 The group is a visibility tool and a history marker, never the source of truth: a job with a
-checkpoint restores its source positions from the checkpoint (DESIGN.md, "Sources").
+checkpoint restores its source positions from the checkpoint (docs/engine.md, "One runner per
+job, and the job's history, in Kafka").
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ completion (the task's ``SubtaskCheckpointCoordinator``, in Flink's words).
 The snapshot is a cheap copy taken in the task loop (positions, watermarks, operator state, the
 sinks' committables); serialization and upload run on the worker's upload pool, and the ack is
 sent once both the upload and the alignment are done (:meth:`SubtaskCheckpoints.ready_acks`).
-Sinks ``prepare`` at the barrier and ``commit`` on the completion notice (DESIGN.md, "Sinks:
-two-phase commit"). Restoring is the mirror image (:meth:`SubtaskCheckpoints.restore`).
+Sinks ``prepare`` at the barrier and ``commit`` on the completion notice (docs/sinks.md, "The
+two-phase contract"). Restoring is the mirror image (:meth:`SubtaskCheckpoints.restore`).
 
 The coordinator works on the task's :class:`~.chain.OperatorChain` (flush, prepare, snapshot,
 restore and commit its operators and writers) and on the inputs it is given at each call (an

@@ -1,6 +1,7 @@
 """Channel inputs of a task: the live fast path, the recovery modes, loops and local recovery.
 
-Recovery (DESIGN.md, "Recovery"; :mod:`processor.wire` on generation markers): a restored channel
+Recovery (docs/engine.md, "Recovery (global)"; :mod:`processor.wire` on generation markers): a
+restored channel
 is in one of three modes until it is live again:
 
 * ``_REPLAY``: unaligned snapshot, the barrier had not arrived on this channel: records up to the
