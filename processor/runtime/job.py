@@ -345,6 +345,8 @@ class RunResult:
     final_trigger_s: float = float("nan")
     #: loops: (checkpoint id, back-edge log records, duration s) of the completed checkpoints
     loop_logs: list[tuple[int, int, float]] = field(default_factory=list)
+    #: bytes of the largest completed checkpoint (the job's peak state as checkpoints saw it)
+    peak_checkpoint_bytes: int = 0
 
 
 def jobs_dir(state: str | None = None) -> Path:

@@ -65,6 +65,9 @@ class CheckpointStats:
     #: the source positions of the last completed checkpoint, ``[[topic, partition, offset]]``
     #: (what the job's consumer group is given: runtime.identity)
     last_sources: list[list[Any]] = field(default_factory=list)
+    #: bytes of the largest completed checkpoint's task snapshots: the job's peak state, as
+    #: far as checkpoints saw it (bench/backfill.py)
+    peak_size_bytes: int = 0
     #: aborted checkpoints by kind: ``timeout``, ``declined``, ``restart``
     failed: dict[str, int] = field(
         default_factory=lambda: {"timeout": 0, "declined": 0, "restart": 0}
@@ -232,13 +235,14 @@ class CheckpointCoordinator:
         stats.loop_logs.append((checkpoint_id, pending.loop_log, duration))
         del stats.loop_logs[:-1000]
         self._next_due = self.clock() + (self.interval_s or 0.0)
+        size = sum(h.size for h in pending.acks.values())
+        stats.peak_size_bytes = max(stats.peak_size_bytes, size)
         log.info(
-            "completed checkpoint_id=%d generation=%d duration_ms=%d loop_log=%d",
-            checkpoint_id, self.generation, int(duration * 1000), pending.loop_log,
+            "completed checkpoint_id=%d generation=%d duration_ms=%d loop_log=%d bytes=%d",
+            checkpoint_id, self.generation, int(duration * 1000), pending.loop_log, size,
         )  # fmt: skip
         self.store.retain(self.job, self.keep)
         if self.observer is not None:
-            size = sum(h.size for h in pending.acks.values())
             self.observer(
                 CheckpointEvent(
                     checkpoint_id,

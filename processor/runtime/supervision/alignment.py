@@ -1,27 +1,38 @@
 """Watermark alignment across source tasks (Flink's FLIP-182): the coordinator's part.
 
-Each source task reports, with its counters every second, the lowest watermark among its
-partitions that still have records to read (``align_wm``; ``None`` when all are idle). The
-runner tells every worker the lowest of them, the group's watermark; each source task pauses
-the partitions more than ``--watermark-alignment`` ahead of it (:mod:`processor.runtime.task
-.sources`). The value sent is at most a stats interval old, so a task may briefly run ahead or
-wait: alignment bounds how unevenly event time advances, it never decides what is read.
+Every source task's worker reports, at most every 200 ms when it changed (and every second
+anyway), the task's lowest watermark among its partitions that still have records to read
+(``None`` when all are idle): ``{"t": "align_wm", "tasks": {task: watermark}}``. The runner keeps
+the latest of each task and sends every worker the whole map when it changed (at most every
+100 ms, and every second anyway, so a restarted worker learns it too). Each source task aligns
+on the lowest watermark of the *other* source tasks and its own current one (its own reported
+value is older than what it knows), pausing the partitions more than ``--watermark-alignment``
+ahead (:mod:`processor.runtime.task.sources`). The others' values are a few hundred ms old, so
+a task may briefly run ahead or wait: alignment bounds how unevenly event time advances, it
+never decides what is read.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["SourceAlignment"]
+__all__ = ["SourceAlignment", "others_watermark"]
 
-#: A group watermark unchanged is sent again this often: a restarted worker learns it too.
+#: The map unchanged is sent again this often; a changed one at most this often.
 _RESEND_S = 1.0
+_MIN_GAP_S = 0.1
+
+
+def others_watermark(marks: Mapping[str, int | None], task: str) -> int | None:
+    """The lowest watermark of the source tasks other than ``task`` (``None``: none known)."""
+    values = [wm for name, wm in marks.items() if name != task and wm is not None]
+    return min(values) if values else None
 
 
 class SourceAlignment:
-    """Computes the group's watermark from the workers' stats and sends it on change."""
+    """The source tasks' latest watermarks, sent to every worker when they change."""
 
     def __init__(
         self,
@@ -30,18 +41,24 @@ class SourceAlignment:
     ) -> None:
         self._broadcast = broadcast
         self._clock = clock
-        self._sent: tuple[int | None, float] | None = None
+        self.marks: dict[str, int | None] = {}
+        self._changed = False
+        self._sent_at = float("-inf")
 
-    @staticmethod
-    def group_watermark(task_stats: Iterable[dict[str, Any]]) -> int | None:
-        """The lowest ``align_wm`` of the source tasks (``None``: every partition idle)."""
-        marks = [int(st["align_wm"]) for st in task_stats if st.get("align_wm") is not None]
-        return min(marks) if marks else None
+    def on_report(self, tasks: Mapping[str, Any]) -> None:
+        """A worker's ``align_wm`` message."""
+        for name, wm in tasks.items():
+            value = None if wm is None else int(wm)
+            if self.marks.get(name, 0) != value or name not in self.marks:
+                self.marks[name] = value
+                self._changed = True
+        self.send()
 
-    def on_stats(self, task_stats: Iterable[dict[str, Any]]) -> None:
-        wm = self.group_watermark(task_stats)
+    def send(self) -> None:
+        """The map to every worker, if it changed (and the last send is 100 ms old) or a
+        second passed; called on each report and by the runner's loop."""
         now = self._clock()
-        if self._sent is not None and self._sent[0] == wm and now - self._sent[1] < _RESEND_S:
-            return
-        self._sent = (wm, now)
-        self._broadcast({"t": "align", "wm": wm})
+        gap = now - self._sent_at
+        if (self._changed and gap >= _MIN_GAP_S) or gap >= _RESEND_S:
+            self._sent_at, self._changed = now, False
+            self._broadcast({"t": "align", "wm": dict(self.marks)})

@@ -219,6 +219,7 @@ class Reporter:
             restart_causes=list(self.budget.causes),
             checkpoint_durations=list(st.durations),
             loop_logs=list(st.loop_logs),
+            peak_checkpoint_bytes=st.peak_size_bytes,
             ready_s=self.ready_s if self.ready_s is not None else float("nan"),
             final_trigger_s=(
                 self.final_trigger_s if self.final_trigger_s is not None else float("nan")

@@ -506,8 +506,8 @@ class Runner:
             sender.drained = bool(msg["drained"])
             if self.metrics is not None:
                 self.metrics.on_stats(sender, self.current.number, sender.stats)
-            if self.alignment is not None:
-                self.alignment.on_stats(st for w in self.current.workers for st in w.stats.values())
+        elif kind == "align_wm" and self.alignment is not None:
+            self.alignment.on_report(msg["tasks"])
 
     def _ready(self) -> bool:
         ready = self.current.connected()
@@ -518,6 +518,8 @@ class Runner:
     def _drive(self) -> None:
         if not self._ready():
             return
+        if self.alignment is not None:
+            self.alignment.send()  # again every second: a restarted worker learns it too
         coordinator, stop = self.coordinator, self.stop
         aborted = coordinator.expired()
         if aborted is not None:

@@ -34,6 +34,7 @@ from processor.compiler import compile_flow
 from processor.errors import ConfigError
 from processor.runtime.control import ControlClient
 from processor.runtime.pipeline import load_flow, load_object
+from processor.runtime.supervision.alignment import others_watermark
 from processor.runtime.task import Task, TaskEnv
 from processor.runtime.task.purge import ChannelPurger
 from processor.snapshot.store import SnapshotStore
@@ -51,6 +52,7 @@ log = logging.getLogger(__name__)
 #: A held worker goes on by itself after this long: a test that died must not leave it forever.
 HOLD_MAX_S = 300.0
 _STATS_EVERY_S = 1.0
+_ALIGN_EVERY_S = 0.2
 _HEARTBEAT_EVERY_S = 1.0
 #: How long a worker waits for the coordinator to admit it after its hello.
 _ADMIT_TIMEOUT_S = 60.0
@@ -237,6 +239,7 @@ def run_worker(spec: dict[str, Any]) -> int:
         )  # fmt: skip
         max_records = int(spec.get("max_records", 5000))
         pace = _Pace(float(spec.get("max_rate") or 0.0))
+        aligning = _AlignReport(client, sources) if env.watermark_drift_ms and sources else None
         idle = False
         next_stats = 0.0
         drained = False
@@ -268,6 +271,8 @@ def run_worker(spec: dict[str, Any]) -> int:
             if now >= next_stats:
                 next_stats = now + _STATS_EVERY_S
                 client.send(_stats(worker, tasks, sources))
+            if aligning is not None:
+                aligning.report(now)
     finally:
         beat.stop.set()
         if purger is not None:
@@ -276,6 +281,26 @@ def run_worker(spec: dict[str, Any]) -> int:
             task.close()
         uploads.shutdown(wait=False)
         client.close()
+
+
+class _AlignReport:
+    """Watermark alignment: the source tasks' lowest watermarks of the partitions with records
+    to read, to the runner at most every 200 ms when they changed, and every second anyway
+    (:mod:`processor.runtime.supervision.alignment`)."""
+
+    def __init__(self, client: ControlClient, sources: list[Task]) -> None:
+        self.client, self.sources = client, sources
+        self.sent: dict[str, int | None] | None = None
+        self.checked = self.sent_at = float("-inf")
+
+    def report(self, now: float) -> None:
+        if now - self.checked < _ALIGN_EVERY_S:
+            return
+        self.checked = now
+        marks = {t.name: t.local_watermark() for t in self.sources}
+        if marks != self.sent or now - self.sent_at >= _STATS_EVERY_S:
+            self.sent, self.sent_at = marks, now
+            self.client.send({"t": "align_wm", "tasks": marks})
 
 
 class _Pace:
@@ -403,9 +428,9 @@ def _serve(
         elif kind == "abort":
             for task in tasks:
                 task.abort(int(msg["chk"]), str(msg.get("reason", "aborted")))
-        elif kind == "align":  # the slowest source task's watermark (watermark alignment)
+        elif kind == "align":  # the source tasks' watermarks (watermark alignment)
             for task in sources:
-                task.align(msg["wm"])
+                task.align(others_watermark(msg["wm"], task.name))
         elif kind == "stop":
             log.info("worker=%d stopping on request", worker)
             return 0

@@ -172,11 +172,15 @@ class Task:
         """Checkpoints whose snapshot is uploaded and whose alignment is done (ack them now)."""
         return self.checkpoints.ready_acks()
 
-    def align(self, group_watermark: int | None) -> None:
-        """Source tasks: the slowest source task's watermark, as the coordinator last saw it
-        (watermark alignment, :mod:`.sources`)."""
+    def align(self, others: int | None) -> None:
+        """Source tasks: the lowest watermark of the other source tasks, as the coordinator
+        last heard (watermark alignment, :mod:`.sources`)."""
         if isinstance(self.inputs, SourceInputs):
-            self.inputs.group_wm = group_watermark
+            self.inputs.others_wm = others
+
+    def local_watermark(self) -> int | None:
+        """Source tasks: the lowest watermark of the partitions with records to read."""
+        return self.inputs.local_watermark() if isinstance(self.inputs, SourceInputs) else None
 
     def alignment_of(self, checkpoint_id: int) -> float:
         """Seconds this task aligned its inputs for ``checkpoint_id`` (0: none, a source)."""

@@ -12,20 +12,21 @@ chain's watermark.
 Watermark alignment (Flink's FLIP-182 across source tasks, FLIP-217 across the partitions of
 one; docs/engine.md, "Watermark alignment"): a partition whose watermark runs more than
 ``--watermark-alignment`` (event time) ahead of the slowest partition that still has records
-to read, in this task or (as the coordinator last told, :attr:`SourceInputs.group_wm`) in any
-source task of the job, is paused until the others catch up. A caught-up partition (nothing to
-read now, or a bounded run's end reached) is idle: it neither holds the others back nor is
-paused. Pausing only changes which partition is read next: what is read and its watermark are
-the same, so alignment cannot change the output, only when windows fire and how much state the
-job holds meanwhile (a backfill of partitions read unevenly fires nothing until its end).
+to read, in this task or (as the coordinator last told, :attr:`SourceInputs.others_wm`) in
+any other source task of the job, is paused until the others catch up. A caught-up partition
+(nothing to read now, or a bounded run's end reached) is idle: it neither holds the others
+back nor is paused. Pausing only changes which partition is read next, never what is read or
+a partition's watermark: it changes when windows fire and how much state the job holds
+meanwhile (a backfill of partitions read unevenly fires nothing until its end); like any
+interleaving, it may change which records arrive behind the watermark (late).
 
 Invariants:
     ``pos`` is the reader's position after each batch (it also moves over what the reader never
     delivers: transaction markers, aborted records). The source watermark is the minimum of
     ``max_ts`` (minus the out-of-orderness allowed), except for caught-up quiet tables.
     The partition with the lowest watermark among those with records to read is never paused
-    for alignment by its own task's view (the group's may be older: it catches up within a
-    stats interval), so alignment never stalls a job.
+    for alignment by its own task's view (the other tasks' may be older: they catch up within a
+    few hundred ms), so alignment never stalls a job.
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ from processor.runtime.task.dead_letters import source_origins
 log = logging.getLogger(__name__)
 
 _WATERMARK_EVERY_S = 0.2
+#: Watermark alignment: a partition over the limit this long is paused (see _align).
+_AHEAD_FOR_S = 1.0
 #: Without a dead-letter destination, these source failures are skipped (counted and logged).
 _SKIPPABLE = (DeserializationError, KeyError, TypeError, ValueError)
 
@@ -77,11 +80,12 @@ class SourceInputs:
         self.drained = False
         self._last_wm_emit = 0.0
         #: watermark alignment: the largest lead (event time, ms) of a partition over the
-        #: slowest one with records to read (``None``: off); the slowest source task's
-        #: watermark as the coordinator last told it; the partitions paused for being ahead
+        #: slowest one with records to read (``None``: off); the lowest watermark of the other
+        #: source tasks as the coordinator last told it; the partitions paused for being ahead
         self.drift = env.watermark_drift_ms
-        self.group_wm: int | None = None
+        self.others_wm: int | None = None
         self.ahead: set[TP] = set()
+        self._over_since: dict[TP, float] = {}  # over the limit since (not paused yet)
         steps = env.plan.flow.steps
         # topic -> (the value serde's ``deserialize`` or None, timestamp function, lag, message
         # key decoder or None)
@@ -331,7 +335,7 @@ class SourceInputs:
         if not self.max_ts:
             return
         self._last_wm_emit = now
-        if self.drift is not None:
+        if self.drift is not None:  # at most every tick: each pause drops what was fetched
             self._align(self.reader.cached_lag())
         if not self.quiet_tables:
             self.chain.advance_watermark(min(self.max_ts.values()))
@@ -367,27 +371,38 @@ class SourceInputs:
 
     def _align(self, lag: dict[TP, int]) -> None:
         """Pauses the partitions more than :attr:`drift` ahead of the slowest one (this task's
-        or the group's), resumes those no longer ahead."""
+        or the other source tasks'), resumes those no longer ahead."""
         assert self.drift is not None
         busy = self._busy(lag)
-        if not busy:
-            ahead: set[TP] = set()
-        else:
+        over: set[TP] = set()
+        if busy:
             local = min(self.max_ts[tp] for tp in busy)
-            slowest = local if self.group_wm is None else min(local, self.group_wm)
+            slowest = local if self.others_wm is None else min(local, self.others_wm)
             limit = slowest + self.drift
-            ahead = {tp for tp in busy if self.max_ts[tp] > limit}
+            over = {tp for tp in busy if self.max_ts[tp] > limit}
+        # Paused once over the limit for _AHEAD_FOR_S: reading as fast as it can, a task
+        # evens out its partitions within a few fetches (librdkafka hands out one partition's
+        # fetched records, then the next one's), and a pause drops what was fetched. At once
+        # while a partition with records to read has given none yet (its lead is unknown).
+        now = self.env.clock()
+        since = self._over_since
+        for tp in list(since):
+            if tp not in over:
+                del since[tp]
+        wait = 0.0 if slowest == MIN_WATERMARK else _AHEAD_FOR_S
+        ahead = {tp for tp in over if now - since.setdefault(tp, now) >= wait}
+        ahead |= self.ahead & over  # paused: until no longer over
         if ahead == self.ahead:
             return
         resumed, paused = self.ahead - ahead, ahead - self.ahead
         self.ahead = ahead
-        if paused:
+        if paused:  # librdkafka drops what it fetched of them, and fetches it again on resume
             self.reader.pause(paused)
         if resumed:  # a bounded partition at its stop stays paused (PartitionReader._bounded)
             self.reader.resume(resumed)
         log.debug(
-            "watermark alignment task=%s paused=%s resumed=%s group=%s",
-            self.name, sorted(paused), sorted(resumed), self.group_wm,
+            "watermark alignment task=%s paused=%s resumed=%s others=%s",
+            self.name, sorted(paused), sorted(resumed), self.others_wm,
         )  # fmt: skip
 
     def watermark_parts(self, lag: dict[TP, int]) -> list[list[Any]]:
