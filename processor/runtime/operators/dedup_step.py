@@ -68,7 +68,8 @@ class DedupOperator(Operator):
         p = self.params
         self._client = redis_client(p["redis_url"])
         # While Redis does not answer, the job's status says so (processor.runtime.waits).
-        on = f"the dedup store of step {ctx.step!r} ({redis_where(self._client)})"
+        where = redis_where(self._client) if hasattr(self._client, "connection_pool") else "Redis"
+        on = f"the dedup store of step {ctx.step!r} ({where})"
         store = InheritingIdStore(
             self._client,
             dedup_prefix(ctx.job, ctx.step, ctx.subtask, ctx.epoch),
