@@ -253,3 +253,29 @@ def test_the_tally_counts_every_incarnation_and_the_current_workers_lag() -> Non
     now = WorkerHandle(0, pid=101, stats=_stats(5, 1, 2, channel))
     assert tally.source_lag([now]) == 2
     assert tally.parts([now]) == sorted([("clicks-topic", 0, 2), (channel, 0, 7)])
+
+
+def test_eosflow_status_prints_each_cause_once_and_what_the_workers_wait_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+
+    from processor import cli_jobs
+
+    monkeypatch.setenv("EOSFLOW_STATE_DIR", str(tmp_path))
+    monkeypatch.setattr(cli_jobs, "_print_group", lambda _job: None)  # no broker here
+    directory = tmp_path / "jobs" / "report-job"
+    directory.mkdir(parents=True)
+    s = _Setup(directory)
+    for _ in range(10):
+        s.budget.count("worker 1 exit code 1 (" + "y" * 900 + ")")
+    w = s.current.workers[0]
+    w.pid, w.conn = 100, Connection.__new__(Connection)
+    on = "sink 'out' (its commit of checkpoint 7)"
+    w.waits, w.waits_at = [{"on": on, "since_ms": 1_764_000_000_000, "for_s": 2.0}], s.clock.now
+    s.stats(w, 1, 500, 10, 36_000)
+    s.reporter.status("running")
+    assert cli_jobs.status(argparse.Namespace(job="report-job", json=False)) == 0
+    out = capsys.readouterr().out
+    assert out.count("y" * 900) == 1 and "restart    10 times (" in out, out
+    assert f"waiting    worker 0 on {on} since " in out and "source lag 36,000" in out, out
