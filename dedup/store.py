@@ -38,6 +38,7 @@ import os
 import struct
 import time
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, TypeVar
 
 from dedup.errors import DedupConfigError, RedisDataLost, RedisUnavailable
@@ -207,6 +208,9 @@ class RedisIdStore:
         give_up_s: how long to retry an unreachable server before raising
             :class:`RedisUnavailable` (``None``: forever).
         sleep: the pause between retries (tests pass a fake).
+        wait: a context manager factory wrapped around each call, retries included: the engine
+            passes one that tells the job's status what the task waits on, while it waits
+            (``processor.runtime.waits``); default: nothing.
 
     Attributes:
         round_trips: calls that reached the server (for the benchmarks and the stats).
@@ -220,8 +224,10 @@ class RedisIdStore:
         give_up_s: float | None = 300.0,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
+        wait: Callable[[], AbstractContextManager[Any]] = nullcontext,
     ) -> None:
         self.client = client
+        self._wait = wait
         self.prefix = prefix
         self.give_up_s = give_up_s
         self.sleep = sleep
@@ -241,6 +247,10 @@ class RedisIdStore:
         return f"{self.prefix}:b:{bucket}"
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
+        with self._wait():
+            return self._retrying(what, fn)
+
+    def _retrying(self, what: str, fn: Callable[[], T]) -> T:
         started = self.clock()
         delay, attempt = 0.05, 0
         while True:

@@ -12,9 +12,12 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Mapping
+from typing import Any
 
 from processor.admin import JobAdmin, ResetPlan
 from processor.errors import ConfigError, JobNotFoundError, JobRunningError
+from processor.runtime.supervision.lifecycle import describe_cause
 
 __all__ = ["jobs", "reset", "savepoint", "status", "txn_abort", "txn_list"]
 
@@ -43,8 +46,9 @@ def status(args: argparse.Namespace) -> int:
     )
     print(
         f"records    in {st['records_in']:,}  out {st['records_out']:,}  "
-        f"source lag {st['source_lag']:,}"
+        f"source lag {st['source_lag']:,}  (every generation; in counts re-reads after restarts)"
     )
+    _print_waits(st, alive)
     if st.get("dead_letters") or st.get("bad_records_skipped"):
         print(
             f"bad input  {st.get('dead_letters', 0):,} dead letters, "
@@ -56,8 +60,20 @@ def status(args: argparse.Namespace) -> int:
     for w in found.workers:
         print(f"worker {w.worker}   pid {w.pid}  {w.state}")
     for cause in st["restart_causes"]:
-        print(f"restart    {cause}")
+        # each failure once, with its count (older status files: one string per restart)
+        print(f"restart    {cause if isinstance(cause, str) else describe_cause(cause)}")
     return 0
+
+
+def _print_waits(st: Mapping[str, Any], alive: bool) -> None:
+    """What the workers wait on (a dedup store, a sink's commit, a broker), and since when."""
+    for w in st.get("waiting") or ():
+        since = time.strftime("%H:%M:%S", time.localtime(int(w["since_ms"]) / 1000))
+        still = "" if alive else " (when the job last wrote its status)"
+        print(
+            f"waiting    worker {w['worker']} on {w['on']} since {since} "
+            f"({float(w['for_s']):.0f} s{still})"
+        )
 
 
 def _print_group(job: str) -> None:

@@ -374,6 +374,10 @@ class WorkerHandle:
     drained: bool = False
     stats: dict[str, Any] = field(default_factory=dict)
     last_seen: float = 0.0  # monotonic time of its last message (heartbeats included)
+    #: What it waits on, from its last heartbeat (:mod:`processor.runtime.waits`), and when
+    #: that heartbeat came (monotonic).
+    waits: list[dict[str, Any]] = field(default_factory=list)
+    waits_at: float = 0.0
 
 
 class Generation:

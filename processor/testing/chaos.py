@@ -41,7 +41,16 @@ def input_read(runner: Runner, records: int) -> float | None:
         return None
     if all(w.drained for w in workers):
         return 1.0
-    _read, _out, lag = runner.reporter.counters()
+    # A bounded run's lag against its end offsets (the sources' own ``lag``), unfetched
+    # partitions included: the reporter's lag is what the readers last saw, which leaves out a
+    # partition not fetched from yet.
+    sources = {s.name for s in runner.plan.stages if s.sources}
+    lag = sum(
+        int(st.get("lag", 0))
+        for w in workers
+        for task, st in w.stats.items()
+        if task.rsplit(".", 1)[0] in sources
+    )
     return max(0.0, records - lag) / max(records, 1)
 
 

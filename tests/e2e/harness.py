@@ -207,9 +207,7 @@ def run_chaos(
         recovery=recovery,
         restart_backoff=0.1,
         max_backoff=0.5,
-        progress=sys.stderr,
-        progress_every=1.0,
-        **(run_options or {}),
+        **{"progress": sys.stderr, "progress_every": 1.0, **(run_options or {})},
     )
     job: Runner
     if runner == "spark":

@@ -502,7 +502,9 @@ def _local_task(
             pass
 
     monkeypatch.setattr(dedup_step, "redis_client", lambda _url: NoClient())
-    monkeypatch.setattr(dedup_step, "InheritingIdStore", lambda _client, _prefix: MemoryIdStore())
+    monkeypatch.setattr(
+        dedup_step, "InheritingIdStore", lambda _client, _prefix, **_kw: MemoryIdStore()
+    )
     flow = Dataflow("job")
     (flow.source("s", "in").key_by("k", lambda v: v).count("count").sink("out", ListSink()))
     plan = compile_flow(flow, 2, combine=False)

@@ -33,6 +33,7 @@ from prometheus_client.registry import Collector
 
 from processor.compiler import Plan
 from processor.runtime.checkpoints.coordinator import CheckpointEvent
+from processor.runtime.observe.tally import Tally
 
 if TYPE_CHECKING:
     from processor.runtime.job import WorkerHandle
@@ -86,6 +87,12 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "eosflow_last_checkpoint": ("gauge", "Id of the last completed checkpoint.", ()),
     "eosflow_restarts_total": ("counter", "Restarts, by kind of cause.", ("cause",)),
     "eosflow_sink_commit_seconds": ("histogram", "A sink's commit of one checkpoint.", ("sink",)),
+    "eosflow_waiting_seconds": (
+        "gauge",
+        "How long a worker has been waiting on something outside the job (a dedup store, a "
+        "sink's commit, a broker); absent when nothing waits.",
+        ("worker", "on"),
+    ),
     "eosflow_transaction_timeout_headroom_seconds": (
         "gauge",
         "Seconds until the broker would abort a transactional sink's oldest open transaction.",
@@ -154,18 +161,20 @@ class JobMetrics:
         runner, mode, recovery: for ``eosflow_job_info``.
     """
 
-    def __init__(self, plan: Plan, *, runner: str, mode: str, recovery: str) -> None:
+    def __init__(
+        self, plan: Plan, *, runner: str, mode: str, recovery: str, tally: Tally | None = None
+    ) -> None:
         self.plan = plan
         self.job = plan.job
         self.info = {"runner": runner, "mode": mode, "recovery": recovery}
         self.channels = {e.topic for e in plan.edges}
-        self._sources = {s.name for s in plan.stages if s.sources}  # source stages
         self._sinks = {n for n, s in plan.flow.steps.items() if s.kind == "sink"}
         self._graph = _graph(plan)  # the plan does not change while the runner lives
         self.registry = CollectorRegistry(auto_describe=True)
         # Events and snapshots come from the runner's thread only; the HTTP threads read
         # ``snapshot`` (replaced whole) and the prometheus_client objects (thread-safe).
-        self._incarnations: dict[tuple[int, int, Any], dict[str, dict[str, Any]]] = {}
+        #: The run's counters (shared with the progress line and status.json).
+        self.tally = tally if tally is not None else Tally(plan)
         self._history: deque[dict[str, Any]] = deque(maxlen=200)
         self._restarts: deque[dict[str, Any]] = deque(maxlen=50)
         self._rates: deque[tuple[float, int, int, dict[str, list[int]]]] = deque()
@@ -199,7 +208,7 @@ class JobMetrics:
         for st in tasks.values():
             for sink, seconds in st.get("commits", ()):
                 self.commit.labels(self.job, sink).observe(float(seconds))
-        self._incarnations[(generation, worker.index, worker.pid)] = tasks
+        self.tally.on_stats(generation, worker.index, worker.pid, tasks)
 
     def on_checkpoint(self, event: CheckpointEvent) -> None:
         """The coordinator's observer."""
@@ -233,15 +242,12 @@ class JobMetrics:
         """Builds the snapshot scrapes and the job page read. ``status``: what ``status.json``
         holds (job, generation, checkpoint...); ``workers``: this generation's; ``state``:
         ``starting``, ``running`` or ``finished``."""
-        sources = self._sources
         snap = _Snapshot(at=time.monotonic(), status=status)
-        totals = dict.fromkeys(_COUNTERS.values(), 0)
+        counted = self.tally.totals()
+        totals = {metric: counted[key] for key, metric in _COUNTERS.items()}
         steps: dict[str, list[int]] = {}
-        for tasks in self._incarnations.values():
-            for task, st in tasks.items():
-                for key, metric in _COUNTERS.items():
-                    if key != "in" or task.rsplit(".", 1)[0] in sources:
-                        totals[metric] += int(st.get(key, 0))
+        for tasks in self.tally.incarnations():
+            for st in tasks.values():
                 for step, (n_in, n_out) in st.get("steps", {}).items():
                     acc = steps.setdefault(step, [0, 0])
                     acc[0] += int(n_in)
@@ -251,9 +257,9 @@ class JobMetrics:
         for step in self._sinks:
             snap.sinks.setdefault(step, 0)
         dead: list[dict[str, Any]] = []
+        snap.parts = self.tally.parts(workers)
         for w in workers:  # gauges: this generation's workers only
             for st in w.stats.values():
-                snap.parts += [(str(t), int(p), int(n)) for t, p, n in st.get("parts", ())]
                 for sink, left in st.get("headroom", {}).items():
                     snap.headroom[sink] = min(float(left), snap.headroom.get(sink, float("inf")))
                 dead += st.get("dead_recent", ())
@@ -325,6 +331,8 @@ class JobMetrics:
                 ],
             },
             "dead_letters": {"total": snap.totals["eosflow_dead_letters_total"], "recent": dead},
+            # what the workers wait on (processor.runtime.waits), as status.json says it
+            "waiting": status.get("waiting", []),
         }
 
 
@@ -414,3 +422,7 @@ class _Collector(Collector):
         for sink, left in sorted(snap.headroom.items()):
             headroom.add_metric([job, sink], left)
         yield headroom
+        waiting = family("eosflow_waiting_seconds")
+        for w in status.get("waiting", ()):
+            waiting.add_metric([job, str(w["worker"]), w["on"]], float(w["for_s"]))
+        yield waiting

@@ -33,10 +33,11 @@ from typing import Any
 from dedup.core import Deduplicator
 from dedup.ids import pair_id, value_id
 from dedup.rescale import InheritingIdStore, dedup_prefix
-from dedup.store import redis_client
+from dedup.store import redis_client, redis_where
 from processor.contracts import SinkContext
 from processor.dataflow import Step
 from processor.runtime.operators.core import Operator, Record
+from processor.runtime.waits import waiting
 
 __all__ = ["DedupOperator", "IdRouter", "ReplayCheck"]
 
@@ -66,8 +67,13 @@ class DedupOperator(Operator):
     def open(self, ctx: SinkContext) -> None:
         p = self.params
         self._client = redis_client(p["redis_url"])
+        # While Redis does not answer, the job's status says so (processor.runtime.waits).
+        where = redis_where(self._client) if hasattr(self._client, "connection_pool") else "Redis"
+        on = f"the dedup store of step {ctx.step!r} ({where})"
         store = InheritingIdStore(
-            self._client, dedup_prefix(ctx.job, ctx.step, ctx.subtask, ctx.epoch)
+            self._client,
+            dedup_prefix(ctx.job, ctx.step, ctx.subtask, ctx.epoch),
+            wait=lambda: waiting(on),
         )
         self.dedup = Deduplicator(
             store,

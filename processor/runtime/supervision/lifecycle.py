@@ -37,7 +37,7 @@ from typing import Any
 
 from processor.runtime.job import JobFailed, RunOptions
 
-__all__ = ["RestartBudget", "StopController", "same_cause", "same_kind"]
+__all__ = ["RestartBudget", "StopController", "collapse_causes", "same_cause", "same_kind"]
 
 #: Worker numbers in a cause: "the same" failure whichever worker hit it first.
 _WORKER_N = re.compile(r"\bworker[ =]\d+")
@@ -59,6 +59,32 @@ def same_kind(a: str, b: str) -> bool:
     """The same failure up to its numbers: which worker, partition or offset hit it first
     varies from one generation to the next (the workers race), what failed does not."""
     return _NUMBER.sub("N", a) == _NUMBER.sub("N", b)
+
+
+def collapse_causes(causes: list[str], times_ms: list[int]) -> list[dict[str, Any]]:
+    """Restart causes with the same failure (:func:`same_kind`) shown once: ``{"cause": the
+    latest text, "count", "first_ms", "last_ms"}``, in the order each first came. A job that
+    failed after 11 restarts showed the same 900-character cause 10 times (issue 37)."""
+    found: list[dict[str, Any]] = []
+    for cause, at in zip(causes, times_ms, strict=True):
+        same = next((f for f in found if same_kind(f["cause"], cause)), None)
+        if same is None:
+            found.append({"cause": cause, "count": 1, "first_ms": at, "last_ms": at})
+        else:
+            same.update(cause=cause, count=same["count"] + 1, last_ms=at)
+    return found
+
+
+def _clock_time(ms: int) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(ms / 1000))
+
+
+def describe_cause(entry: dict[str, Any]) -> str:
+    """One collapsed cause as a line: ``10 times (12:00:01 to 12:04:09): CAUSE``."""
+    if entry["count"] == 1:
+        return f"{_clock_time(entry['first_ms'])}: {entry['cause']}"
+    span = f"{_clock_time(entry['first_ms'])} to {_clock_time(entry['last_ms'])}"
+    return f"{entry['count']} times ({span}): {entry['cause']}"
 
 
 class StopController:
@@ -249,6 +275,9 @@ class RestartBudget:
         self._clock = clock
         self.restarts = 0
         self.causes: list[str] = []
+        #: When each cause came (epoch ms), for :meth:`collapsed`.
+        self.times_ms: list[int] = []
+        self._wall = time.time
         self._times: list[float] = []  # of the restarts within the window
         self._stalled = (0, 0)  # (latest completed checkpoint at the last restart, restarts since)
         self._unstarted = 0  # consecutive generations that failed before every worker connected
@@ -261,6 +290,47 @@ class RestartBudget:
         """A restart for ``cause`` begins."""
         self.restarts += 1
         self.causes.append(cause)
+        self.times_ms.append(int(self._wall() * 1000))
+
+    def collapsed(self) -> list[dict[str, Any]]:
+        """The causes so far, each failure once with its count (:func:`collapse_causes`)."""
+        return collapse_causes(self.causes, self.times_ms)
+
+    def repeats(self, cause: str) -> int:
+        """How many times in a row, up to ``cause`` (the latest), the same failure came."""
+        n = 0
+        for earlier in reversed(self.causes):
+            if not same_kind(earlier, cause):
+                break
+            n += 1
+        return n
+
+    def said(self, cause: str) -> str:
+        """``cause`` as the progress line says it: once, then ``the same failure again (N in
+        a row)`` while it repeats (the full text is in status.json and the worker logs)."""
+        n = self.repeats(cause)
+        if n <= 1:
+            return cause
+        short = cause if len(cause) <= 120 else cause[:120] + "…"
+        return f"the same failure again ({n} in a row): {short}"
+
+    def _history(self, cause: str) -> str:
+        """What a failure message adds after the last ``cause``: how often it came, and the
+        other failures of the run, each once (not the same text ten times)."""
+        entries = self.collapsed()
+        text = ""
+        last = next((e for e in entries if same_kind(e["cause"], cause)), None)
+        if last is not None and last["count"] > 1:
+            span = f"{_clock_time(last['first_ms'])} to {_clock_time(last['last_ms'])}"
+            text += f" [this failure {last['count']} times, {span}]"
+        others = [e for e in entries if e is not last]
+        if others:
+            shown = "; ".join(
+                f"{e['count']} times: {e['cause'][:200]}{'…' if len(e['cause']) > 200 else ''}"
+                for e in others[-3:]
+            )
+            text += f" [other restart causes: {shown}]"
+        return text
 
     def check_start(self, cause: str, started: bool) -> None:
         """Raises :class:`JobFailed` when the same failure came :data:`MAX_UNSTARTED` times in a
@@ -285,7 +355,8 @@ class RestartBudget:
         if deterministic and len(causes) >= 2 and same_kind(causes[-2], cause):
             raise JobFailed(
                 f"job {self.job!r}: the same failure again after a restart, so restarting "
-                f"cannot fix it: {cause}. Worker logs: {self.logs}/worker-*.log"
+                f"cannot fix it: {cause}{self._history(cause)}. "
+                f"Worker logs: {self.logs}/worker-*.log"
             )
         since = self._stalled[1] + 1 if self._stalled[0] == completed and self.restarts > 1 else 1
         self._stalled = (completed, since)
@@ -293,13 +364,13 @@ class RestartBudget:
             raise JobFailed(
                 f"job {self.job!r} failed: {since} restarts in a row completed no checkpoint "
                 f"(at most --max-restarts {self.options.max_restarts}); restarting does not "
-                f"help: {cause}. Worker logs: {self.logs}/worker-*.log"
+                f"help: {cause}{self._history(cause)}. Worker logs: {self.logs}/worker-*.log"
             )
         if len(self._times) > self.options.max_restarts:
             raise JobFailed(
                 f"job {self.job!r} failed: {len(self._times)} restarts within "
                 f"{window:g}s (at most --max-restarts {self.options.max_restarts} per "
-                f"--restart-window {window:g}s); last cause: {cause}. "
+                f"--restart-window {window:g}s); last cause: {cause}{self._history(cause)}. "
                 f"Worker logs: {self.logs}/worker-*.log"
             )
 

@@ -185,7 +185,9 @@ class Supervisor:
             "restart=%s total=%d runner=%s cause=%r backoff_s=%.1f recovery=global",
             budget.restart_count(), budget.restarts, self.launcher.name, cause, backoff,
         )  # fmt: skip
-        self._say(f"restart {budget.restarts}: {cause}; global recovery in {backoff:.1f}s")
+        self._say(
+            f"restart {budget.restarts}: {budget.said(cause)}; global recovery in {backoff:.1f}s"
+        )
         time.sleep(backoff)
         self.stop.restarted()
         self.start_generation()
@@ -217,8 +219,8 @@ class Supervisor:
             restore, stale, survivors,
         )  # fmt: skip
         self._say(
-            f"restart {budget.restarts}: {cause}; local recovery of worker {index} from "
-            f"checkpoint {restore} in {backoff:.1f}s (workers {survivors} keep running)"
+            f"restart {budget.restarts}: {budget.said(cause)}; local recovery of worker {index} "
+            f"from checkpoint {restore} in {backoff:.1f}s (workers {survivors} keep running)"
         )
         deadline = time.monotonic() + backoff
         while time.monotonic() < deadline:  # the survivors' messages keep flowing

@@ -484,7 +484,9 @@ class Runner:
                 )  # fmt: skip
             return
         sender.last_seen = time.monotonic()
-        if kind == "ack":
+        if kind == "hb":  # what it waits on (processor.runtime.waits), if anything
+            sender.waits, sender.waits_at = list(msg.get("waits") or ()), sender.last_seen
+        elif kind == "ack":
             path, size, checksum = msg["handle"]
             handle = SnapshotHandle(path, int(size), str(checksum))
             log_n = int(msg.get("log", 0))
@@ -583,5 +585,5 @@ class Runner:
             self._pump(0.05)
         while not self.server.inbox.empty():
             self._handle(*self.server.inbox.get_nowait())
-        self.reporter.report(force=True)
+        self.reporter.report(force=True, final=True)
         return True

@@ -37,6 +37,7 @@ from processor.runtime.pipeline import load_flow, load_object
 from processor.runtime.supervision.alignment import others_watermark
 from processor.runtime.task import Task, TaskEnv
 from processor.runtime.task.purge import ChannelPurger
+from processor.runtime.waits import WAITS, waiting
 from processor.snapshot.store import SnapshotStore
 
 __all__ = [
@@ -247,7 +248,8 @@ def run_worker(spec: dict[str, Any]) -> int:
             stop = _serve(client, tasks, sources, worker, purger)
             if stop is not None:
                 if stop == 0:
-                    writer.flush()
+                    with waiting("the broker (the last channel records' delivery)"):
+                        writer.flush()
                     client.send(_stats(worker, tasks, sources))  # the final counts
                 return stop
             read = 0
@@ -378,7 +380,10 @@ def _admitted(client: ControlClient, worker: int, generation: int) -> int | None
 class _Heartbeat(threading.Thread):
     """Tells the coordinator every second that this process is alive, also while a task is
     busy (restoring, a long batch). A stopped or frozen process, or one cut off from the
-    coordinator, falls silent, and the runner restarts it (``heartbeat_timeout``)."""
+    coordinator, falls silent, and the runner restarts it (``heartbeat_timeout``).
+
+    It also says what the process waits on (:mod:`processor.runtime.waits`): the task loop,
+    blocked in a Redis retry or a sink's commit, sends no counters meanwhile."""
 
     def __init__(self, client: ControlClient) -> None:
         super().__init__(name="heartbeat", daemon=True)
@@ -388,7 +393,11 @@ class _Heartbeat(threading.Thread):
 
     def run(self) -> None:
         while not self.stop.wait(_HEARTBEAT_EVERY_S):
-            if not self.client.send({"t": "hb"}):
+            msg: dict[str, Any] = {"t": "hb"}
+            found = WAITS.report()
+            if found:
+                msg["waits"] = found
+            if not self.client.send(msg):
                 return
 
 

@@ -30,6 +30,7 @@ from processor.runtime.operators.state_map import restore_sources, state_kind
 from processor.runtime.task.chain import TP, OperatorChain
 from processor.runtime.task.channels import TaskEnv
 from processor.runtime.task.purge import PurgeFloor
+from processor.runtime.waits import waiting
 from processor.snapshot.store import SnapshotHandle
 from processor.wire import (
     Barrier,
@@ -175,7 +176,8 @@ class SubtaskCheckpoints:
         if chain.committers:
             self.env.fault("before-prepare")
         for name, writer in chain.committers:
-            committable = writer.prepare(checkpoint_id)
+            with waiting(f"sink {name!r} (its prepare of checkpoint {checkpoint_id})"):
+                committable = writer.prepare(checkpoint_id)
             if committable is not None:
                 self.sink_pending[name].append((checkpoint_id, committable))
         for op in chain.ops.values():
@@ -285,7 +287,8 @@ class SubtaskCheckpoints:
                 self.env.fault("after-completion-before-commit")
             for chk, committable in due:
                 began = time.monotonic()
-                writer.commit(chk, committable)
+                with waiting(f"sink {name!r} (its commit of checkpoint {chk})"):
+                    writer.commit(chk, committable)
                 self.commit_times.append([name, round(time.monotonic() - began, 6)])
             self.sink_pending[name] = [(c, x) for c, x in pending if c > checkpoint_id]
         for op in chain.ops.values():
