@@ -14,7 +14,9 @@ import sys
 import time
 
 from processor.admin import JobAdmin, ResetPlan
+from processor.admin.values import JobStatus
 from processor.errors import ConfigError, JobNotFoundError, JobRunningError
+from processor.runtime.observe import archive, watermarks
 
 __all__ = ["jobs", "reset", "savepoint", "status", "txn_abort", "txn_list"]
 
@@ -25,6 +27,8 @@ def status(args: argparse.Namespace) -> int:
     except JobNotFoundError as exc:
         print(exc, file=sys.stderr)
         return 1
+    if getattr(args, "web", False):
+        return serve_page(found, args.address)
     if args.json:
         print(json.dumps(found.as_dict(), indent=2))
         return 0
@@ -50,6 +54,8 @@ def status(args: argparse.Namespace) -> int:
             f"bad input  {st.get('dead_letters', 0):,} dead letters, "
             f"{st.get('bad_records_skipped', 0):,} skipped (no dead-letter sink)"
         )
+    for line in watermarks.status_lines(st.get("watermarks")):
+        print(line)
     if st.get("web") and alive:
         print(f"job page   {st['web']}  (Prometheus: {st['web']}metrics)")
     _print_group(st["job"])
@@ -57,6 +63,38 @@ def status(args: argparse.Namespace) -> int:
         print(f"worker {w.worker}   pid {w.pid}  {w.state}")
     for cause in st["restart_causes"]:
         print(f"restart    {cause}")
+    return 0
+
+
+def serve_page(found: JobStatus, address: str) -> int:
+    """``eosflow status --web``: the job page of the job's last run, rebuilt from its saved
+    state (:mod:`processor.runtime.observe.archive`), served read-only until Ctrl-C."""
+    from processor.runtime.observe.webui import WebServer
+
+    st = found.data
+    if found.alive and st.get("web"):
+        print(f"job {st['job']!r} is running: its live page is {st['web']}")
+        return 0
+    page = archive.read_page(found.path.parent, alive=found.alive)
+    try:
+        server = WebServer(None, address, page=page)
+    except ConfigError as exc:
+        print(f"eosflow: {exc}", file=sys.stderr)
+        return 2
+    written = page.get("archived", {}).get("written_ms")
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(written / 1000)) if written else "?"
+    print(
+        f"job {st['job']!r} ({page.get('state')}): its last run's page, as saved at {when}: "
+        f"{server.url}  (read-only; Ctrl-C stops)",
+        flush=True,
+    )
+    try:
+        while True:
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
     return 0
 
 

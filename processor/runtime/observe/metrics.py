@@ -33,6 +33,7 @@ from prometheus_client.registry import Collector
 
 from processor.compiler import Plan
 from processor.runtime.checkpoints.coordinator import CheckpointEvent
+from processor.runtime.observe.watermarks import WATERMARK_METRICS, families
 
 if TYPE_CHECKING:
     from processor.runtime.job import WorkerHandle
@@ -92,6 +93,7 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         ("sink",),
     ),
 }
+METRICS.update(WATERMARK_METRICS)  # the watermarks' gauges (observe.watermarks)
 
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _BYTES = tuple(float(4**i * 1024) for i in range(11))  # 1 KiB .. 1 GiB
@@ -163,6 +165,9 @@ class JobMetrics:
         self._sinks = {n for n, s in plan.flow.steps.items() if s.kind == "sink"}
         self._graph = _graph(plan)  # the plan does not change while the runner lives
         self.registry = CollectorRegistry(auto_describe=True)
+        # The histograms and counters fed by events, exported without prometheus_client's
+        # ``*_created`` series: every eosflow_ series is a documented one (docs/observability.md).
+        self._events = CollectorRegistry(auto_describe=True)
         # Events and snapshots come from the runner's thread only; the HTTP threads read
         # ``snapshot`` (replaced whole) and the prometheus_client objects (thread-safe).
         self._incarnations: dict[tuple[int, int, Any], dict[str, dict[str, Any]]] = {}
@@ -180,16 +185,17 @@ class JobMetrics:
         for kind in ("timeout", "declined", "restart"):
             self.failed.labels(self.job, kind)  # exported at 0 from the start
         self.registry.register(_Collector(self))
+        self.registry.register(_WithoutCreated(self._events))
 
     def _histogram(self, name: str, buckets: tuple[float, ...]) -> Histogram:
         _kind, text, labels = METRICS[name]
         return Histogram(
-            name, text, (LABEL, *labels), buckets=buckets, registry=self.registry
+            name, text, (LABEL, *labels), buckets=buckets, registry=self._events
         )  # fmt: skip
 
     def _counter(self, name: str) -> Counter:
         _kind, text, labels = METRICS[name]
-        return Counter(_name(name), text, (LABEL, *labels), registry=self.registry)
+        return Counter(_name(name), text, (LABEL, *labels), registry=self._events)
 
     # -- events (the runner's thread) ------------------------------------------------------------
 
@@ -325,6 +331,7 @@ class JobMetrics:
                 ],
             },
             "dead_letters": {"total": snap.totals["eosflow_dead_letters_total"], "recent": dead},
+            "watermarks": status.get("watermarks"),  # observe.watermarks.summarize
         }
 
 
@@ -414,3 +421,16 @@ class _Collector(Collector):
         for sink, left in sorted(snap.headroom.items()):
             headroom.add_metric([job, sink], left)
         yield headroom
+        yield from families(status.get("watermarks"), job, LABEL)
+
+
+class _WithoutCreated(Collector):
+    """``registry``'s metrics without their ``*_created`` samples."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in self.registry.collect():
+            metric.samples = [s for s in metric.samples if not s.name.endswith("_created")]
+            yield metric
