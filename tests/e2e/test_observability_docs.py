@@ -147,7 +147,9 @@ def test_watermarks_are_exported_per_stage_and_per_source_partition_while_a_job_
     states = {
         state
         for t in texts
-        for state in re.findall(r'^eosflow_source_partition_state\{[^}]*state="(\w+)"[^}]*\} 1', t, re.M)
+        for state in re.findall(
+            r'^eosflow_source_partition_state\{[^}]*state="(\w+)"[^}]*\} 1', t, re.M
+        )
     }
     assert "reading" in states, states
     assert run.result.records_in == 8_000
@@ -217,3 +219,25 @@ def test_status_web_serves_the_page_of_a_finished_run_from_its_saved_state(
     assert [s["stage"] for s in wms["stages"]] == [s["name"] for s in api["graph"]["stages"]]
     assert len(wms["sources"]) == 8
     assert all(p["newest_ms"] and p["watermark_ms"] for p in wms["sources"])
+
+
+def test_status_shows_the_watermarks_of_the_last_run(
+    finished_job: tuple[Any, Scraper, list[str], Path],
+) -> None:
+    run, _scraper, _texts, state = finished_job
+    job = run.result.job
+    saved = json.loads((job_dir(job, str(state)) / "status.json").read_text())
+    assert [s["stage"] for s in saved["watermarks"]["stages"]] and saved["watermarks"]["sources"]
+    env = {**os.environ, "EOSFLOW_STATE_DIR": str(state), "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [sys.executable, "-m", "processor.cli", "status", job],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    lines = out.splitlines()
+    assert any(line.startswith("watermark  ") for line in lines), out
+    assert sum(1 for line in lines if line.startswith("  stage    ")) == 2, out
+    assert sum(1 for line in lines if line.startswith("  source   ")) == 8, out
