@@ -69,6 +69,7 @@ def status(args: argparse.Namespace) -> int:
 def serve_page(found: JobStatus, address: str) -> int:
     """``eosflow status --web``: the job page of the job's last run, rebuilt from its saved
     state (:mod:`processor.runtime.observe.archive`), served read-only until Ctrl-C."""
+    from processor.runtime.job import parse_address
     from processor.runtime.observe.webui import WebServer
 
     st = found.data
@@ -77,6 +78,8 @@ def serve_page(found: JobStatus, address: str) -> int:
         return 0
     page = archive.read_page(found.path.parent, alive=found.alive)
     try:
+        if parse_address(address) is None:
+            raise ConfigError(f"--address {address!r}: give HOST:PORT[-LAST] to serve the page on")
         server = WebServer(None, address, page=page)
     except ConfigError as exc:
         print(f"eosflow: {exc}", file=sys.stderr)
