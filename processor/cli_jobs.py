@@ -66,41 +66,6 @@ def status(args: argparse.Namespace) -> int:
     return 0
 
 
-def serve_page(found: JobStatus, address: str) -> int:
-    """``eosflow status --web``: the job page of the job's last run, rebuilt from its saved
-    state (:mod:`processor.runtime.observe.archive`), served read-only until Ctrl-C."""
-    from processor.runtime.job import parse_address
-    from processor.runtime.observe.webui import WebServer
-
-    st = found.data
-    if found.alive and st.get("web"):
-        print(f"job {st['job']!r} is running: its live page is {st['web']}")
-        return 0
-    page = archive.read_page(found.path.parent, alive=found.alive)
-    try:
-        if parse_address(address) is None:
-            raise ConfigError(f"--address {address!r}: give HOST:PORT[-LAST] to serve the page on")
-        server = WebServer(None, address, page=page)
-    except ConfigError as exc:
-        print(f"eosflow: {exc}", file=sys.stderr)
-        return 2
-    written = page.get("archived", {}).get("written_ms")
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(written / 1000)) if written else "?"
-    print(
-        f"job {st['job']!r} ({page.get('state')}): its last run's page, as saved at {when}: "
-        f"{server.url}  (read-only; Ctrl-C stops)",
-        flush=True,
-    )
-    try:
-        while True:
-            time.sleep(1.0)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.close()
-    return 0
-
-
 def _print_group(job: str) -> None:
     """The job's consumer group and its committed source offsets (where the last committed
     checkpoint is, as ``kafka-consumer-groups --describe --group`` shows it), when the broker
@@ -279,4 +244,39 @@ def txn_abort(args: argparse.Namespace) -> int:
         "Pending epochs of the last checkpoint are re-published from the log when the job "
         "next starts (their records stay in the partitions until retention deletes them)."
     )
+    return 0
+
+
+def serve_page(found: JobStatus, address: str) -> int:
+    """``eosflow status --web``: the job page of the job's last run, rebuilt from its saved
+    state (:mod:`processor.runtime.observe.archive`), served read-only until Ctrl-C."""
+    from processor.runtime.job import parse_address
+    from processor.runtime.observe.webui import WebServer
+
+    st = found.data
+    if found.alive and st.get("web"):
+        print(f"job {st['job']!r} is running: its live page is {st['web']}")
+        return 0
+    page = archive.read_page(found.path.parent, alive=found.alive)
+    try:
+        if parse_address(address) is None:
+            raise ConfigError(f"--address {address!r}: give HOST:PORT[-LAST] to serve the page on")
+        server = WebServer(None, address, page=page)
+    except ConfigError as exc:
+        print(f"eosflow: {exc}", file=sys.stderr)
+        return 2
+    written = page.get("archived", {}).get("written_ms")
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(written / 1000)) if written else "?"
+    print(
+        f"job {st['job']!r} ({page.get('state')}): its last run's page, as saved at {when}: "
+        f"{server.url}  (read-only; Ctrl-C stops)",
+        flush=True,
+    )
+    try:
+        while True:
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
     return 0

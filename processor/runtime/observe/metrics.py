@@ -318,6 +318,7 @@ class JobMetrics:
             },
             "checkpoints": {**status.get("checkpoint", {}), "history": history},
             "restarts_list": restarts,
+            "watermarks": status.get("watermarks"),  # observe.watermarks.summarize
             "lag": {
                 "sources": [
                     {"topic": t, "partition": p, "records": n}
@@ -331,7 +332,6 @@ class JobMetrics:
                 ],
             },
             "dead_letters": {"total": snap.totals["eosflow_dead_letters_total"], "recent": dead},
-            "watermarks": status.get("watermarks"),  # observe.watermarks.summarize
         }
 
 
@@ -363,6 +363,18 @@ def _graph(plan: Plan) -> dict[str, Any]:
     }
 
 
+class _WithoutCreated(Collector):
+    """``registry``'s metrics without their ``*_created`` samples."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in self.registry.collect():
+            metric.samples = [s for s in metric.samples if not s.name.endswith("_created")]
+            yield metric
+
+
 class _Collector(Collector):
     """The snapshot's metrics, at scrape time."""
 
@@ -382,6 +394,7 @@ class _Collector(Collector):
         info = family("eosflow_job_info")
         info.add_metric([job, *m.info.values()], 1)
         yield info
+        yield from families(status.get("watermarks"), job, LABEL)  # observe.watermarks
         for name, value in (
             ("eosflow_generation", status.get("generation", 0)),
             ("eosflow_uptime_seconds", status.get("uptime_s", 0.0)),
@@ -421,16 +434,3 @@ class _Collector(Collector):
         for sink, left in sorted(snap.headroom.items()):
             headroom.add_metric([job, sink], left)
         yield headroom
-        yield from families(status.get("watermarks"), job, LABEL)
-
-
-class _WithoutCreated(Collector):
-    """``registry``'s metrics without their ``*_created`` samples."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.registry = registry
-
-    def collect(self) -> Iterator[Metric]:
-        for metric in self.registry.collect():
-            metric.samples = [s for s in metric.samples if not s.name.endswith("_created")]
-            yield metric
