@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
@@ -251,3 +253,34 @@ def test_saved_page_is_read_back_with_the_stores_checkpoints_after_the_run(tmp_p
     got = archive.read_page(job_dir, alive=False)
     assert got["state"] == "finished" and got["records"]["in"] == 7
     assert [h["id"] for h in got["checkpoints"]["history"]] == [3, 4]
+
+
+def _status_file(where: Path, **fields: Any) -> None:
+    job_dir = where / "jobs" / "wm-job"
+    job_dir.mkdir(parents=True)
+    status = {"job": "wm-job", "state": "running", "pid": os.getpid(), "updated_ms": 1}
+    status.update(workers=[], web="http://127.0.0.1:9250/", **fields)
+    (job_dir / "status.json").write_text(json.dumps(status))
+
+
+def test_status_web_names_the_live_page_when_the_job_still_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A running job's page is its runner's: ``--web`` serves nothing and says where it is."""
+    from processor.cli import main
+
+    _status_file(tmp_path)  # this process is its "runner": alive
+    monkeypatch.setenv("EOSFLOW_STATE_DIR", str(tmp_path))
+    assert main(["status", "wm-job", "--web"]) == 0
+    assert "is running: its live page is http://127.0.0.1:9250/" in capsys.readouterr().out
+
+
+def test_status_web_refuses_an_address_it_cannot_serve_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from processor.cli import main
+
+    _status_file(tmp_path, state="finished")
+    monkeypatch.setenv("EOSFLOW_STATE_DIR", str(tmp_path))
+    assert main(["status", "wm-job", "--web", "--address", "off"]) == 2
+    assert "--address 'off': give HOST:PORT" in capsys.readouterr().err
