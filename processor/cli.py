@@ -10,7 +10,7 @@
     eosflow run PIPELINE.py [--workers N] [--checkpoint-interval 1s] [--mode aligned|unaligned]
                 [--until-idle] [--runner local|spark] [--recovery global|local]
                                                        run a job (local processes or Spark)
-    eosflow status [JOB] [--json]                      a running (or the last) job's progress
+    eosflow status [JOB] [--json] [--web]              a running (or the last) job's progress
     eosflow version
 
 The CLI is the wiring: one of the few places in ``processor`` allowed to import ``sinks`` and
@@ -381,6 +381,16 @@ def _parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="progress of a running or finished job")
     status.add_argument("job", nargs="?", help="job name (default: the most recent)")
     status.add_argument("--json", action="store_true")
+    status.add_argument(
+        "--web", action="store_true",
+        help="serve the job page and /api/job of the job's last run from its saved state "
+        "(status.json, the page it left, its retained checkpoints) until Ctrl-C",
+    )  # fmt: skip
+    status.add_argument(
+        "--address", default="127.0.0.1:9249-9258", metavar="HOST:PORT[-LAST]",
+        help="with --web: where to serve (the first free port; HOST:0: any; default "
+        "127.0.0.1:9249-9258, loopback only)",
+    )  # fmt: skip
     status.set_defaults(func=cli_jobs.status)
 
     jobs = sub.add_parser("jobs", help="the jobs known here: state, last checkpoint, runner")

@@ -16,7 +16,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from processor.admin import JobAdmin, ResetPlan
+from processor.admin.values import JobStatus
 from processor.errors import ConfigError, JobNotFoundError, JobRunningError
+from processor.runtime.observe import archive, watermarks
 from processor.runtime.supervision.lifecycle import describe_cause
 
 __all__ = ["jobs", "reset", "savepoint", "status", "txn_abort", "txn_list"]
@@ -28,6 +30,8 @@ def status(args: argparse.Namespace) -> int:
     except JobNotFoundError as exc:
         print(exc, file=sys.stderr)
         return 1
+    if getattr(args, "web", False):
+        return serve_page(found, args.address)
     if args.json:
         print(json.dumps(found.as_dict(), indent=2))
         return 0
@@ -54,6 +58,8 @@ def status(args: argparse.Namespace) -> int:
             f"bad input  {st.get('dead_letters', 0):,} dead letters, "
             f"{st.get('bad_records_skipped', 0):,} skipped (no dead-letter sink)"
         )
+    for line in watermarks.status_lines(st.get("watermarks")):
+        print(line)
     if st.get("web") and alive:
         print(f"job page   {st['web']}  (Prometheus: {st['web']}metrics)")
     _print_group(st["job"])
@@ -254,4 +260,39 @@ def txn_abort(args: argparse.Namespace) -> int:
         "Pending epochs of the last checkpoint are re-published from the log when the job "
         "next starts (their records stay in the partitions until retention deletes them)."
     )
+    return 0
+
+
+def serve_page(found: JobStatus, address: str) -> int:
+    """``eosflow status --web``: the job page of the job's last run, rebuilt from its saved
+    state (:mod:`processor.runtime.observe.archive`), served read-only until Ctrl-C."""
+    from processor.runtime.job import parse_address
+    from processor.runtime.observe.webui import WebServer
+
+    st = found.data
+    if found.alive and st.get("web"):
+        print(f"job {st['job']!r} is running: its live page is {st['web']}")
+        return 0
+    page = archive.read_page(found.path.parent, alive=found.alive)
+    try:
+        if parse_address(address) is None:
+            raise ConfigError(f"--address {address!r}: give HOST:PORT[-LAST] to serve the page on")
+        server = WebServer(None, address, page=page)
+    except ConfigError as exc:
+        print(f"eosflow: {exc}", file=sys.stderr)
+        return 2
+    written = page.get("archived", {}).get("written_ms")
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(written / 1000)) if written else "?"
+    print(
+        f"job {st['job']!r} ({page.get('state')}): its last run's page, as saved at {when}: "
+        f"{server.url}  (read-only; Ctrl-C stops)",
+        flush=True,
+    )
+    try:
+        while True:
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
     return 0

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -33,7 +34,7 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 ROOT = Path(__file__).resolve().parents[2]
 UI = ROOT / "processor" / "runtime" / "observe" / "ui"
-ASSETS = {"app.js": "text/javascript", "style.css": "text/css"}
+ASSETS = {"app.js": "text/javascript", "panels.js": "text/javascript", "style.css": "text/css"}
 WAIT_S = 10.0
 
 
@@ -128,9 +129,65 @@ class _PageServer:
         self.server.server_close()
 
 
+def fixture_watermarks(now_ms: int) -> dict[str, Any]:
+    """The watermarks of :func:`fixture_job` (observe.watermarks.summarize's schema): a
+    backfill 3 hours behind, held back by ``clicks.v1[2]``; partition 1 paused ahead by
+    watermark alignment, partition 3 idle."""
+    base = now_ms - 3 * 3600_000
+    marks = [(base + 40_000, "reading"), (base + 95_000, "ahead"), (base, "reading")]
+    marks.append((base + 20_000, "idle"))
+    newest = base + 100_000
+    sources = [
+        {
+            "topic": "clicks.v1",
+            "partition": p,
+            "task": f"clicks.{p % 2}",
+            "watermark_ms": wm,
+            "newest_ms": wm + 5_000,
+            "state": state,
+            "lag_s": (now_ms - wm) / 1000,
+            "behind_newest_s": (newest - wm) / 1000,
+            "holding": p == 2,
+        }
+        for p, (wm, state) in enumerate(marks)
+    ]
+    held = {"topic": "clicks.v1", "partition": 2, "state": "reading", "task": "clicks.0"}
+    channel = {"topic": "eosflow.clicks-by-user.ch0", "partition": 1, "state": "reading"}
+
+    def stage(name: str, wm: int, by: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "stage": name,
+            "source": name == "clicks",
+            "watermark_ms": wm,
+            "end": False,
+            "lag_s": (now_ms - wm) / 1000,
+            "behind_newest_s": (newest - wm) / 1000,
+            "held_by": by,
+            "tasks": 2,
+        }
+
+    return {
+        "now_ms": now_ms,
+        "watermark_ms": base - 2_000,
+        "end": False,
+        "lag_s": (now_ms - base + 2_000) / 1000,
+        "behind_newest_s": (newest - base + 2_000) / 1000,
+        "newest_ms": newest,
+        "held_by": held,
+        "paused_ahead": 1,
+        "alignment_ms": base,
+        "stages": [
+            stage("clicks", base, held),
+            stage("count", base - 2_000, {**channel, "task": "count.1"}),
+        ],
+        "sources": sources,
+    }
+
+
 def fixture_job(now_ms: int | None = None) -> dict[str, Any]:
     """A two-stage job an hour in: clicks parsed and shuffled to a keyed count, 30 checkpoints
-    of which two failed, one restart, lag on both sides of the channel, two dead letters."""
+    of which two failed, one restart, lag on both sides of the channel, two dead letters, a
+    watermark held back by one source partition."""
     now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
     history = []
     for i in range(30):
@@ -224,6 +281,7 @@ def fixture_job(now_ms: int | None = None) -> dict[str, Any]:
                 for p, r in enumerate([3, 0])
             ],
         },
+        "watermarks": fixture_watermarks(now_ms),
         "dead_letters": {
             "total": 12,
             "recent": [
@@ -347,6 +405,33 @@ def test_job_page_draws_graph_plot_and_tables_when_served_a_job(
         assert len(_rows(browser, "dead-letters")) == 2
         assert "12" in _drawn(browser)["dead_letters_total"]
 
+        # The watermarks: per stage, with the partition that holds each back, and per source
+        # partition, the one holding the job back marked (issue 37).
+        summary = browser.execute_script(
+            "const s = document.getElementById('watermark-summary');"
+            "return {text: s.textContent, held: s.dataset.heldBy};"
+        )
+        assert summary["held"] == "clicks.v1[2]"
+        assert "held by clicks.v1[2]" in summary["text"]
+        assert "3h00m behind now" in summary["text"] and "1m42s behind newest" in summary["text"]
+        assert "1 partition paused ahead" in summary["text"]
+        stages = _rows(browser, "watermark-stages")
+        assert [r[0] for r in stages] == ["clicks", "count"]
+        assert stages[0][2:] == ["3h00m", "1m40s", "clicks.v1[2]"]
+        assert stages[1][4] == "eosflow.clicks-by-user.ch0[1]"
+        assert re.fullmatch(r"\d\d:\d\d:\d\dZ|\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ", stages[0][1])
+        sources = _rows(browser, "watermark-sources")
+        assert [(r[1], r[5]) for r in sources] == [
+            ("0", "reading"), ("1", "ahead"), ("2", "reading"), ("3", "idle"),
+        ]  # fmt: skip
+        holding = [r for r in sources if r[6]]
+        assert [(r[1], r[6]) for r in holding] == [("2", "holds the job back")]
+        marked = browser.execute_script(
+            "return [...document.querySelectorAll('#watermark-sources tr[data-holding]')]"
+            ".map((tr) => tr.cells[1].textContent)"
+        )
+        assert marked == ["2"]
+
         # It polls: a new document is drawn within a couple of seconds.
         job["restarts_list"].append(
             {"at_ms": job["updated_ms"], "cause": "worker 0 exited with code 1", "kind": "exited"}
@@ -404,9 +489,44 @@ def test_job_page_draws_placeholders_when_the_job_has_no_data_yet(browser: Any) 
         assert browser.find_element(By.ID, "job-name").text == "fresh"
         assert "No stages" in browser.find_element(By.ID, "graph").text
         assert "No checkpoints" in browser.find_element(By.ID, "checkpoints").text
-        for table in ("restarts", "lag", "dead-letters"):
+        for table in ("restarts", "lag", "dead-letters", "watermark-stages", "watermark-sources"):
             assert _rows(browser, table) == []
+        assert "no watermark" in browser.find_element(By.ID, "watermark-summary").text
         assert not browser.find_element(By.ID, "error-banner").is_displayed()
+
+
+def test_job_page_says_it_shows_a_finished_run_when_served_from_its_saved_state(
+    browser: Any,
+) -> None:
+    """``eosflow status --web``'s server (the runner's, given the saved document): the page
+    draws the run as saved, watermarks included, under a note that the runner has exited."""
+    from selenium.webdriver.common.by import By
+
+    from processor.runtime.observe.webui import WebServer
+
+    job = fixture_job()
+    job["state"] = "finished"
+    job["archived"] = {
+        "status_file": "/state/jobs/clicks-by-user/status.json",
+        "page_file": "/state/jobs/clicks-by-user/job-page.json",
+        "written_ms": job["updated_ms"],
+        "snapshot_url": "file:///state/checkpoints",
+        "retained_checkpoints": [139, 140, 141],
+        "store_error": None,
+    }
+    server = WebServer(None, "127.0.0.1:0", page=job)
+    try:
+        browser.get(server.url)
+        _wait(browser, lambda d: _body(d, "loaded") == "1", "the page never rendered api/job")
+        note = browser.find_element(By.ID, "archived-note")
+        assert note.is_displayed()
+        assert "runner has exited" in note.text and "3 checkpoints" in note.text
+        assert not browser.find_element(By.ID, "error-banner").is_displayed()
+        assert browser.find_element(By.ID, "job-state").text.lower() == "finished"
+        assert len(_rows(browser, "watermark-sources")) == 4
+        assert len(browser.find_elements(By.CSS_SELECTOR, "rect.ckpt-duration")) == 30
+    finally:
+        server.close()
 
 
 class _LiveChecks:
@@ -418,6 +538,7 @@ class _LiveChecks:
         self.tmp_path = tmp_path
         self.url: str | None = None
         self.seen: dict[str, Any] = {}
+        self.wm: dict[str, Any] = {}
         self.error: BaseException | None = None
         self.done = threading.Event()
 
@@ -449,6 +570,12 @@ class _LiveChecks:
               state: document.getElementById("job-state").textContent,
               workers: document.getElementById("job-workers").textContent,
               lag: q("#lag tbody tr:not(.empty)").length,
+              held: document.getElementById("watermark-summary").dataset.heldBy || "",
+              wm_summary: document.getElementById("watermark-summary").textContent,
+              wm_stages: q("#watermark-stages tbody tr:not(.empty)").map(
+                (tr) => [...tr.cells].map((td) => td.textContent.trim())),
+              wm_sources: q("#watermark-sources tbody tr:not(.empty)").map(
+                (tr) => [...tr.cells].map((td) => td.textContent.trim())),
             };"""
 
         def drawn(driver: Any) -> bool:
@@ -459,7 +586,16 @@ class _LiveChecks:
             drawn(driver)
             return any(t and not t.startswith(("0 ", "\u2013")) for t in self.seen["rates"])
 
+        def watermarked(driver: Any) -> bool:
+            drawn(driver)
+            seen = self.seen
+            times = [r[2] for r in seen["wm_sources"]]
+            return bool(seen["held"]) and len(times) == 8 and "none yet" not in times
+
         _wait(self.browser, drawn, "no graph or no checkpoint drawn while the job ran")
+        # The watermarks: every source partition's, and the one holding the job back named.
+        _wait(self.browser, watermarked, "no watermark panel with a held-by partition drawn")
+        self.wm = dict(self.seen)
         # The paced job reads all along: some step shows a rate above zero.
         _wait(self.browser, rated, "no step rate shown while the job ran")
         self.seen["api"] = self.browser.execute_script(
@@ -500,6 +636,13 @@ def test_job_page_draws_a_running_job_from_its_runner(
     assert len(seen["edges"]) == 1 and seen["edges"][0][2] is True  # the shuffle by user
     assert len(seen["checkpoints"]) >= 1
     assert seen["workers"] == "2 / 2"
+    wm = checks.wm
+    topic = seen["api"]["graph"]["stages"][0]["sources"][0]
+    assert re.fullmatch(rf"{re.escape(topic)}\[\d\]", wm["held"]), wm["held"]
+    assert f"held by {wm['held']}" in wm["wm_summary"]
+    assert [r[0] for r in wm["wm_stages"]] == [s["name"] for s in seen["api"]["graph"]["stages"]]
+    assert sorted(int(r[1]) for r in wm["wm_sources"]) == list(range(8))
+    assert sum(1 for r in wm["wm_sources"] if r[6] == "holds the job back") == 1
 
     # The job is over and its server closed: the page says so and keeps what it drew.
     banner = browser.find_element(By.ID, "error-banner")

@@ -34,6 +34,7 @@ from prometheus_client.registry import Collector
 from processor.compiler import Plan
 from processor.runtime.checkpoints.coordinator import CheckpointEvent
 from processor.runtime.observe.tally import Tally
+from processor.runtime.observe.watermarks import WATERMARK_METRICS, families
 
 if TYPE_CHECKING:
     from processor.runtime.job import WorkerHandle
@@ -99,6 +100,7 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         ("sink",),
     ),
 }
+METRICS.update(WATERMARK_METRICS)  # the watermarks' gauges (observe.watermarks)
 
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _BYTES = tuple(float(4**i * 1024) for i in range(11))  # 1 KiB .. 1 GiB
@@ -171,6 +173,9 @@ class JobMetrics:
         self._sinks = {n for n, s in plan.flow.steps.items() if s.kind == "sink"}
         self._graph = _graph(plan)  # the plan does not change while the runner lives
         self.registry = CollectorRegistry(auto_describe=True)
+        # The histograms and counters fed by events, exported without prometheus_client's
+        # ``*_created`` series: every eosflow_ series is a documented one (docs/observability.md).
+        self._events = CollectorRegistry(auto_describe=True)
         # Events and snapshots come from the runner's thread only; the HTTP threads read
         # ``snapshot`` (replaced whole) and the prometheus_client objects (thread-safe).
         #: The run's counters (shared with the progress line and status.json).
@@ -189,16 +194,17 @@ class JobMetrics:
         for kind in ("timeout", "declined", "restart"):
             self.failed.labels(self.job, kind)  # exported at 0 from the start
         self.registry.register(_Collector(self))
+        self.registry.register(_WithoutCreated(self._events))
 
     def _histogram(self, name: str, buckets: tuple[float, ...]) -> Histogram:
         _kind, text, labels = METRICS[name]
         return Histogram(
-            name, text, (LABEL, *labels), buckets=buckets, registry=self.registry
+            name, text, (LABEL, *labels), buckets=buckets, registry=self._events
         )  # fmt: skip
 
     def _counter(self, name: str) -> Counter:
         _kind, text, labels = METRICS[name]
-        return Counter(_name(name), text, (LABEL, *labels), registry=self.registry)
+        return Counter(_name(name), text, (LABEL, *labels), registry=self._events)
 
     # -- events (the runner's thread) ------------------------------------------------------------
 
@@ -318,6 +324,7 @@ class JobMetrics:
             },
             "checkpoints": {**status.get("checkpoint", {}), "history": history},
             "restarts_list": restarts,
+            "watermarks": status.get("watermarks"),  # observe.watermarks.summarize
             "lag": {
                 "sources": [
                     {"topic": t, "partition": p, "records": n}
@@ -364,6 +371,18 @@ def _graph(plan: Plan) -> dict[str, Any]:
     }
 
 
+class _WithoutCreated(Collector):
+    """``registry``'s metrics without their ``*_created`` samples."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in self.registry.collect():
+            metric.samples = [s for s in metric.samples if not s.name.endswith("_created")]
+            yield metric
+
+
 class _Collector(Collector):
     """The snapshot's metrics, at scrape time."""
 
@@ -383,6 +402,7 @@ class _Collector(Collector):
         info = family("eosflow_job_info")
         info.add_metric([job, *m.info.values()], 1)
         yield info
+        yield from families(status.get("watermarks"), job, LABEL)  # observe.watermarks
         for name, value in (
             ("eosflow_generation", status.get("generation", 0)),
             ("eosflow_uptime_seconds", status.get("uptime_s", 0.0)),

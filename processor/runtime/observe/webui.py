@@ -4,6 +4,9 @@ One :class:`http.server.ThreadingHTTPServer` in a daemon thread of the runner (t
 driver on Spark). It reads only :class:`~processor.runtime.observe.metrics.JobMetrics`' snapshot,
 never the runner's state, so a slow or stuck client cannot hold up the job. The page's assets are
 package data (``processor/runtime/observe/ui``): no CDN, no build step.
+
+After the run, ``eosflow status --web JOB`` serves the same page from the document the runner
+left (:mod:`.archive`): ``page`` instead of ``metrics``, no ``/metrics``.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import errno
 import json
 import logging
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import Any
@@ -28,7 +32,12 @@ log = logging.getLogger(__name__)
 
 #: How often the serving loop looks for a shutdown request (close() waits up to this long).
 _POLL_S = 0.05
-_ASSETS = {"app.js": "text/javascript", "style.css": "text/css", "index.html": "text/html"}
+_ASSETS = {
+    "app.js": "text/javascript",
+    "panels.js": "text/javascript",
+    "style.css": "text/css",
+    "index.html": "text/html",
+}
 
 
 class WebServer:
@@ -39,12 +48,19 @@ class WebServer:
         url: ``http://HOST:PORT/`` once started.
     """
 
-    def __init__(self, metrics: JobMetrics, address: str) -> None:
+    def __init__(
+        self, metrics: JobMetrics | None, address: str, *, page: dict[str, Any] | None = None
+    ) -> None:
         parsed = parse_address(address)
         assert parsed is not None, "the caller checks for 'off'"
         host, ports = parsed
         self.metrics = metrics
-        self._server = _bind(host, ports, _handler(metrics))
+        if metrics is not None:
+            api: Callable[[], dict[str, Any]] = lambda: metrics.snapshot.api  # noqa: E731
+        else:
+            assert page is not None, "a page to serve: the runner's metrics or a saved page"
+            api = lambda: page  # noqa: E731
+        self._server = _bind(host, ports, _handler(api, metrics))
         bound_host, port = str(self._server.server_address[0]), self._server.server_address[1]
         shown = "127.0.0.1" if bound_host in ("0.0.0.0", "") else bound_host
         self.url = f"http://{shown}:{port}/"
@@ -84,7 +100,9 @@ def _bind(
     )
 
 
-def _handler(metrics: JobMetrics) -> type[BaseHTTPRequestHandler]:
+def _handler(
+    api: Callable[[], dict[str, Any]], metrics: JobMetrics | None
+) -> type[BaseHTTPRequestHandler]:
     ui = resources.files("processor.runtime.observe") / "ui"
 
     class Handler(BaseHTTPRequestHandler):
@@ -92,10 +110,13 @@ def _handler(metrics: JobMetrics) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
-            if path == "/metrics":
+            if path == "/metrics" and metrics is not None:
                 self._send(200, CONTENT_TYPE_LATEST, generate_latest(metrics.registry))
+            elif path == "/metrics":
+                text = b"no metrics: this page is a finished run's, served from its saved state\n"
+                self._send(404, "text/plain", text)
             elif path == "/api/job":
-                body = json.dumps(metrics.snapshot.api, default=str).encode()
+                body = json.dumps(api(), default=str).encode()
                 self._send(200, "application/json", body)
             elif path in ("/", "/index.html"):
                 self._asset("index.html")

@@ -20,6 +20,7 @@ from typing import Any
 from processor.compiler import Plan
 from processor.runtime.checkpoints.coordinator import CheckpointCoordinator
 from processor.runtime.job import Generation, RunOptions, RunResult
+from processor.runtime.observe import archive, watermarks
 from processor.runtime.observe.metrics import JobMetrics
 from processor.runtime.observe.tally import Tally, describe_waits, waits
 from processor.runtime.observe.webui import WebServer
@@ -170,7 +171,8 @@ class Reporter:
         self.say(
             f"gen={self.current.number} in={rin:,} ({rate_text}) out={out:,}{lag_text} "
             f"checkpoint={st.last_completed} ({st.last_duration_s * 1000:.0f} ms{loop_text}) "
-            f"restarts={self.budget.restarts}{_waiting_text(self.waits())}"
+            f"restarts={self.budget.restarts}{watermarks.progress_text(self._watermarks())}"
+            f"{_waiting_text(self.waits())}"
         )
         self.status("running")
 
@@ -193,6 +195,13 @@ class Reporter:
         with os.fdopen(fd, "w") as f:
             json.dump(status, f, indent=1)
         os.replace(tmp, path)
+        if self.metrics is not None:  # the page of the run, kept for `eosflow status --web`
+            archive.write_page(self.dir, self.metrics.snapshot.api)
+
+    def _watermarks(self) -> dict[str, Any]:
+        """The watermarks' summary (:mod:`processor.runtime.observe.watermarks`)."""
+        tasks = {k: v for w in self.current.workers for k, v in w.stats.items()}
+        return watermarks.summarize(self.plan, tasks)
 
     def _status_dict(self, state: str) -> dict[str, Any]:
         rin, out, lag = self.counters()
@@ -234,6 +243,7 @@ class Reporter:
             "over_max_iterations": over,
             "last_loop_log": st.last_loop_log,
             "tasks": {k: v for w in self.current.workers for k, v in w.stats.items()},
+            "watermarks": self._watermarks(),
             "snapshot_url": self.snapshot_url,
             "web": self.web.url if self.web is not None else None,
         }

@@ -551,6 +551,7 @@
     renderRestarts(job);
     renderLag(job);
     renderDeadLetters(job);
+    for (const panel of window.eosflowPanels || []) panel(job); // ui/panels.js
     state.updates += 1;
     document.body.dataset.updates = String(state.updates);
     document.body.dataset.loaded = "1";
