@@ -82,6 +82,16 @@ class Waits:
         """A context manager: the code it wraps waits on ``on`` (nested waits each count)."""
         return _Waiting(self, on)
 
+    def begin(self, on: str) -> object:
+        """A wait that is not a block of code (a source reader that gets nothing while the
+        broker said it has records): its token, for :meth:`end`."""
+        token = object()
+        self._enter(token, on)
+        return token
+
+    def end(self, token: object) -> None:
+        self._exit(token)
+
     def _enter(self, token: object, on: str) -> None:
         wait = Wait(on, self._clock(), int(self._wall() * 1000))
         with self._lock:

@@ -25,6 +25,8 @@ be pointed at a proxy from here.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
 import time
 import uuid
@@ -88,6 +90,13 @@ def _partition(
         else:
             broker.proxy.black_hole(seconds=seconds)
         report["partitioned"] = True
+        waits: set[str] = set()
+        while time.monotonic() < start + seconds:  # what status.json says the job waits on
+            with contextlib.suppress(OSError, ValueError):
+                status = json.loads((runner.dir / "status.json").read_text())
+                waits.update(str(w["on"]) for w in status.get("waiting", []))
+            time.sleep(0.1)
+        report["waits"] = sorted(waits)
         broker.proxy.wait_healed(seconds + 30)
         healed = time.monotonic()
         report["partition_s"] = round(healed - start, 1)
@@ -166,6 +175,8 @@ def test_a_5s_broker_partition_keeps_the_output_exactly_once_without_a_restart(
     wait for the broker: the job rides the partition out."""
     report = _run_file_sink(broker, tmp_path, 5.0)
     assert report["restarts"] == 0, report
+    # The stall is visible (issue 37): the sources wait on the broker, which said it has records
+    assert any(w.startswith("the broker: ") for w in report["waits"]), report["waits"]
 
 
 def test_a_broker_refusing_connections_for_5s_is_logged_once_per_period_exactly_once(

@@ -100,6 +100,8 @@ class Task:
         )  # fmt: skip
 
     def close(self) -> None:
+        if isinstance(self.inputs, SourceInputs):
+            self.inputs.close()
         self.reader.close()
         self.chain.close()
 

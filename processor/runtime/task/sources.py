@@ -50,6 +50,7 @@ from processor.runtime.operators.joins import joined_as_table_only
 from processor.runtime.task.chain import TP, OperatorChain
 from processor.runtime.task.channels import TaskEnv
 from processor.runtime.task.dead_letters import source_origins
+from processor.runtime.waits import WAITS
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,9 @@ class SourceInputs:
         self.others_wm: int | None = None
         self.ahead: set[TP] = set()
         self._over_since: dict[TP, float] = {}  # over the limit since (not paused yet)
+        #: a wait on the broker (:mod:`processor.runtime.waits`): polls give nothing while a
+        #: partition being read has records, as the last fetches said (a stalled broker)
+        self._starved: object | None = None
         steps = env.plan.flow.steps
         # topic -> (the value serde's ``deserialize`` or None, timestamp function, lag, message
         # key decoder or None)
@@ -158,6 +162,11 @@ class SourceInputs:
             # markers and aborted records. Without this a partition that ends in a
             # marker (the output of any exactly-once job) never counts as read.
             self.pos = self.reader.positions()
+            if self._starved is None:
+                self._starving()
+        elif self._starved is not None:
+            WAITS.end(self._starved)
+            self._starved = None
         self._source_watermark()
         if self.chain.dead is not None:
             self.chain.dead.flush()
@@ -350,6 +359,26 @@ class SourceInputs:
             if tp[0] not in self.quiet_tables or lag.get(tp, 1) > 0
         ]
         self.chain.advance_watermark(min(live) if live else MAX_WATERMARK - 1)
+
+    def _starving(self) -> None:
+        """An empty poll: a wait on the broker starts if a partition being read (not paused)
+        has records to read as the last fetches saw them; it ends with the next records (the
+        progress line shows it once it lasted half a second: a stalled or frozen broker)."""
+        paused = self.reader.paused
+        behind = [
+            (tp, n) for tp, n in self.reader.cached_lag().items() if n > 0 and tp not in paused
+        ]
+        if behind:
+            (topic, partition), n = max(behind, key=_second)
+            self._starved = WAITS.begin(
+                f"the broker: {topic}[{partition}] has {n:,} records to read and none comes "
+                "(a stalled broker, or a transaction open in the input)"
+            )
+
+    def close(self) -> None:
+        if self._starved is not None:
+            WAITS.end(self._starved)
+            self._starved = None
 
     # -- watermark alignment ---------------------------------------------------------------------
 
