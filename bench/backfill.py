@@ -50,6 +50,7 @@ from processor.embedded import servers  # noqa: E402
 from processor.runtime.job import parse_alignment  # noqa: E402
 from processor.runtime.supervision.local import LocalRunner, RunOptions  # noqa: E402
 from processor.runtime.supervision.runner import Runner  # noqa: E402
+from processor.testing.chaos import input_read  # noqa: E402
 from sinks import read_jsonl  # noqa: E402
 
 PIPELINE = BENCH / "pipelines" / "backfill_window.py"
@@ -83,17 +84,6 @@ class _Sampler(threading.Thread):
         self.before_end = 0
         self.stop = threading.Event()
 
-    def _read_share(self) -> float | None:
-        workers = self.runner.current.workers
-        sources = {s.name for s in self.runner.plan.stages if s.sources}
-        lags = [
-            int(st["lag"])
-            for w in workers
-            for task, st in dict(w.stats).items()
-            if task.rsplit(".", 1)[0] in sources
-        ]
-        return None if len(lags) < len(workers) else 1.0 - sum(lags) / self.records
-
     def run(self) -> None:
         while not self.stop.wait(0.05):
             if self.runner.stop.final is not None:  # drained: the final checkpoint commits
@@ -102,7 +92,7 @@ class _Sampler(threading.Thread):
                 return
             if self.first_at is not None:
                 continue
-            share = self._read_share()
+            share = input_read(self.runner, self.records)
             if share is not None and self.output.exists() and read_jsonl(self.output):
                 self.first_at = share
 

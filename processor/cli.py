@@ -307,11 +307,12 @@ def _parser() -> argparse.ArgumentParser:
         "backfill at a bounded pace (default: no limit)",
     )  # fmt: skip
     run.add_argument(
-        "--watermark-alignment", type=parse_alignment, default=30.0, metavar="DURATION|off",
+        "--watermark-alignment", type=parse_alignment, default="auto",
+        metavar="DURATION|auto|off",
         help="pause a source partition whose watermark runs this far (event time) ahead of "
         "the slowest partition that still has records to read, in any worker, so that a "
         "backfill fires its windows as it goes with bounded state; off: read partitions as "
-        "they come (30s)",
+        "they come; auto (default): 30s with --max-rate, off without",
     )  # fmt: skip
     run.add_argument(
         "--stop-timeout", type=parse_duration, default=120.0, metavar="DURATION",

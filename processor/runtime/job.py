@@ -147,8 +147,10 @@ class RunOptions:
     #: Watermark alignment (seconds of event time; ``None`` or 0: off): a source partition
     #: whose watermark runs this far ahead of the slowest partition with records to read, in
     #: any source task, is paused until that one catches up, so windows fire during a backfill
-    #: and state stays bounded (docs/engine.md, "Watermark alignment").
-    watermark_alignment: float | None = 30.0
+    #: and state stays bounded (docs/engine.md, "Watermark alignment"). ``"auto"``: 30 s with
+    #: ``max_rate``, off without (reading at full speed, pauses cost throughput and, measured,
+    #: bounded no state: bench/RESULTS.md, "Backfills and watermark alignment").
+    watermark_alignment: float | str | None = "auto"
     log_level: str = "INFO"
     #: ``global``: every worker restarts from the latest completed checkpoint; ``local``: only
     #: the failed one (docs/local-recovery.md; needs Redis for the record IDs).
@@ -180,7 +182,9 @@ class RunOptions:
     def watermark_drift_ms(self) -> int | None:
         """:attr:`watermark_alignment` in ms, ``None`` when off."""
         drift = self.watermark_alignment
-        return None if not drift else int(drift * 1000)
+        if drift == "auto":
+            drift = AUTO_ALIGNMENT_S if self.max_rate > 0 else None
+        return None if not drift else int(float(drift) * 1000)
 
     def metrics_address(self) -> str | None:
         """The address to serve on, ``None`` for off (checked: a bad one is a ConfigError)."""
@@ -192,10 +196,13 @@ class RunOptions:
             raise ConfigError(f"mode {self.mode!r}: choose one of {MODES}")
         if self.max_rate < 0:
             raise ConfigError(f"--max-rate must be 0 (no limit) or positive, got {self.max_rate}")
-        if self.watermark_alignment is not None and self.watermark_alignment < 0:
+        drift = self.watermark_alignment
+        if drift not in (None, "auto") and not (
+            isinstance(drift, int | float) and not isinstance(drift, bool) and drift >= 0
+        ):
             raise ConfigError(
-                f"--watermark-alignment must be a positive duration of event time (e.g. 30s) "
-                f"or off, got {self.watermark_alignment}s"
+                "--watermark-alignment must be a positive duration of event time (e.g. 30s), "
+                f"auto or off, got {drift!r}"
             )
         if self.workers < 1:
             raise ConfigError(f"workers must be at least 1, got {self.workers}")
@@ -300,10 +307,17 @@ def parse_duration(text: str) -> float:
     return value
 
 
-def parse_alignment(text: str) -> float | None:
-    """``--watermark-alignment``: a duration in seconds, or ``off``: ``None``."""
-    if text.strip().lower() in ("off", "none", "no", "false", "0"):
+#: ``--watermark-alignment auto`` with ``--max-rate``: the drift, seconds of event time.
+AUTO_ALIGNMENT_S = 30.0
+
+
+def parse_alignment(text: str) -> float | str | None:
+    """``--watermark-alignment``: a duration in seconds, ``auto``, or ``off``: ``None``."""
+    word = text.strip().lower()
+    if word in ("off", "none", "no", "false", "0"):
         return None
+    if word == "auto":
+        return "auto"
     return parse_duration(text)
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from processor.runtime.supervision.runner import Runner
+from processor.testing.chaos import input_read
 from sinks import read_jsonl
 from tests.e2e.harness import chaos_seed, expected, expected_window_counts, run_chaos
 
@@ -45,22 +46,9 @@ class FirstWindow:
         self.samples = 0
         self.done = threading.Event()
 
-    def _read(self, runner: Runner) -> float | None:
-        workers = runner.current.workers
-        sources = {s.name for s in runner.plan.stages if s.sources}
-        lags = [
-            int(st["lag"])
-            for w in workers
-            for task, st in dict(w.stats).items()
-            if task.rsplit(".", 1)[0] in sources
-        ]
-        if len(lags) < len(workers):  # a (re)started worker has not reported yet
-            return None
-        return 1.0 - sum(lags) / self.backlog
-
     def __call__(self, runner: Runner) -> None:
         while not self.done.is_set() and self.read_share is None:
-            share = self._read(runner)
+            share = input_read(runner, self.backlog)
             if share is not None:
                 self.samples += 1
                 if read_jsonl(self.output) if self.output.exists() else []:
@@ -70,7 +58,7 @@ class FirstWindow:
 
 
 def _backfill(
-    kafka_endpoint: tuple[str, str], tmp_path: Path, *, alignment: float | None, kills: int
+    kafka_endpoint: tuple[str, str], tmp_path: Path, *, alignment: str | None, kills: int
 ) -> tuple[FirstWindow, Any, int]:
     seed = chaos_seed()
     first = FirstWindow(tmp_path / "output", RECORDS)
@@ -100,7 +88,7 @@ def _backfill(
 def test_a_rate_limited_backfill_commits_windows_while_it_reads_each_exactly_once(
     kafka_endpoint: tuple[str, str], tmp_path: Path
 ) -> None:
-    first, run, seed = _backfill(kafka_endpoint, tmp_path, alignment=30.0, kills=1)
+    first, run, seed = _backfill(kafka_endpoint, tmp_path, alignment="auto", kills=1)
     assert len(run.random_kills) == 1
     # 30 s of drift over 320 s of event time: the first window (10 s) can fire once the
     # slowest partition passed ~40 s, an eighth of the backlog; the checkpoint that commits it

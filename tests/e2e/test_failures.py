@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from pathlib import Path
@@ -88,3 +89,6 @@ def test_workers_that_cannot_start_fail_the_job_fast_with_the_reason(
         runner.run()
     assert runner.restarts == 3
     assert "compiled differently in worker" in runner.restart_causes[-1]
+    # status.json (eosflow status, the saved job page) says so: not "running" with no runner
+    status = json.loads((runner.dir / "status.json").read_text())
+    assert status["state"] == "failed", status["state"]

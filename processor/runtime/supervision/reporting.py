@@ -94,6 +94,11 @@ class Reporter:
         return self._tally
 
     @property
+    def opened(self) -> bool:
+        """:meth:`open` was called: the status can be written."""
+        return self._coordinator is not None
+
+    @property
     def plan(self) -> Plan:
         assert self._plan is not None, "Reporter.open first"
         return self._plan

@@ -425,6 +425,10 @@ class Runner:
             savepoints.finished(self.stop.final)
             reporter.status("finished")
             return reporter.result()
+        except Exception:
+            if reporter.opened:  # not "running" with no runner: the job and its page say so
+                reporter.status("failed")
+            raise
         finally:
             sharing.close()
             if self.savepoints is not None:

@@ -404,6 +404,7 @@ class SourceInputs:
         assert self.drift is not None
         busy = self._busy(lag)
         over: set[TP] = set()
+        slowest = MIN_WATERMARK  # all idle: nothing is over
         if busy:
             local = min(self.max_ts[tp] for tp in busy)
             slowest = local if self.others_wm is None else min(local, self.others_wm)

@@ -42,12 +42,7 @@
 
   const tooltip = (node, str) => (svg("title", {}, node).textContent = str);
 
-  function el(tag, cls, str) {
-    const node = document.createElement(tag);
-    if (cls) node.className = cls;
-    if (str !== undefined && str !== null) node.textContent = String(str);
-    return node;
-  }
+  const { el, fillTable } = window.eosflowUI; // ui/panels.js (loaded first)
 
   const setText = (id, str) => (byId(id).textContent = str);
 
@@ -465,26 +460,6 @@
   }
 
   // ---------------------------------------------------------------- tables
-  function fillTable(id, rows, columns, emptyText) {
-    if (!changed("table-" + id, rows)) return;
-    const tbody = byId(id).querySelector("tbody");
-    tbody.replaceChildren();
-    if (!rows.length) {
-      const td = el("td", "empty", emptyText);
-      td.colSpan = columns.length;
-      tbody.appendChild(el("tr", "empty")).appendChild(td);
-      return;
-    }
-    for (const row of rows) {
-      const tr = tbody.appendChild(el("tr"));
-      for (const col of columns) {
-        const td = tr.appendChild(el("td", col.cls || ""));
-        const v = col.get(row);
-        if (v instanceof Node) td.appendChild(v);
-        else td.textContent = v === null || v === undefined || v === "" ? DASH : String(v);
-      }
-    }
-  }
 
   const pill = (str, kind) => el("span", "pill kind-" + String(kind).replace(/[^a-z_-]/gi, ""), str);
 

@@ -1,8 +1,8 @@
-// The job page's panels beside app.js's: the watermarks (per stage and per source partition,
-// the partition that holds the job back marked) and the note on a page served from a finished
-// run's saved state (`eosflow status --web`). app.js calls each of `window.eosflowPanels` with
-// the /api/job document (docs/observability.md) after drawing its own; any field may be
-// missing or null.
+// The job page's shared helpers (an element, a table; app.js uses them too) and its panels
+// beside app.js's: the watermarks (per stage and per source partition, the partition that
+// holds the job back marked) and the note on a page served from a finished run's saved state
+// (`eosflow status --web`). app.js calls each of `window.eosflowPanels` with the /api/job
+// document (docs/observability.md) after drawing its own; any field may be missing or null.
 "use strict";
 
 (function () {
@@ -60,8 +60,8 @@
       return;
     }
     for (const row of rows) {
-      const tr = tbody.appendChild(el("tr", row.holding ? "holding" : ""));
-      if (row.holding) tr.dataset.holding = "1";
+      const tr = tbody.appendChild(el("tr"));
+      if (row.holding) tr.dataset.holding = "1"; // the partition that holds the job back
       for (const col of columns) {
         const td = tr.appendChild(el("td", col.cls || ""));
         const v = col.get(row);
@@ -70,6 +70,10 @@
       }
     }
   }
+
+  // The page's helpers, for app.js too: an element, and a table body filled with rows (one
+  // cell per column; redrawn only when the rows change).
+  window.eosflowUI = { el, fillTable: fill };
 
   function stageMark(s, nowMs) {
     return s.end ? "end of input" : fmtEventTime(s.watermark_ms, nowMs);
