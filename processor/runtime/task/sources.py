@@ -162,8 +162,7 @@ class SourceInputs:
             # markers and aborted records. Without this a partition that ends in a
             # marker (the output of any exactly-once job) never counts as read.
             self.pos = self.reader.positions()
-            if self._starved is None:
-                self._starving()
+            self._starving()
         elif self._starved is not None:
             WAITS.end(self._starved)
             self._starved = None
@@ -362,13 +361,16 @@ class SourceInputs:
 
     def _starving(self) -> None:
         """An empty poll: a wait on the broker starts if a partition being read (not paused)
-        has records to read as the last fetches saw them; it ends with the next records (the
-        progress line shows it once it lasted half a second: a stalled or frozen broker)."""
+        has records to read as the last fetches saw them; it ends with the next records, or
+        when no such partition is left (paused meanwhile). The progress line shows it once it
+        lasted half a second: a stalled or frozen broker."""
         paused = self.reader.paused
         behind = [
             (tp, n) for tp, n in self.reader.cached_lag().items() if n > 0 and tp not in paused
         ]
-        if behind:
+        if not behind:
+            self.close()
+        elif self._starved is None:
             (topic, partition), n = max(behind, key=_second)
             self._starved = WAITS.begin(
                 f"the broker: {topic}[{partition}] has {n:,} records to read and none comes "
