@@ -47,6 +47,11 @@ def status(args: argparse.Namespace) -> int:
     print(
         f"checkpoint last {chk['last_completed']} ({chk['last_duration_ms']} ms), "
         f"{chk['completed']} completed, {chk['aborted']} aborted, pending {chk['pending']}"
+        + (
+            f" for {chk['pending_s']:.0f} s, no ack from {', '.join(chk['pending_missing'])}"
+            if (chk.get("pending_s") or 0) >= 5
+            else ""
+        )
     )
     print(
         f"records    in {st['records_in']:,}  out {st['records_out']:,}  "

@@ -279,3 +279,20 @@ def test_eosflow_status_prints_each_cause_once_and_what_the_workers_wait_on(
     out = capsys.readouterr().out
     assert out.count("y" * 900) == 1 and "restart    10 times (" in out, out
     assert f"waiting    worker 0 on {on} since " in out and "source lag 36,000" in out, out
+
+
+def test_a_checkpoint_pending_for_long_is_named_with_the_tasks_it_waits_for(
+    tmp_path: Path,
+) -> None:
+    """A barrier or a commit that does not get through (a broker cut off while the channel
+    writers hold records): the progress line says which checkpoint, for how long, and whose
+    ack is missing, instead of only the last completed one."""
+    s = _Setup(tmp_path)
+    coordinator = s.reporter.coordinator
+    coordinator.clock = s.clock
+    chk = coordinator.trigger_now()
+    s.reporter.report(force=True)
+    assert "pending=" not in s.lines()[-1]  # a checkpoint in progress is normal
+    s.clock.now += 12.0
+    s.reporter.report(force=True)
+    assert s.lines()[-1].endswith(f" pending={chk} for 12 s (no ack from clicks.0, count.0)")

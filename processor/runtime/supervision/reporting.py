@@ -177,9 +177,26 @@ class Reporter:
             f"gen={self.current.number} in={rin:,} ({rate_text}) out={out:,}{lag_text} "
             f"checkpoint={st.last_completed} ({st.last_duration_s * 1000:.0f} ms{loop_text}) "
             f"restarts={self.budget.restarts}{watermarks.progress_text(self._watermarks())}"
-            f"{_waiting_text(self.waits())}"
+            f"{_waiting_text(self.waits())}{self._pending_text()}"
         )
         self.status("running")
+
+    def _pending_text(self) -> str:
+        """`` pending=7 for 12 s (no ack from totals.0, totals.1)`` when a checkpoint has been
+        pending for :data:`_PENDING_SHOWN_S` or more (a barrier or a commit that does not get
+        through: a stalled broker, an operator stuck in user code), else nothing."""
+        coordinator = self.coordinator
+        pending = coordinator.pending
+        if pending is None:
+            return ""
+        age = coordinator.clock() - pending.started
+        if age < _PENDING_SHOWN_S:
+            return ""
+        missing = sorted(coordinator.tasks - set(pending.acks))
+        shown = ", ".join(missing[:4]) + (
+            f" (+{len(missing) - 4} more)" if len(missing) > 4 else ""
+        )
+        return f" pending={pending.checkpoint_id} for {age:.0f} s (no ack from {shown})"
 
     def publish(self, state: str = "running", force: bool = False) -> None:
         """The metrics' snapshot (at most every half second): what scrapes and the job page
@@ -237,6 +254,15 @@ class Reporter:
                 "pending": self.coordinator.pending.checkpoint_id
                 if self.coordinator.pending
                 else None,
+                # how long it has been pending, and whose ack it lacks (a stall shows here)
+                "pending_s": round(self.coordinator.clock() - self.coordinator.pending.started, 1)
+                if self.coordinator.pending
+                else None,
+                "pending_missing": sorted(
+                    self.coordinator.tasks - set(self.coordinator.pending.acks)
+                )
+                if self.coordinator.pending
+                else [],
             },
             "records_in": rin,
             "records_out": out,
@@ -275,6 +301,10 @@ class Reporter:
                 self.final_trigger_s if self.final_trigger_s is not None else float("nan")
             ),
         )
+
+
+#: A checkpoint pending longer than this is named on the progress line, with what it waits for.
+_PENDING_SHOWN_S = 5.0
 
 
 def _waiting_text(found: list[dict[str, Any]]) -> str:
