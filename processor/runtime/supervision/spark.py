@@ -251,7 +251,6 @@ class SparkWorkers:
         self._name = ""  # the job's
         self.spark_start_s: float | None = None
         self.check_s: float | None = None  # the first-task check's time, once it passed
-        self._checked = False  # the check passed, or is redundant (see open)
         self._say: Callable[[str], None] = lambda _: None
 
     # -- session ---------------------------------------------------------------------------------
@@ -288,10 +287,6 @@ class SparkWorkers:
             python = {"PYSPARK_PYTHON": sys.executable}
             if "PYTHONPATH" not in self.options.environ:  # --env PYTHONPATH=... wins
                 settings["spark.executorEnv.PYTHONPATH"] = _driver_path()
-            # The executors run this interpreter with this sys.path and this environment (the
-            # JVM's, plus the tasks' environ): they import and load what this process just did,
-            # so the first-task check is redundant, and it would cost 1-2 s of imports.
-            self._checked = self._owns_session  # (a session made earlier has its own)
         elif chosen is not None and not os.environ.get("PYSPARK_PYTHON"):
             # spark.pyspark.python is only read by spark-submit; PySpark reads the variable.
             python = {"PYSPARK_PYTHON": chosen}
@@ -342,7 +337,9 @@ class SparkWorkers:
 
     def launch(self, specs: list[dict[str, Any]], current: Generation) -> None:
         environ = self._worker_environ()
-        if not self._checked:  # once per run, before the first barrier job
+        # Once per run, before the first barrier job; on a local master too, where it is
+        # nearly redundant but costs 0.7 s (docs/spark.md, "The first-task check").
+        if self.check_s is None:
             started = time.monotonic()
             sc = self.session.sparkContext
             try:
@@ -350,7 +347,6 @@ class SparkWorkers:
             except ConfigError:
                 self._say(f"executor check failed in {time.monotonic() - started:.1f}s")
                 raise
-            self._checked = True
             log.info("spark executor check passed in %.2fs", self.check_s)
             self._say(f"executors checked in {self.check_s:.1f}s (Python, eosflow, pipeline)")
         payload = {"specs": specs, "environ": environ}
