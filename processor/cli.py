@@ -152,6 +152,7 @@ def _run(args: argparse.Namespace) -> int:
         )
         return 2
     map_state = parse_map_state(args.map_state)  # before any server starts
+    environ = RunOptions.parse_env(args.env)
     # local recovery keeps record IDs in Redis: embedded too unless EOSFLOW_REDIS_URL names one
     wanted = ["kafka", "redis"] if args.recovery == "local" else ["kafka"]
     with servers(wanted) as endpoints:
@@ -181,7 +182,7 @@ def _run(args: argparse.Namespace) -> int:
             map_state=map_state,
             allow_dropped_state=args.allow_dropped_state,
             start_over=args.start_over,
-            environ=endpoints.as_env(),
+            environ={**endpoints.as_env(), **environ},
             progress=sys.stderr,
             log_level="DEBUG" if args.verbose > 1 else "INFO",
         )
@@ -256,6 +257,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--conf", action="append", default=[], metavar="KEY=VALUE",
         help="a Spark setting, e.g. spark.archives=env.tar.gz#environment (repeatable)",
+    )  # fmt: skip
+    run.add_argument(
+        "--env", action="append", default=[], metavar="NAME[=VALUE]",
+        help="a variable every worker sees (repeatable): NAME forwards this process's value. "
+        "Spark executors otherwise get only the driver's EOSFLOW_* variables",
     )  # fmt: skip
     run.add_argument(
         "--control-host", help="Spark: the driver address executors connect to for checkpoint "

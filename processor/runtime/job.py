@@ -135,6 +135,9 @@ class RunOptions:
     max_backoff: float = 10.0
     faults: list[Fault] = field(default_factory=list)
     transport: str = "connectors.transport:from_env"
+    #: Variables every worker sees besides the runner's environment (``eosflow run --env``):
+    #: the local runner's worker processes get them, and so do the Spark executors (which
+    #: otherwise only get the driver's ``EOSFLOW_*`` variables; docs/spark.md).
     environ: dict[str, str] = field(default_factory=dict)
     state_dir: str | None = None
     progress: TextIO | None = None
@@ -190,6 +193,27 @@ class RunOptions:
         """The address to serve on, ``None`` for off (checked: a bad one is a ConfigError)."""
         text = self.metrics or os.environ.get("EOSFLOW_METRICS") or DEFAULT_ADDRESS
         return text if parse_address(text) is not None else None
+
+    @staticmethod
+    def parse_env(items: list[str], environ: dict[str, str] | None = None) -> dict[str, str]:
+        """``--env NAME=VALUE`` and ``--env NAME`` (this process's value; ``environ`` stands
+        for ``os.environ`` in tests) as :attr:`environ` entries."""
+        here = os.environ if environ is None else environ
+        env: dict[str, str] = {}
+        for item in items:
+            name, sep, value = item.partition("=")
+            name = name.strip()
+            if not name or any(c.isspace() for c in name):
+                raise ConfigError(f"--env {item!r}: expected NAME or NAME=VALUE, e.g. CHAOS_IN")
+            if not sep:
+                if name not in here:
+                    raise ConfigError(
+                        f"--env {name}: {name} is not set here, so there is no value to forward: "
+                        f"set it, or give one with --env {name}=VALUE"
+                    )
+                value = here[name]
+            env[name] = value
+        return env
 
     def validate(self) -> None:
         if self.mode not in MODES:

@@ -21,6 +21,12 @@ be a second live worker for the same subtask; refused if configured true) and
 ``local[...]`` master it also defaults ``SPARK_LOCAL_IP``, the driver address and the UI to
 loopback/off, and the executors' Python to this interpreter.
 
+What the executors get: the job's environment (``RunOptions.environ``, ``eosflow run --env``)
+as ``spark.executorEnv.NAME`` and, with the driver's ``EOSFLOW_*`` variables, in each task.
+Before the first barrier job, a short check job runs on them
+(:mod:`processor.runtime.supervision.spark_check`): a Python without eosflow, or a variable the
+pipeline reads that did not reach them, fails the run in seconds with the fix named.
+
 :class:`SparkWorkers` is that :class:`~processor.runtime.supervision.recovery.WorkerLauncher`;
 :class:`SparkRunner` is a :class:`~processor.runtime.supervision.runner.Runner` that uses it.
 """
@@ -47,6 +53,7 @@ from processor.runtime.job import Generation
 from processor.runtime.supervision.preflight import extra_environ
 from processor.runtime.supervision.recovery import ControlAddress, Failure
 from processor.runtime.supervision.runner import Runner, RunOptions
+from processor.runtime.supervision.spark_check import check_executors
 
 __all__ = ["SparkOptions", "SparkRunner", "SparkWorkers", "local_slots", "spark_cause"]
 
@@ -243,12 +250,14 @@ class SparkWorkers:
         self._job: _Job | None = None
         self._name = ""  # the job's
         self.spark_start_s: float | None = None
+        self.check_s: float | None = None  # the first-task check's time, once it passed
+        self._say: Callable[[str], None] = lambda _: None
 
     # -- session ---------------------------------------------------------------------------------
 
     def open(self, job: str, pipeline: str, say: Callable[[str], None]) -> ControlAddress:
         started = time.monotonic()
-        self._name = job
+        self._name, self._say = job, say
         if self.local_master:
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         from pyspark.sql import SparkSession
@@ -266,10 +275,21 @@ class SparkWorkers:
                     "spark.driver.bindAddress": "127.0.0.1",
                 }
             )
+        # The job's own variables from the executors' start (the tasks set them again, with
+        # the driver's EOSFLOW_*: a session spark-submit made already has its executorEnv).
+        for key, value in self.options.environ.items():
+            settings[f"spark.executorEnv.{key}"] = value
         python: dict[str, str] = {}
-        if self.local_master and not os.environ.get("PYSPARK_PYTHON"):
+        chosen = os.environ.get("PYSPARK_PYTHON") or self.spark_options.conf.get(
+            "spark.pyspark.python"
+        )
+        if chosen is None and self.local_master:
             python = {"PYSPARK_PYTHON": sys.executable}
-            settings["spark.executorEnv.PYTHONPATH"] = _driver_path()
+            if "PYTHONPATH" not in self.options.environ:  # --env PYTHONPATH=... wins
+                settings["spark.executorEnv.PYTHONPATH"] = _driver_path()
+        elif chosen is not None and not os.environ.get("PYSPARK_PYTHON"):
+            # spark.pyspark.python is only read by spark-submit; PySpark reads the variable.
+            python = {"PYSPARK_PYTHON": chosen}
         settings.update(self.spark_options.conf)
         for key, value in settings.items():
             builder = builder.config(key, value)
@@ -316,7 +336,20 @@ class SparkWorkers:
         return env
 
     def launch(self, specs: list[dict[str, Any]], current: Generation) -> None:
-        payload = {"specs": specs, "environ": self._worker_environ()}
+        environ = self._worker_environ()
+        # Once per run, before the first barrier job; on a local master too, where it is
+        # nearly redundant but costs 0.7 s (docs/spark.md, "The first-task check").
+        if self.check_s is None:
+            started = time.monotonic()
+            sc = self.session.sparkContext
+            try:
+                self.check_s = check_executors(sc, specs[0], environ, local=self.local_master)
+            except ConfigError:
+                self._say(f"executor check failed in {time.monotonic() - started:.1f}s")
+                raise
+            log.info("spark executor check passed in %.2fs", self.check_s)
+            self._say(f"executors checked in {self.check_s:.1f}s (Python, eosflow, pipeline)")
+        payload = {"specs": specs, "environ": environ}
         group = f"eosflow-{self._name}-g{current.number}"
         self._job = _Job(self.session.sparkContext, group, payload)
 

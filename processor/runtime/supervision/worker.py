@@ -153,7 +153,7 @@ def run_worker(spec: dict[str, Any]) -> int:
         raise ConfigError(
             f"the pipeline compiled differently in worker {worker} than in the runner:\n"
             f"{plan.describe()}\nIt probably reads environment variables that differ here. "
-            "On Spark, pass them to the executors with --conf spark.executorEnv.NAME=VALUE"
+            "On Spark, forward them to the executors with --env NAME (eosflow run)"
         )
     compiled = time.monotonic()
     transport = load_object(spec["transport"])()
