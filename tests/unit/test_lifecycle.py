@@ -57,6 +57,31 @@ def test_a_deterministic_failure_is_the_same_whichever_worker_or_partition_shows
 # -- the restart budget --------------------------------------------------------------------------
 
 
+def test_a_configuration_a_worker_refuses_twice_fails_the_job_after_one_restart() -> None:
+    """Seen running the README example after ``eosflow reset``: a file sink refusing another
+    run's part files (a ConfigError in every worker's start) restarted 10 times over 60 s."""
+    clock = Clock()
+    budget = _budget(clock)
+    refused = (
+        "worker {w} exit code 1 (worker={w} failed: ConfigError: file sink step='out' "
+        "subtask={w}: out/running-total holds part files up to checkpoint 1, but the newest "
+        "completed checkpoint of job 'running-total' is none)"
+    )
+    budget.count(refused.format(w=0))
+    budget.check_start(refused.format(w=0), True)  # the workers all started, then refused
+    budget.check(refused.format(w=0), 0)  # once: one restart is tried
+    budget.count(refused.format(w=1))
+    budget.check_start(refused.format(w=1), True)
+    with pytest.raises(JobFailed, match=r"the same failure again after a restart.*ConfigError"):
+        budget.check(refused.format(w=1), 0)
+    # Before the workers all started, the start-up rule (3 in a row) decides instead.
+    early = _budget(clock)
+    for _ in range(2):
+        early.count(refused.format(w=0))
+        early.check_start(refused.format(w=0), False)
+        early.check(refused.format(w=0), 0)
+
+
 def test_restarts_are_limited_per_window_not_per_lifetime() -> None:
     """(Was an e2e test reaching the budget through a runner.)"""
     clock = Clock()

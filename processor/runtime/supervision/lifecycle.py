@@ -44,6 +44,10 @@ _WORKER_N = re.compile(r"\bworker[ =]\d+")
 #: Failures that happen again the same way after a restart: a user function raising on a
 #: record, records that are gone or positions that no longer exist on the broker.
 _DETERMINISTIC = ("UserFunctionError", "DataLossError")
+#: And a configuration that workers which all started refuse (a sink's output directory holding
+#: another run's part files: it restarted 10 times over 60 s with backoff before failing).
+#: Before the workers all started, :data:`MAX_UNSTARTED` applies instead.
+_REFUSED = "ConfigError"
 #: The same failure this many times in a row before the workers all started is a configuration
 #: or environment problem, not bad luck: fail instead of spending the restart budget on it.
 MAX_UNSTARTED = 3
@@ -351,7 +355,9 @@ class RestartBudget:
         window = self.options.restart_window
         self._times = [t for t in self._times if now - t < window] + [now]
         causes = self.causes
-        deterministic = any(kind in cause for kind in _DETERMINISTIC)
+        deterministic = any(kind in cause for kind in _DETERMINISTIC) or (
+            _REFUSED in cause and self._unstarted == 0
+        )
         if deterministic and len(causes) >= 2 and same_kind(causes[-2], cause):
             raise JobFailed(
                 f"job {self.job!r}: the same failure again after a restart, so restarting "
