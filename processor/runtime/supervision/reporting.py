@@ -185,18 +185,24 @@ class Reporter:
         """`` pending=7 for 12 s (no ack from totals.0, totals.1)`` when a checkpoint has been
         pending for :data:`_PENDING_SHOWN_S` or more (a barrier or a commit that does not get
         through: a stalled broker, an operator stuck in user code), else nothing."""
-        coordinator = self.coordinator
-        pending = coordinator.pending
-        if pending is None:
+        pending = self._pending()
+        if pending is None or pending[1] < _PENDING_SHOWN_S:
             return ""
-        age = coordinator.clock() - pending.started
-        if age < _PENDING_SHOWN_S:
-            return ""
-        missing = sorted(coordinator.tasks - set(pending.acks))
+        chk, age, missing = pending
         shown = ", ".join(missing[:4]) + (
             f" (+{len(missing) - 4} more)" if len(missing) > 4 else ""
         )
-        return f" pending={pending.checkpoint_id} for {age:.0f} s (no ack from {shown})"
+        return f" pending={chk} for {age:.0f} s (no ack from {shown})"
+
+    def _pending(self) -> tuple[int, float, list[str]] | None:
+        """The pending checkpoint: its id, seconds since its trigger, the tasks whose ack it
+        lacks (``None``: none pending)."""
+        coordinator = self.coordinator
+        pending = coordinator.pending
+        if pending is None:
+            return None
+        age = coordinator.clock() - pending.started
+        return pending.checkpoint_id, age, sorted(coordinator.tasks - set(pending.acks))
 
     def publish(self, state: str = "running", force: bool = False) -> None:
         """The metrics' snapshot (at most every half second): what scrapes and the job page
@@ -229,6 +235,7 @@ class Reporter:
         rin, out, lag = self.counters()
         dead, bad, dups, over = self._bad_counts()
         st = self.coordinator.stats
+        pending = self._pending()
         status: dict[str, Any] = {
             "job": self.job,
             "state": state,
@@ -251,18 +258,11 @@ class Reporter:
                 "completed": st.completed,
                 "aborted": st.aborted,
                 "failed": dict(st.failed),  # by kind: timeout, declined, restart
-                "pending": self.coordinator.pending.checkpoint_id
-                if self.coordinator.pending
-                else None,
-                # how long it has been pending, and whose ack it lacks (a stall shows here)
-                "pending_s": round(self.coordinator.clock() - self.coordinator.pending.started, 1)
-                if self.coordinator.pending
-                else None,
-                "pending_missing": sorted(
-                    self.coordinator.tasks - set(self.coordinator.pending.acks)
-                )
-                if self.coordinator.pending
-                else [],
+                # the pending one, how long it has been pending and whose ack it lacks (a
+                # stall shows here)
+                "pending": pending[0] if pending else None,
+                "pending_s": round(pending[1], 1) if pending else None,
+                "pending_missing": pending[2] if pending else [],
             },
             "records_in": rin,
             "records_out": out,

@@ -372,7 +372,7 @@ class Runner:
             # After open: SparkContext installs its own SIGINT handler (cancel every job).
             handlers = self.stop.install_signals()
             self.server = ControlServer(*control.bind)
-            if self.options.watermark_drift_ms() is not None and self.plan.stages:
+            if self.options.watermark_drift_ms() is not None:
                 self.alignment = SourceAlignment(self.server.broadcast)
             port = self.server.address[1]
             self.advertised = (control.advertise or control.bind[0], port)

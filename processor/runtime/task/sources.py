@@ -384,15 +384,15 @@ class SourceInputs:
 
     # -- watermark alignment ---------------------------------------------------------------------
 
+    def _done(self, tp: TP) -> bool:
+        """``tp`` reached a bounded run's end."""
+        ends = self.env.end_offsets
+        return ends is not None and self.pos.get(tp, 0) >= ends.get(tp, 0)
+
     def _busy(self, lag: dict[TP, int]) -> list[TP]:
         """The partitions with records to read (not idle): lag unknown (never fetched yet) or
         above 0, and a bounded run's end not reached."""
-        ends = self.env.end_offsets
-        return [
-            tp
-            for tp in self.max_ts
-            if lag.get(tp, 1) > 0 and (ends is None or self.pos.get(tp, 0) < ends.get(tp, 0))
-        ]
+        return [tp for tp in self.max_ts if lag.get(tp, 1) > 0 and not self._done(tp)]
 
     def local_watermark(self, lag: dict[TP, int] | None = None) -> int | None:
         """The lowest watermark among this task's partitions with records to read (``None``:
@@ -441,11 +441,10 @@ class SourceInputs:
         """``[topic, partition, watermark, newest event time, state]`` per partition (the
         metrics and the job page): state ``reading``, ``ahead`` (paused by alignment), ``idle``
         (caught up) or ``done`` (a bounded run's end reached)."""
-        ends = self.env.end_offsets
         parts = []
         for tp, wm in self.max_ts.items():
             newest = None if wm == MIN_WATERMARK else wm + self.source_params[tp[0]][2]
-            if ends is not None and self.pos.get(tp, 0) >= ends.get(tp, 0):
+            if self._done(tp):
                 state = "done"
             elif tp in self.ahead:
                 state = "ahead"
