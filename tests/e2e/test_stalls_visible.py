@@ -156,10 +156,11 @@ def test_a_run_with_a_restart_reports_the_records_of_every_generation(
     seed = chaos_seed()
     records = 40_000
     progress = _Progress()
-    # worker 0 is killed at its first checkpoint's completion, before its commit: the next
-    # generation resumes there (the 3rd came too late on a loaded machine: the input was read
-    # in 3 checkpoints, the last one final, and the fault never fired)
-    faults = [Fault.parse("0:0:after-completion-before-commit:1")]
+    # worker 0 is killed at its 3rd checkpoint's completion, before its commit: the next
+    # generation resumes there. 250 us of work per click make the run about 5 s (at 100 us a
+    # loaded machine read the input in 3 checkpoints and the fault never fired; killed at the
+    # first, the worker had not yet sent its counters once, and they were lost)
+    faults = [Fault.parse("0:0:after-completion-before-commit:3")]
     run = run_chaos(
         "running_total_work.py",
         brokers=kafka_endpoint[0],
@@ -169,6 +170,7 @@ def test_a_run_with_a_restart_reports_the_records_of_every_generation(
         mode="aligned",
         interval=0.5,
         faults=faults,
+        env={"WORK_US": "250"},
         run_options={"progress": progress},
     )
     result = run.result
