@@ -165,6 +165,10 @@ def finish(args: argparse.Namespace, problems: list[str], ok: str) -> None:
         shutil.rmtree(args.work, ignore_errors=True)
 
 
+#: The variables the examples' pipeline files read (set by :func:`run_until_idle` and ``produce``).
+_PIPELINE_VARIABLES = ("JOB_NAME", "OUTPUT_DIR", "CLICKS_TOPIC", "EDGES_TOPIC", "USERS_TOPIC")
+
+
 def run_until_idle(
     pipeline: str,
     args: argparse.Namespace,
@@ -194,7 +198,11 @@ def run_until_idle(
             checkpoint_interval=args.checkpoint_interval,
             mode=args.mode,
             until_idle=True,
-            environ=endpoints.as_env(),
+            # What the pipeline files read: on a cluster, executors have only what is forwarded.
+            environ={
+                **endpoints.as_env(),
+                **{k: os.environ[k] for k in _PIPELINE_VARIABLES if k in os.environ},
+            },
             state_dir=f"{work}/state",
             progress=sys.stdout,
             recovery=args.recovery,

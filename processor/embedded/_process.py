@@ -73,9 +73,20 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _preexec(owned: bool, uid: int | None, gid: int | None) -> Callable[[], None]:
+_CLONE_NEWNET = 0x40000000
+
+
+def _preexec(
+    owned: bool, uid: int | None, gid: int | None, netns: str | None = None
+) -> Callable[[], None]:
     def run() -> None:
         os.setsid()
+        if netns is not None:  # ``ip netns exec`` without ``ip`` in the server's command line
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = os.open(f"/var/run/netns/{netns}", os.O_RDONLY)
+            if libc.setns(fd, _CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), f"setns into network namespace {netns}")
+            os.close(fd)
         if gid is not None:
             os.setgroups([])
             os.setgid(gid)
@@ -99,8 +110,10 @@ def spawn(
     cwd: Path | None = None,
     uid: int | None = None,
     gid: int | None = None,
+    netns: str | None = None,
 ) -> ServerProcess:
-    """Start ``argv`` in its own session with output to ``log_path``.
+    """Start ``argv`` in its own session with output to ``log_path``; ``netns``: in that
+    network namespace (``ip netns add``; needs CAP_SYS_ADMIN).
 
     Call it from a thread that lives as long as the server should: the kernel's parent-death
     signal fires when the *thread* that forked exits, not the process.
@@ -114,7 +127,7 @@ def spawn(
             stderr=subprocess.STDOUT,
             env=env,
             cwd=cwd,
-            preexec_fn=_preexec(owned, uid, gid),
+            preexec_fn=_preexec(owned, uid, gid, netns),
             close_fds=True,
         )
     except OSError as exc:

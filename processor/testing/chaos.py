@@ -204,8 +204,12 @@ class Killer(threading.Thread):
         victims: list[int] | None = None,
         plan: list[tuple[float, int]] | None = None,
         hold_s: float = 120.0,
+        target: Callable[[int], int | None] | None = None,
     ) -> None:
         super().__init__(name="chaos-killer", daemon=True)
+        #: what a kill hits, from the victim worker's PID (default: that process itself; e.g.
+        #: the Spark executor JVM running it, :meth:`SparkCluster.executor_of`)
+        self.target = target
         self.runner, self.kills, self.start_after, self.rng = runner, kills, start_after, rng
         self.victims = victims
         self.records = records
@@ -267,6 +271,8 @@ class Killer(threading.Thread):
                 continue
             victim = self.rng.choice(self.victims or range(len(workers)))
             pid = workers[victim].pid
+            if pid is not None and self.target is not None:
+                pid = self.target(pid)
             if pid is None:
                 continue
             try:

@@ -15,6 +15,10 @@ fixture                   scope     gives
                                     a topic of the test's own
 ``eosflow_job``           test      a :class:`~processor.testing.run.Job`: unique name, state
                                     under ``tmp_path``, the servers' ``EOSFLOW_*`` variables
+``eosflow_spark_cluster`` session   a Spark standalone cluster on loopback
+                                    (:class:`~processor.embedded.spark_cluster.SparkCluster`: a
+                                    master and 2 worker JVMs of 2 cores, from ``pyspark``); each
+                                    test gets it with every worker ALIVE
 ========================  ========  ===============================================================
 
 Servers start on first use (a session whose tests ask for none starts none) and stop at the end
@@ -32,6 +36,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
+    from processor.embedded.spark_cluster import SparkCluster
     from processor.testing.run import Job
     from processor.testing.servers import SessionServers
 
@@ -41,6 +46,7 @@ __all__ = [
     "eosflow_postgres",
     "eosflow_redis",
     "eosflow_servers",
+    "eosflow_spark_cluster",
     "eosflow_topic",
     "pytest_addoption",
 ]
@@ -135,3 +141,32 @@ def eosflow_job(
     from processor.testing.run import new_job
 
     return new_job(tmp_path, eosflow_servers.as_env(), _test_hint(request))
+
+
+@pytest.fixture(scope="session")
+def _eosflow_spark_cluster() -> Iterator[SparkCluster]:
+    from processor.embedded.spark_cluster import start_spark_cluster
+    from processor.errors import ServerNotFoundError
+
+    try:
+        cluster = start_spark_cluster(2, cores=2)
+    except ServerNotFoundError as exc:
+        pytest.skip(f"no Spark cluster here: {exc}")
+    with cluster:
+        yield cluster
+
+
+@pytest.fixture
+def eosflow_spark_cluster(_eosflow_spark_cluster: SparkCluster) -> SparkCluster:
+    """The session's Spark standalone cluster on 127.0.0.1, every worker ALIVE (a worker a
+    test SIGKILLed is started again). Run the Spark runner on it with
+    ``SparkOptions(master=cluster.master_url, control_host="127.0.0.1",
+    conf={"spark.pyspark.python": sys.executable})`` and ``SPARK_LOCAL_IP=127.0.0.1``."""
+    from processor.embedded._process import is_running
+
+    cluster = _eosflow_spark_cluster
+    for worker in cluster.workers:
+        if not is_running(worker.process):
+            cluster.restart_worker(worker.index)
+    cluster.wait_alive(len(cluster.workers))
+    return cluster

@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -24,6 +24,9 @@ from processor.runtime.supervision.local import Fault, LocalRunner, RunOptions, 
 from processor.runtime.supervision.runner import Runner
 from processor.testing.chaos import Killer
 from sinks import read_jsonl
+
+if TYPE_CHECKING:
+    from processor.runtime.supervision.spark import SparkOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples"))
@@ -166,6 +169,8 @@ def run_chaos(
     kill_plan: list[tuple[float, int]] | None = None,
     run_options: dict[str, Any] | None = None,
     during: Callable[[Runner], None] | None = None,
+    spark: SparkOptions | None = None,
+    kill_target: Callable[[int], int | None] | None = None,
 ) -> ChaosRun:
     """Produce ``records`` clicks, run ``pipeline`` (a file in ``tests/e2e/pipelines``) until
     idle while SIGKILLing workers, and read what it committed. ``runner``: ``local`` or
@@ -180,7 +185,9 @@ def run_chaos(
     ``kill_plan``: ``(share of the input read, checkpoints the generation completed)`` before
     each random kill (default: random, see :class:`_Killer`). ``run_options``: more
     :class:`RunOptions` fields. ``during(runner)``: runs in a thread while the job runs (a
-    fault of the test's own, e.g. SIGSTOP).
+    fault of the test's own, e.g. SIGSTOP). ``spark``: the Spark runner's options (a cluster's
+    master, ``--conf``). ``kill_target(pid)``: what a random kill SIGKILLs, from the victim
+    worker's PID (default: that process; e.g. the executor JVM running it).
     """
     run_id = uuid.uuid4().hex[:8]
     job_env = {
@@ -213,7 +220,7 @@ def run_chaos(
     if runner == "spark":
         from processor.runtime.supervision.spark import SparkRunner
 
-        job = SparkRunner(str(PIPELINES / pipeline), options)
+        job = SparkRunner(str(PIPELINES / pipeline), options, spark)
     else:
         job = LocalRunner(str(PIPELINES / pipeline), options)
     killer = Killer(
@@ -224,6 +231,7 @@ def run_chaos(
         records=records,
         victims=victims,
         plan=kill_plan,
+        target=kill_target,
     )
     killer.hold_final()
     killer.start()
