@@ -34,7 +34,19 @@ READY = re.compile(r"\[\s*([\d.]+)s\] .*: Spark \S+ on \S+ ready in ([\d.]+)s")
 FAILED = re.compile(r"\[\s*([\d.]+)s\] .*: executor check failed in ([\d.]+)s")
 
 
+@pytest.fixture(params=["local", "cluster"])
+def where(request: pytest.FixtureRequest) -> tuple[str, ...]:
+    """The master: ``local[2]``, or the session's standalone cluster (``--master spark://…``),
+    whose executors are JVMs of their own with the environment their worker started with."""
+    if request.param == "local":
+        return ()
+    cluster = request.getfixturevalue("eosflow_spark_cluster")
+    return ("--master", cluster.master_url, "--control-host", "127.0.0.1")
+
+
 def _run(env: dict[str, str], *extra: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    if "--master" in extra:
+        env = {**env, "SPARK_LOCAL_IP": "127.0.0.1"}
     argv = eosflow(
         "run", PIPELINE, "--runner", "spark", "--workers", "2", "--checkpoint-interval", "300ms",
         "--until-idle", *extra,
@@ -70,10 +82,11 @@ def _without(tmp: Path, name: str) -> str:
 
 
 def test_an_executor_python_without_eosflow_fails_in_seconds_naming_pyspark_python(
-    kafka_endpoint: tuple[str, str], tmp_path: Path
+    kafka_endpoint: tuple[str, str], tmp_path: Path, where: tuple[str, ...]
 ) -> None:
     """Regression: executors that ran ``python3`` without eosflow failed the barrier job with
-    ``ModuleNotFoundError`` after about 50 s of restarts, with no hint of the fix."""
+    ``ModuleNotFoundError`` after about 50 s of restarts, with no hint of the fix (seen on a
+    standalone cluster)."""
     if not os.access(SYSTEM_PYTHON, os.X_OK):
         pytest.skip(f"no {SYSTEM_PYTHON} to stand for an executor Python without eosflow")
     lacks = subprocess.run([SYSTEM_PYTHON, "-c", "import confluent_kafka"], capture_output=True)
@@ -81,7 +94,7 @@ def test_an_executor_python_without_eosflow_fails_in_seconds_naming_pyspark_pyth
         pytest.skip(f"{SYSTEM_PYTHON} has eosflow's dependencies: it cannot stand for one without")
     env = job_env(kafka_endpoint[0], tmp_path, prefix="sparkpy")
     produce_clicks(kafka_endpoint[0], env["CLICKS_TOPIC"], 100)
-    done, took = _run(env, "--conf", f"spark.pyspark.python={SYSTEM_PYTHON}")
+    done, took = _run(env, "--conf", f"spark.pyspark.python={SYSTEM_PYTHON}", *where)
     assert done.returncode == 2, done.stderr[-3000:]
     (line,) = [x for x in done.stderr.splitlines() if x.startswith("eosflow: error:")]
     assert SYSTEM_PYTHON in line and "cannot import eosflow" in line, line
@@ -92,14 +105,16 @@ def test_an_executor_python_without_eosflow_fails_in_seconds_naming_pyspark_pyth
 
 
 def test_a_variable_set_on_the_driver_only_fails_in_seconds_naming_env(
-    kafka_endpoint: tuple[str, str], tmp_path: Path
+    kafka_endpoint: tuple[str, str], tmp_path: Path, where: tuple[str, ...]
 ) -> None:
     """Regression: a pipeline reading a variable the executors lacked failed with
-    ``DefinitionError: loading pipeline ... KeyError`` after restarts, without naming the fix."""
+    ``DefinitionError: loading pipeline ... KeyError`` after restarts, without naming the fix.
+    On the cluster the executors lack it for real (their worker JVMs never had it); on
+    ``local[2]`` their Python is started without it."""
     env = job_env(kafka_endpoint[0], tmp_path, prefix="sparkenv")
-    env["PYSPARK_PYTHON"] = _without(tmp_path, "JOB_NAME")
+    env["PYSPARK_PYTHON"] = _without(tmp_path, "JOB_NAME") if not where else sys.executable
     produce_clicks(kafka_endpoint[0], env["CLICKS_TOPIC"], 100)
-    done, took = _run(env)
+    done, took = _run(env, *where)
     assert done.returncode == 2, done.stderr[-3000:]
     (line,) = [x for x in done.stderr.splitlines() if x.startswith("eosflow: error:")]
     assert "KeyError: 'JOB_NAME'" in line and "forward it with --env JOB_NAME" in line, line

@@ -79,6 +79,41 @@ def test_probe_loads_the_pipeline_into_the_drivers_plan_with_the_jobs_environ(
     assert found["version"] == VERSION and found["python"] == sys.executable
 
 
+#: A pipeline that reads its variables with defaults, as the examples do: an executor without
+#: them compiles another plan instead of failing to load.
+DEFAULTS_PIPELINE = """
+import os
+from processor.dataflow import Dataflow
+from sinks import FileSink
+
+flow = Dataflow(os.environ.get("JOB_NAME", "defaults"))
+topic = os.getenv("CLICKS_TOPIC") or "clicks"
+parts = int(os.environ["PARTS"]) if "PARTS" in os.environ else 1
+flow.source("in", topic).key_by("k", lambda r: r).sink("out", FileSink(os.environ.get("OUT", "o")))
+"""
+
+
+def _defaults_pipeline(tmp_path: Path) -> str:
+    path = tmp_path / "defaults.py"
+    path.write_text(DEFAULTS_PIPELINE)
+    return str(path)
+
+
+def test_probe_records_the_variables_the_pipeline_reads_by_digest(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for name in ("JOB_NAME", "CLICKS_TOPIC", "PARTS", "OUT"):
+        monkeypatch.delenv(name, raising=False)
+    payload = _payload(pipeline=_defaults_pipeline(tmp_path), environ={"JOB_NAME": "secret-x"})
+    (found,) = probe(payload, iter([]))
+    assert found["stage"] == "ok", found
+    read = found["read"]  # environ[...], environ.get, getenv and `in`
+    assert {"JOB_NAME", "CLICKS_TOPIC", "PARTS", "OUT"} <= set(read), read
+    assert read["CLICKS_TOPIC"] is None and read["JOB_NAME"] is not None, read
+    assert "secret-x" not in json.dumps(read)  # digests, not values
+    assert type(os.environ).__name__ == "_Environ"  # put back
+
+
 def test_probe_reports_another_python_version_before_importing_anything() -> None:
     (found,) = probe(_payload(version="2.7"), iter([]))
     assert found["stage"] == "version" and found["version"] == VERSION
@@ -159,6 +194,25 @@ def test_another_pipeline_failure_names_env_and_archives() -> None:
 def test_another_plan_on_an_executor_is_blamed_on_its_environment() -> None:
     message = _message([_result(fingerprint="other")])
     assert message is not None and "another plan" in message and "--env NAME" in message
+
+
+def test_another_plan_names_the_variables_that_differ_and_the_env_options(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Regression: the examples read JOB_NAME and OUTPUT_DIR with defaults; on a cluster the
+    executors compiled another plan and the fix named no variable."""
+    for name in ("JOB_NAME", "CLICKS_TOPIC", "PARTS", "OUT"):
+        monkeypatch.delenv(name, raising=False)
+    payload = _payload(
+        pipeline=_defaults_pipeline(tmp_path), environ={"JOB_NAME": "a", "OUT": "/o"}
+    )
+    (found,) = probe(payload, iter([]))
+    result = _result(fingerprint="other", read=found["read"])
+    message = _message([result], JOB_NAME="b", OUT="/o", CLICKS_TOPIC="c")
+    assert message is not None and "another plan" in message, message
+    assert "reads CLICKS_TOPIC, JOB_NAME," in message, message  # OUT is the same, PARTS unset
+    assert "unset there (CLICKS_TOPIC)" in message, message
+    assert message.endswith("forward them with --env CLICKS_TOPIC --env JOB_NAME"), message
 
 
 def test_executors_that_can_run_the_workers_pass() -> None:

@@ -23,12 +23,14 @@ and the pure message builders (:func:`results_message`, :func:`failure_message`)
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
 import logging
 import os
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
 __all__ = ["check_executors", "failure_message", "probe", "results_message"]
@@ -54,6 +56,50 @@ def _missing_variable(exc: BaseException | None) -> str | None:
         exc = exc.__cause__ or exc.__context__
         seen += 1
     return None
+
+
+def _digest(value: str | None) -> str | None:
+    """A variable's value as the check compares it (not the value: it may be a secret)."""
+    return None if value is None else hashlib.sha256(value.encode()).hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def _recording_environ() -> Iterator[set[str]]:
+    """``os.environ`` (and ``os.getenv``) recording the names read, while the pipeline loads:
+    the names to forward when the plan differs from the driver's."""
+    names: set[str] = set()
+    real = os.environ
+
+    class Reads(MutableMapping[str, str]):
+        def __getitem__(self, key: str) -> str:
+            names.add(key)
+            return real[key]
+
+        def __contains__(self, key: object) -> bool:
+            if isinstance(key, str):
+                names.add(key)
+            return key in real
+
+        def __setitem__(self, key: str, value: str) -> None:
+            real[key] = value
+
+        def __delitem__(self, key: str) -> None:
+            del real[key]
+
+        def __iter__(self) -> Iterator[str]:
+            return iter(real)
+
+        def __len__(self) -> int:
+            return len(real)
+
+        def copy(self) -> dict[str, str]:
+            return dict(real)
+
+    os.environ = Reads()  # type: ignore[assignment]
+    try:
+        yield names
+    finally:
+        os.environ = real
 
 
 def probe(payload: dict[str, Any], _partition: Iterator[Any]) -> Iterator[dict[str, Any]]:
@@ -99,13 +145,15 @@ def probe(payload: dict[str, Any], _partition: Iterator[Any]) -> Iterator[dict[s
             from pyspark import SparkFiles
 
             path = SparkFiles.get(os.path.basename(path))
-        plan = compile_flow(
-            load_flow(path),
-            payload["workers"],
-            combine=payload["recovery"] != "local",
-            key_groups=payload["key_groups"],
-            epoch=payload["epoch"],
-        )
+        with _recording_environ() as read:
+            plan = compile_flow(
+                load_flow(path),
+                payload["workers"],
+                combine=payload["recovery"] != "local",
+                key_groups=payload["key_groups"],
+                epoch=payload["epoch"],
+            )
+        found["read"] = {name: _digest(os.environ.get(name)) for name in sorted(read)}
         found["fingerprint"] = plan.fingerprint()
         found["load_s"] = round(time.monotonic() - started - found["import_s"], 3)
     except Exception as exc:
@@ -160,10 +208,24 @@ def results_message(
                 f"the modules it imports in a packed venv with --archives ({_DOCS})"
             )
         if fingerprint is not None and r.get("fingerprint") not in (None, fingerprint):
+            differ = [
+                name
+                for name, digest in (r.get("read") or {}).items()
+                if digest != _digest(driver_environ.get(name))
+            ]
+            if not differ:
+                return (
+                    f"the pipeline compiled into another plan on {where} than on the driver: "
+                    "it probably reads environment variables that differ there: forward them "
+                    "with --env NAME"
+                )
+            unset = [n for n in differ if r["read"][n] is None]
             return (
                 f"the pipeline compiled into another plan on {where} than on the driver: it "
-                "probably reads environment variables that differ there: forward them with "
-                "--env NAME"
+                f"reads {', '.join(differ)}, "
+                + (f"unset there ({', '.join(unset)}), " if unset else "")
+                + "which differ from the driver's: forward them with "
+                + " ".join(f"--env {n}" for n in differ)
             )
     return None
 
@@ -226,7 +288,10 @@ def check_executors(
         python = str(getattr(sc, "pythonExec", "python3"))
         raise ConfigError(failure_message(str(exc), version=version, python=python)) from None
     message = results_message(
-        results, version=version, fingerprint=spec.get("fingerprint"), driver_environ=os.environ
+        results,
+        version=version,
+        fingerprint=spec.get("fingerprint"),
+        driver_environ={**os.environ, **environ},
     )
     log.info(
         "spark executor check tasks=%d in %.2fs: %s", tasks, time.monotonic() - started,
