@@ -74,6 +74,22 @@ def free_port() -> int:
 
 
 _CLONE_NEWNET = 0x40000000
+_CLONE_NEWUTS = 0x04000000
+
+
+def _enter_host(netns: str) -> None:
+    """Become a process of another host: ``ip netns exec`` (without ``ip`` in the server's
+    command line), and a host name of its own (``netns``) in a new UTS namespace."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(f"/var/run/netns/{netns}", os.O_RDONLY)
+    try:
+        if libc.setns(fd, _CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns into network namespace {netns}")
+    finally:
+        os.close(fd)
+    name = netns.encode()
+    if libc.unshare(_CLONE_NEWUTS) != 0 or libc.sethostname(name, len(name)) != 0:
+        raise OSError(ctypes.get_errno(), f"a host name of its own for {netns}")
 
 
 def _preexec(
@@ -81,12 +97,8 @@ def _preexec(
 ) -> Callable[[], None]:
     def run() -> None:
         os.setsid()
-        if netns is not None:  # ``ip netns exec`` without ``ip`` in the server's command line
-            libc = ctypes.CDLL(None, use_errno=True)
-            fd = os.open(f"/var/run/netns/{netns}", os.O_RDONLY)
-            if libc.setns(fd, _CLONE_NEWNET) != 0:
-                raise OSError(ctypes.get_errno(), f"setns into network namespace {netns}")
-            os.close(fd)
+        if netns is not None:
+            _enter_host(netns)
         if gid is not None:
             os.setgroups([])
             os.setgid(gid)
@@ -113,7 +125,8 @@ def spawn(
     netns: str | None = None,
 ) -> ServerProcess:
     """Start ``argv`` in its own session with output to ``log_path``; ``netns``: in that
-    network namespace (``ip netns add``; needs CAP_SYS_ADMIN).
+    network namespace (``ip netns add``), with that host name (needs CAP_SYS_ADMIN; see
+    :class:`processor.testing.hosts.Hosts`).
 
     Call it from a thread that lives as long as the server should: the kernel's parent-death
     signal fires when the *thread* that forked exits, not the process.

@@ -124,11 +124,11 @@ def _checked(path: str, variable: str) -> str:
     return path
 
 
-def _kafka_api_versions_ok(port: int) -> bool:
+def _kafka_api_versions_ok(port: int, host: str = "127.0.0.1") -> bool:
     """Send a Kafka ApiVersions v0 request; True when the broker answers it without error."""
     client_id = b"eosflow-ready"
     body = struct.pack(">hhih", 18, 0, 7, len(client_id)) + client_id
-    with socket.create_connection(("127.0.0.1", port), timeout=1.0) as sock:
+    with socket.create_connection((host, port), timeout=1.0) as sock:
         sock.sendall(struct.pack(">i", len(body)) + body)
         head = _recv_exact(sock, 10)
     _size, correlation_id, error_code = struct.unpack(">iih", head)
@@ -146,17 +146,24 @@ def _recv_exact(sock: socket.socket, size: int) -> bytes:
 
 
 def start_tansu(
-    workdir: Path, *, owned: bool, port: int | None = None, advertised_port: int | None = None
+    workdir: Path,
+    *,
+    owned: bool,
+    port: int | None = None,
+    advertised_port: int | None = None,
+    host: str = "127.0.0.1",
 ) -> Server:
     """Start the Tansu broker with in-memory storage (its data dies with the process).
 
     ``advertised_port``: the port the broker names in metadata, when clients must reach it
     through something else on loopback (a :class:`processor.testing.FaultProxy`); the returned
-    :attr:`Server.url` is then that address. Default: the port it listens on.
+    :attr:`Server.url` is then that address. Default: the port it listens on. ``host``: the
+    address it listens on and names (another than loopback for separate hosts in a test,
+    :mod:`processor.testing.hosts`).
     """
     binary = find_binary("tansu")
     port = port or free_port()
-    url = f"tcp://127.0.0.1:{port}"
+    url = f"tcp://{host}:{port}"
     advertised = advertised_port or port
     argv = [
         binary,
@@ -164,7 +171,7 @@ def start_tansu(
         "--listener-url",
         url,
         "--advertised-listener-url",
-        f"tcp://127.0.0.1:{advertised}",
+        f"tcp://{host}:{advertised}",
         "--storage-engine",
         "memory://tansu/",
     ]
@@ -172,11 +179,11 @@ def start_tansu(
     proc = spawn("kafka", argv, log_path=workdir / "tansu.log", owned=owned, env=env, cwd=workdir)
     took = wait_until(
         proc,
-        lambda: _kafka_api_versions_ok(port),
+        lambda: _kafka_api_versions_ok(port, host),
         timeout=_START_TIMEOUT,
         what="answer ApiVersions",
     )
-    return Server("kafka", f"127.0.0.1:{advertised}", port, proc, str(workdir), took)
+    return Server("kafka", f"{host}:{advertised}", port, proc, str(workdir), took)
 
 
 def _redis_ping(port: int) -> bool:

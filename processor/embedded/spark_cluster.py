@@ -302,6 +302,7 @@ def start_spark_cluster(
     worker_hosts: list[tuple[str, str | None]] | None = None,
     workdir: Path | None = None,
     owned: bool = True,
+    master_conf: dict[str, str] | None = None,
 ) -> SparkCluster:
     """Starts a master on ``host`` and ``workers`` worker JVMs with ``cores`` cores and
     ``memory`` each; waits until the master counts them ALIVE.
@@ -309,7 +310,8 @@ def start_spark_cluster(
     ``worker_hosts``: per worker, ``(address, network namespace)`` (default: ``host``, this
     namespace); the master must then listen on a ``host`` those namespaces reach.
     ``owned``: the JVMs die with this process (the default; see
-    :mod:`processor.embedded._process`).
+    :mod:`processor.embedded._process`). ``master_conf``: the master's own settings (e.g.
+    ``spark.worker.timeout``, the seconds before it drops a silent worker; default 60).
 
     Raises:
         ServerNotFoundError: no pyspark or no Java.
@@ -320,8 +322,11 @@ def start_spark_cluster(
     workdir = Path(workdir or tempfile.mkdtemp(prefix="eosflow-spark-"))
     workdir.mkdir(parents=True, exist_ok=True)
     port, ui_port = free_port(), free_port()
+    command = list(_command(home, _MASTER))
+    settings = [f"-D{key}={value}" for key, value in (master_conf or {}).items()]
+    at = command.index(_MASTER)
     argv = [
-        *_command(home, _MASTER),
+        *command[:at], *settings, *command[at:],
         "--host", host, "--port", str(port), "--webui-port", str(ui_port),
     ]  # fmt: skip
     master = spawn(

@@ -22,6 +22,7 @@ where they fail.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -77,6 +78,16 @@ class S3Server:
             "skip_instance_cache": True,
         }
 
+    def environ(self) -> dict[str, str]:
+        """The variables that point s3fs (botocore) at this server, for a process that gets
+        no storage options (``eosflow run --snapshot-url s3://...`` and its workers)."""
+        return {
+            "AWS_ACCESS_KEY_ID": ACCESS["key"],
+            "AWS_SECRET_ACCESS_KEY": ACCESS["secret"],
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+
     def bucket(self) -> str:
         """A new empty bucket's name."""
         import boto3
@@ -111,9 +122,10 @@ class S3Server:
         return handle
 
 
-@pytest.fixture
-def s3_server() -> Iterator[S3Server]:
-    """A fresh moto S3 server on a random loopback port, stopped at the end of the test."""
+@contextlib.contextmanager
+def running_s3_server(host: str = "127.0.0.1") -> Iterator[S3Server]:
+    """A fresh moto S3 server on a random port of ``host`` (loopback, or the router address of
+    :class:`processor.testing.hosts.Hosts`), stopped when the block ends."""
     require_s3_test_kit()
     from moto.moto_server.werkzeug_app import (
         DomainDispatcherApplication,
@@ -128,13 +140,13 @@ def s3_server() -> Iterator[S3Server]:
     server = S3Server(endpoint="", seed=seed, _random=random.Random(seed))
     app = DomainDispatcherApplication(create_backend_app)
     http = make_server(
-        "127.0.0.1",
+        host,
         0,
         server.wrap(app),
         threaded=True,
         request_handler=MotoRequestHandler,
     )
-    server.endpoint = f"http://127.0.0.1:{http.server_port}"
+    server.endpoint = f"http://{host}:{http.server_port}"
     thread = threading.Thread(target=http.serve_forever, name="moto-s3", daemon=True)
     thread.start()
     try:
@@ -143,3 +155,10 @@ def s3_server() -> Iterator[S3Server]:
         http.shutdown()
         http.server_close()
         thread.join(timeout=10)
+
+
+@pytest.fixture
+def s3_server() -> Iterator[S3Server]:
+    """A fresh moto S3 server on a random loopback port, stopped at the end of the test."""
+    with running_s3_server() as server:
+        yield server

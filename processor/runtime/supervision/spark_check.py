@@ -95,11 +95,11 @@ def _recording_environ() -> Iterator[set[str]]:
         def copy(self) -> dict[str, str]:
             return dict(real)
 
-    os.environ = Reads()  # type: ignore[assignment]
+    os.environ = Reads()  # type: ignore[assignment]  # noqa: B003 - a view, not a new environ
     try:
         yield names
     finally:
-        os.environ = real
+        os.environ = real  # noqa: B003
 
 
 def probe(payload: dict[str, Any], _partition: Iterator[Any]) -> Iterator[dict[str, Any]]:
