@@ -75,11 +75,14 @@ def free_port() -> int:
 
 _CLONE_NEWNET = 0x40000000
 _CLONE_NEWUTS = 0x04000000
+_CLONE_NEWNS = 0x00020000
+_MS_BIND, _MS_REC, _MS_SLAVE = 0x1000, 0x4000, 0x80000
 
 
 def _enter_host(netns: str) -> None:
     """Become a process of another host: ``ip netns exec`` (without ``ip`` in the server's
-    command line), and a host name of its own (``netns``) in a new UTS namespace."""
+    command line: its PID is the server's), and a host name of its own (``netns``) in a new
+    UTS namespace."""
     libc = ctypes.CDLL(None, use_errno=True)
     fd = os.open(f"/var/run/netns/{netns}", os.O_RDONLY)
     try:
@@ -90,6 +93,16 @@ def _enter_host(netns: str) -> None:
     name = netns.encode()
     if libc.unshare(_CLONE_NEWUTS) != 0 or libc.sethostname(name, len(name)) != 0:
         raise OSError(ctypes.get_errno(), f"a host name of its own for {netns}")
+    # As ``ip netns exec``: /etc/netns/NAME/hosts, if any, is this host's /etc/hosts (a host
+    # resolves its own name: Spark's executors look it up), in a mount namespace of its own.
+    hosts = f"/etc/netns/{netns}/hosts".encode()
+    if os.path.exists(hosts):
+        if libc.unshare(_CLONE_NEWNS) != 0:
+            raise OSError(ctypes.get_errno(), f"a mount namespace for {netns}")
+        if libc.mount(b"none", b"/", None, _MS_REC | _MS_SLAVE, None) != 0:
+            raise OSError(ctypes.get_errno(), "mount --make-rslave /")
+        if libc.mount(hosts, b"/etc/hosts", None, _MS_BIND, None) != 0:
+            raise OSError(ctypes.get_errno(), f"bind-mount {hosts.decode()} on /etc/hosts")
 
 
 def _preexec(

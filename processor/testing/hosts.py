@@ -5,7 +5,9 @@ driver, Kafka and the S3 store listen there) and ``n`` network namespaces, each 
 bridge by a veth pair and given an address of its own. A process started in a namespace
 (:func:`processor.embedded._process.spawn` with ``netns=``) also gets a host name of its own, so
 it looks like another host to eosflow (``socket.gethostname()``): the Spark runner then cannot
-SIGKILL it from here, as it could not on a real cluster.
+SIGKILL it from here, as it could not on a real cluster. Each host resolves its own name and
+the others' (``/etc/netns/NAME/hosts``, bind-mounted on its ``/etc/hosts`` as ``ip netns exec``
+does).
 
 :meth:`Hosts.cut` takes a host's link down (a network partition: packets are dropped, nothing
 is closed); :meth:`Hosts.mend` brings it back.
@@ -22,6 +24,7 @@ import shutil
 import subprocess
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 
 __all__ = ["Host", "Hosts", "hosts_unavailable"]
 
@@ -90,6 +93,13 @@ class Hosts:
                 _ip("-n", name, "link", "set", there, "up")
                 _ip("-n", name, "link", "set", "lo", "up")
                 self.hosts.append(Host(name, address, here))
+            for host in self.hosts:  # each resolves its own name and the others'
+                conf = Path("/etc/netns", host.name)
+                conf.mkdir(parents=True, exist_ok=True)
+                (conf / "hosts").write_text(
+                    f"127.0.0.1 localhost\n{self.router} router\n"
+                    + "".join(f"{h.address} {h.name}\n" for h in self.hosts)
+                )
         except BaseException:
             self.down()
             raise
@@ -111,6 +121,7 @@ class Hosts:
         for host in self.hosts:
             _ip("link", "del", host.link, check=False)
             _ip("netns", "del", host.name, check=False)
+            shutil.rmtree(Path("/etc/netns", host.name), ignore_errors=True)
         with contextlib.suppress(OSError):
             _ip("link", "del", self.bridge, check=False)
         self.hosts = []

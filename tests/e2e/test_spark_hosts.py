@@ -104,7 +104,8 @@ class Partition(threading.Thread):
 
     def _due(self) -> bool:
         runner = self.runner
-        if runner.coordinator.stats.completed < 2 or not runner.workers:
+        coordinator = getattr(runner, "coordinator", None)  # once the job started
+        if coordinator is None or coordinator.stats.completed < 2 or not runner.workers:
             return False
         read = input_read(runner, self.records)
         return read is not None and read >= 0.25
@@ -130,6 +131,8 @@ def test_a_host_cut_off_with_queued_channel_records_is_fenced_and_exactly_once(
             master_conf={"spark.worker.timeout": "10"},
         ) as cluster,
     ):
+        for name, value in s3.environ().items():  # the driver's snapshot store; the workers
+            monkeypatch.setenv(name, value)  # get them from the job's environment
         _run(cluster, hosts, broker.url, s3, tmp_path)
 
 
@@ -148,6 +151,7 @@ def _run(cluster: SparkCluster, hosts: Hosts, brokers: str, s3: S3Server, tmp: P
             # the driver's own heartbeat timeout before that.
             "spark.network.timeout": "20s",
             "spark.executor.heartbeatInterval": "2s",
+            "spark.network.timeoutInterval": "5s",
         },
     )
     partitions: list[Partition] = []

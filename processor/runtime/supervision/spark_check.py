@@ -29,15 +29,18 @@ import hashlib
 import logging
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
-__all__ = ["check_executors", "failure_message", "probe", "results_message"]
+__all__ = ["CHECK_TIMEOUT_S", "check_executors", "failure_message", "probe", "results_message"]
 
 log = logging.getLogger(__name__)
 
 _DOCS = "docs/spark.md, 'A packed virtual environment'"
+#: Seconds the check waits for executors to run it (EOSFLOW_SPARK_CHECK_TIMEOUT overrides).
+CHECK_TIMEOUT_S = 120.0
 
 
 def _python_fix(version: str) -> str:
@@ -250,12 +253,51 @@ def failure_message(text: str, *, version: str, python: str) -> str:
     )
 
 
+def _check_timeout() -> float:
+    value = os.environ.get("EOSFLOW_SPARK_CHECK_TIMEOUT", "")
+    try:
+        return float(value) if value else CHECK_TIMEOUT_S
+    except ValueError:
+        from processor.errors import ConfigError
+
+        raise ConfigError(
+            f"EOSFLOW_SPARK_CHECK_TIMEOUT={value!r}: expected seconds, e.g. 300"
+        ) from None
+
+
+def _no_executor_message(sc: Any, waited: float) -> str:
+    """Why no executor ran the check: the cluster gave none, or they cannot reach the driver."""
+    try:  # the driver's own entry is one of them
+        executors = max(0, int(sc._jsc.sc().getExecutorMemoryStatus().size()) - 1)
+    except Exception:  # a py4j detail: the message stands without the count
+        executors = -1
+    driver = sc.getConf().get("spark.driver.host", "?")
+    got = f"{executors} executor(s) registered" if executors >= 0 else "executors unknown"
+    return (
+        f"no executor ran the first-task check within {waited:.0f}s ({got}): the cluster "
+        "has no free cores or memory for this application, or its executors fail to start "
+        "(the master's web UI, and each worker's work/<app-id>/<executor>/stderr, say why), "
+        f"or they cannot connect back to the driver at {driver} (set --conf "
+        "spark.driver.host=ADDRESS that the executors reach). Waiting longer: "
+        "EOSFLOW_SPARK_CHECK_TIMEOUT=SECONDS"
+    )
+
+
 def check_executors(
-    sc: Any, spec: dict[str, Any], environ: dict[str, str], *, local: bool
+    sc: Any,
+    spec: dict[str, Any],
+    environ: dict[str, str],
+    *,
+    local: bool,
+    timeout: float | None = None,
 ) -> float:
     """Runs the check on ``sc``'s executors for worker spec ``spec`` (the first generation's)
     with the workers' ``environ``; returns its seconds. ``local``: a ``local`` master, whose
-    task slots share one Python (one task checks them all).
+    task slots share one Python (one task checks them all). ``timeout``: seconds until no
+    executor having run it fails the run (default ``EOSFLOW_SPARK_CHECK_TIMEOUT``, else
+    :data:`CHECK_TIMEOUT_S`): a cluster that never starts an executor for the application
+    would otherwise keep the run waiting for ever ("Initial job has not accepted any
+    resources").
 
     Raises:
         ConfigError: what the executors cannot do and the fix (:func:`results_message`).
@@ -278,15 +320,32 @@ def check_executors(
         "epoch": int(spec.get("epoch", 0)),
     }
     tasks = 1 if local else max(int(spec["workers"]), int(sc.defaultParallelism))
-    try:
-        results = (
-            sc.parallelize(range(tasks), tasks)
-            .mapPartitions(functools.partial(probe, payload))
-            .collect()
-        )
-    except Exception as exc:  # py4j/Spark errors carry the executor's traceback as text
+    box: dict[str, Any] = {}
+    done = threading.Event()
+    group = f"eosflow-check-{os.getpid()}-{int(started * 1000)}"
+
+    def run() -> None:
+        try:  # job groups are per thread
+            sc.setJobGroup(group, "eosflow executor check", interruptOnCancel=True)
+            box["results"] = (
+                sc.parallelize(range(tasks), tasks)
+                .mapPartitions(functools.partial(probe, payload))
+                .collect()
+            )
+        except Exception as exc:  # py4j/Spark errors carry the executor's traceback as text
+            box["error"] = str(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="spark-executor-check", daemon=True).start()
+    limit = timeout if timeout is not None else _check_timeout()
+    if not done.wait(limit):
+        sc.cancelJobGroup(group)
+        raise ConfigError(_no_executor_message(sc, limit))
+    if "error" in box:
         python = str(getattr(sc, "pythonExec", "python3"))
-        raise ConfigError(failure_message(str(exc), version=version, python=python)) from None
+        raise ConfigError(failure_message(box["error"], version=version, python=python))
+    results = box["results"]
     message = results_message(
         results,
         version=version,
