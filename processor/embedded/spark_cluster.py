@@ -112,6 +112,13 @@ def _command(home: Path, main_class: str) -> tuple[str, ...]:
     return tuple(w for w in words if w)
 
 
+def _daemon(home: Path, main_class: str, settings: tuple[str, ...]) -> list[str]:
+    """The daemon's command line with ``-Dkey=value`` ``settings`` before its class."""
+    command = list(_command(home, main_class))
+    at = command.index(main_class)
+    return [*command[:at], *settings, *command[at:]]
+
+
 @dataclass
 class SparkWorker:
     """One worker JVM: its process, its host address and its network namespace."""
@@ -138,6 +145,7 @@ class SparkCluster:
     home: Path
     memory: str = "2g"
     owned: bool = True
+    settings: tuple[str, ...] = ()
 
     # -- what the master sees ---------------------------------------------------------------
     def state(self) -> dict[str, Any]:
@@ -203,7 +211,7 @@ class SparkCluster:
             stop(old.process)
         self.workers[index] = _start_worker(
             self.home, self.master_url, index, old.host, old.cores, self.memory, self.workdir,
-            old.netns, owned=self.owned,
+            old.netns, owned=self.owned, settings=self.settings,
         )  # fmt: skip
         return self.wait_alive(len(self.workers))
 
@@ -278,11 +286,12 @@ def _start_worker(
     netns: str | None,
     *,
     owned: bool,
+    settings: tuple[str, ...] = (),
 ) -> SparkWorker:
     here = workdir / f"worker-{index}"
     here.mkdir(parents=True, exist_ok=True)
     argv = [
-        *_command(home, _WORKER), master_url,
+        *_daemon(home, _WORKER, settings), master_url,
         "--host", host, "--cores", str(cores), "--memory", memory,
         "--webui-port", "0", "--work-dir", str(here / "work"),
     ]  # fmt: skip
@@ -302,7 +311,7 @@ def start_spark_cluster(
     worker_hosts: list[tuple[str, str | None]] | None = None,
     workdir: Path | None = None,
     owned: bool = True,
-    master_conf: dict[str, str] | None = None,
+    conf: dict[str, str] | None = None,
 ) -> SparkCluster:
     """Starts a master on ``host`` and ``workers`` worker JVMs with ``cores`` cores and
     ``memory`` each; waits until the master counts them ALIVE.
@@ -310,8 +319,9 @@ def start_spark_cluster(
     ``worker_hosts``: per worker, ``(address, network namespace)`` (default: ``host``, this
     namespace); the master must then listen on a ``host`` those namespaces reach.
     ``owned``: the JVMs die with this process (the default; see
-    :mod:`processor.embedded._process`). ``master_conf``: the master's own settings (e.g.
-    ``spark.worker.timeout``, the seconds before it drops a silent worker; default 60).
+    :mod:`processor.embedded._process`). ``conf``: settings of the master and worker JVMs
+    (e.g. ``spark.worker.timeout``, the seconds before the master drops a silent worker, which
+    also sets how often the workers send heartbeats: a quarter of it; default 60).
 
     Raises:
         ServerNotFoundError: no pyspark or no Java.
@@ -322,11 +332,9 @@ def start_spark_cluster(
     workdir = Path(workdir or tempfile.mkdtemp(prefix="eosflow-spark-"))
     workdir.mkdir(parents=True, exist_ok=True)
     port, ui_port = free_port(), free_port()
-    command = list(_command(home, _MASTER))
-    settings = [f"-D{key}={value}" for key, value in (master_conf or {}).items()]
-    at = command.index(_MASTER)
+    settings = tuple(f"-D{key}={value}" for key, value in (conf or {}).items())
     argv = [
-        *command[:at], *settings, *command[at:],
+        *_daemon(home, _MASTER, settings),
         "--host", host, "--port", str(port), "--webui-port", str(ui_port),
     ]  # fmt: skip
     master = spawn(
@@ -337,13 +345,22 @@ def start_spark_cluster(
     hosts = worker_hosts or [(host, None)] * workers
     cluster = SparkCluster(
         master_url, master, f"http://{host}:{ui_port}", [], workdir, host, 0.0, home, memory,
-        owned,
+        owned, settings,
     )  # fmt: skip
     try:
         for index, (address, netns) in enumerate(hosts):
             cluster.workers.append(
                 _start_worker(
-                    home, master_url, index, address, cores, memory, workdir, netns, owned=owned
+                    home,
+                    master_url,
+                    index,
+                    address,
+                    cores,
+                    memory,
+                    workdir,
+                    netns,
+                    owned=owned,
+                    settings=settings,
                 )
             )
         cluster.wait_alive(len(hosts))

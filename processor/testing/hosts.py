@@ -78,6 +78,10 @@ class Hosts:
     def up(self) -> Hosts:
         try:
             _ip("link", "add", self.bridge, "type", "bridge")
+            # A MAC of its own: by default a bridge takes its lowest port's, and changes it when
+            # that port goes down (a cut), which left the other hosts' ARP entries for the
+            # router stale: they were cut off too.
+            _ip("link", "set", self.bridge, "address", f"02:ef:{self.subnet:02x}:00:00:01")
             _ip("addr", "add", f"{self.router}/24", "dev", self.bridge)
             _ip("link", "set", self.bridge, "up")
             for i in range(self.n):

@@ -187,3 +187,27 @@ def test_a_sigkilled_driver_resumes_on_the_next_eosflow_run(
     assert_exactly_once(
         expected(expected_running_totals, records, seed), committed_output(env), seed=seed
     )
+
+
+def test_a_cluster_that_starts_no_executor_fails_the_run_with_the_causes(
+    kafka_endpoint: tuple[str, str], tmp_path: Path, eosflow_spark_cluster: SparkCluster
+) -> None:
+    """Regression: executors that never start (here: more memory asked than any worker has;
+    on separate hosts, a host that could not resolve its own name) left the run waiting for
+    ever in the first-task check ("Initial job has not accepted any resources")."""
+    cluster = eosflow_spark_cluster
+    env = job_env(kafka_endpoint[0], tmp_path, "sparknone", EOSFLOW_SPARK_CHECK_TIMEOUT="8")
+    env["SPARK_LOCAL_IP"] = "127.0.0.1"
+    produce_clicks(env["EOSFLOW_KAFKA_BROKERS"], env["CLICKS_TOPIC"], 100)
+    argv = eosflow(
+        "run", str(PIPELINES / "running_total_work.py"), "--runner", "spark",
+        "--master", cluster.master_url, "--control-host", "127.0.0.1",
+        "--conf", f"spark.pyspark.python={sys.executable}", "--conf", "spark.executor.memory=64g",
+        "--workers", "2", "--until-idle", "--env", "JOB_NAME", "--env", "CLICKS_TOPIC",
+        "--env", "OUTPUT_DIR",
+    )  # fmt: skip
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 2, done.stderr[-3000:]
+    (line,) = [x for x in done.stderr.splitlines() if x.startswith("eosflow: error:")]
+    assert "no executor ran the first-task check within 8s (0 executor(s) registered)" in line
+    assert "spark.driver.host" in line and "EOSFLOW_SPARK_CHECK_TIMEOUT" in line, line

@@ -128,7 +128,7 @@ def test_a_host_cut_off_with_queued_channel_records_is_fenced_and_exactly_once(
             cores=2,
             host=router,
             worker_hosts=[(h.address, h.name) for h in hosts.hosts],
-            master_conf={"spark.worker.timeout": "10"},
+            conf={"spark.worker.timeout": "10"},
         ) as cluster,
     ):
         for name, value in s3.environ().items():  # the driver's snapshot store; the workers
