@@ -4,7 +4,8 @@ Every click yields one row ``{"user", "count", "amount", "shard"}`` in each tabl
 totals after that click (``expected_running_totals``). ``shard`` (the user's last character)
 partitions the Delta table; the Iceberg table by ``identity(shard)``. Both live
 under ``LAKE_DIR`` (the Iceberg catalog is SQLite there), or, with ``LAKE_S3`` set, under
-``s3://$LAKE_S3`` on the S3 API at ``AWS_ENDPOINT_URL``. ``WORK_US``: work per click.
+``s3://$LAKE_S3`` on the S3 API at ``AWS_ENDPOINT_URL``. ``WORK_US``: work per click. ``LAKE_ORDER``: the sink steps' order (default
+``iceberg,delta``): a fault point kills at the first sink that reaches it.
 """
 
 from __future__ import annotations
@@ -69,23 +70,22 @@ totals = (
     .key_by("by-user", lambda c: c["user"])
     .aggregate("totals", init=lambda: (0, 0), add=lambda a, c: (a[0] + 1, a[1] + c["amount"]))
 )
-totals.sink(
-    "delta",
-    DeltaSink(
+SINKS = {
+    "delta": DeltaSink(
         DELTA_URI,
         schema=SCHEMA,
         partition_by=["shard"],
         to_record=to_record,
         storage_options=DELTA_OPTIONS,
     ),
-)
-totals.sink(
-    "iceberg",
-    IcebergSink(
+    "iceberg": IcebergSink(
         "lake.totals",
         catalog=CATALOG,
         schema=SCHEMA,
         partition_by=[("shard", "identity")],
         to_record=to_record,
     ),
-)
+}
+# The first sink step is the first to reach each protocol point (mid-sink-commit...) in a worker.
+for name in os.environ.get("LAKE_ORDER", "iceberg,delta").split(","):
+    totals.sink(name, SINKS[name])
