@@ -10,6 +10,7 @@ concurrent commit of the same ``appId`` (conflict), so an epoch is never added t
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import os
@@ -31,6 +32,8 @@ from sinks.lake.writer import CommitConflict, LakeWriter
 __all__ = ["DeltaSink", "read_delta"]
 
 log = logging.getLogger(__name__)
+
+_NULL_DIR = "__HIVE_DEFAULT_PARTITION__"  # a null partition value's directory (Hive's)
 
 
 def _deltalake() -> Any:
@@ -69,14 +72,15 @@ def _partition_value(value: Any) -> str | None:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, datetime.datetime):
-        if value.tzinfo is not None:
-            value = value.astimezone(datetime.timezone.utc).replace(tzinfo=None)
-        return value.strftime("%Y-%m-%d %H:%M:%S.%f")
+        moment: datetime.datetime = value
+        if moment.tzinfo is not None:
+            moment = moment.astimezone(datetime.timezone.utc).replace(tzinfo=None)
+        return moment.strftime("%Y-%m-%d %H:%M:%S.%f")
     if isinstance(value, datetime.date):
         return value.isoformat()
     if isinstance(value, bytes):
         return value.decode("latin-1")
-    return str(value)
+    return f"{value}"
 
 
 class DeltaSink:
@@ -146,9 +150,7 @@ class DeltaSink:
 
     def open(self, ctx: SinkContext) -> LakeWriter:
         """A writer for subtask ``ctx.subtask``."""
-        return LakeWriter(
-            _DeltaTable(self, ctx), ctx, schema=self.schema, to_record=self.to_record
-        )
+        return LakeWriter(_DeltaTable(self, ctx), ctx, schema=self.schema, to_record=self.to_record)
 
 
 class _DeltaTable:
@@ -231,7 +233,7 @@ class _DeltaTable:
 
     def _write_one(self, data: pa.Table, values: dict[str, str | None], prefix: str) -> Any:
         dirs = "".join(
-            f"{col}={urllib.parse.quote(v if v is not None else '__HIVE_DEFAULT_PARTITION__', safe='')}/"
+            f"{col}={urllib.parse.quote(v if v is not None else _NULL_DIR, safe='')}/"
             for col, v in values.items()
         )
         rel = f"{dirs}part-{prefix}-{uuid.uuid4().hex}.parquet"
@@ -257,10 +259,8 @@ class _DeltaTable:
 
     def delete_files(self, files: list[Any]) -> None:
         for f in files:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 self.fs.rm_file(f"{self.root.rstrip('/')}/{urllib.parse.unquote(f['path'])}")
-            except FileNotFoundError:
-                pass
 
     # -- commits ---------------------------------------------------------------------------------
 

@@ -14,8 +14,8 @@ once (what Flink's Iceberg committer does with the max committed checkpoint id i
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -38,9 +38,7 @@ def _catalog(name: str, properties: dict[str, str]) -> Any:
     try:
         from pyiceberg.catalog import load_catalog
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ConfigError(
-            "IcebergSink needs pyiceberg: pip install 'eosflow[iceberg]'"
-        ) from exc
+        raise ConfigError("IcebergSink needs pyiceberg: pip install 'eosflow[iceberg]'") from exc
     return load_catalog(name, **properties)
 
 
@@ -187,10 +185,8 @@ class _IcebergTable:
     def delete_files(self, files: list[Any]) -> None:
         table = self._table or self._load()
         for path in files:
-            try:
+            with contextlib.suppress(FileNotFoundError, OSError):
                 table.io.delete(path)
-            except (FileNotFoundError, OSError):
-                pass
 
     def last_committed(self) -> int:
         self._table = self._load()
@@ -201,7 +197,7 @@ class _IcebergTable:
     def commit(self, files: list[Any], checkpoint_id: int) -> None:
         from pyiceberg.io.pyarrow import parquet_file_to_data_file
 
-        table = self._table
+        table = _without_retries(self._table)
         ctx = self.ctx
         txn = table.transaction()
         txn.set_properties({self.property: str(checkpoint_id)})
@@ -219,6 +215,28 @@ class _IcebergTable:
             raise CommitConflict(str(exc)) from exc
 
 
+def _without_retries(table: Any) -> Any:
+    """``table`` whose in-memory properties turn off pyiceberg's own commit retries.
+
+    pyiceberg (0.12) retries a ``CommitFailedException`` by re-applying the transaction's
+    append to the table's new metadata: it would not read ``eosflow.checkpoint.<job>.<step>``
+    again, so a racing committer that already committed the epoch would see it appended twice
+    (the unit test of racing committers caught exactly that). The writer retries instead, and
+    checks first. Only this in-memory copy changes: the catalog applies the commit's updates to
+    its own current metadata, so the property is never written to the table.
+    """
+    from pyiceberg.table import Table, TableProperties
+
+    props = {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}
+    return Table(
+        table.name(),
+        table.metadata.model_copy(update={"properties": props}),
+        table.metadata_location,
+        table.io,
+        table.catalog,
+    )
+
+
 def _plain(schema: pa.Schema) -> pa.Schema:
     """``schema`` without field metadata (pyiceberg's field ids), large types as plain."""
     fields = []
@@ -232,11 +250,6 @@ def _plain(schema: pa.Schema) -> pa.Schema:
     return pa.schema(fields)
 
 
-def read_iceberg(
-    table: str, *, catalog: dict[str, str], catalog_name: str = "eosflow"
-) -> pa.Table:
+def read_iceberg(table: str, *, catalog: dict[str, str], catalog_name: str = "eosflow") -> pa.Table:
     """The committed rows of an Iceberg table (a pyiceberg scan)."""
     return _catalog(catalog_name, catalog).load_table(table).scan().to_arrow()
-
-
-_ = time

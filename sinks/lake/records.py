@@ -79,9 +79,7 @@ def _misfit(record: Any, schema: pa.Schema, required: frozenset[str]) -> str | N
     return None
 
 
-def to_table(
-    records: Sequence[Any], schema: pa.Schema
-) -> tuple[pa.Table, list[tuple[int, str]]]:
+def to_table(records: Sequence[Any], schema: pa.Schema) -> tuple[pa.Table, list[tuple[int, str]]]:
     """``records`` as a table of ``schema``, and the ``(index, reason)`` of each one that does
     not fit (left out of the table)."""
     required = frozenset(f.name for f in schema if not f.nullable)

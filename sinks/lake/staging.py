@@ -3,7 +3,8 @@
 At the barrier each subtask writes its epoch's data files into the table's location (invisible:
 no table snapshot references them yet) and a manifest naming them here::
 
-    <snapshot_url>/<job>/staging/<step>/c<checkpoint:010d>-e<shape epoch>-s<subtask:05d>-g<generation>.json
+    <snapshot_url>/<job>/staging/<step>/
+        c<checkpoint:010d>-e<shape epoch>-s<subtask:05d>-g<generation>.json
 
 When the checkpoint completes, one writer (subtask 0, the committer) lists the manifests of
 every subtask and commits all their files in ONE table commit. Manifests are written to a
@@ -13,6 +14,7 @@ fsspec; knows nothing of Iceberg or Delta.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import uuid
 from dataclasses import dataclass
@@ -76,7 +78,7 @@ class Staging:
         body: dict[str, Any] = orjson.loads(self.fs.cat_file(f"{self.path}/{manifest.name}"))
         return body
 
-    def list(self) -> list[Manifest]:
+    def manifests(self) -> list[Manifest]:
         """Every whole manifest, in (checkpoint, epoch, subtask, generation) order."""
         try:
             names = [p.rsplit("/", 1)[-1] for p in self.fs.ls(self.path, detail=False)]
@@ -88,18 +90,16 @@ class Staging:
     def own(self) -> list[Manifest]:
         """This writer's manifests (its shape epoch and subtask, any generation)."""
         ctx = self.ctx
-        return [m for m in self.list() if m.epoch == ctx.epoch and m.subtask == ctx.subtask]
+        return [m for m in self.manifests() if m.epoch == ctx.epoch and m.subtask == ctx.subtask]
 
     def delete(self, manifests: list[Manifest]) -> None:
         for m in manifests:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 self.fs.rm_file(f"{self.path}/{m.name}")
-            except FileNotFoundError:
-                pass
 
     def delete_temps(self) -> None:
         """Temporary names of manifests whose writer died mid-write (this subtask's)."""
-        prefix = f".c"
+        prefix = ".c"
         marker = f"-e{self.ctx.epoch}-s{self.ctx.subtask:05d}-"
         try:
             names = [p.rsplit("/", 1)[-1] for p in self.fs.ls(self.path, detail=False)]
@@ -107,7 +107,5 @@ class Staging:
             return
         for n in names:
             if n.startswith(prefix) and marker in n and n.endswith(".tmp"):
-                try:
+                with contextlib.suppress(FileNotFoundError):
                     self.fs.rm_file(f"{self.path}/{n}")
-                except FileNotFoundError:
-                    pass

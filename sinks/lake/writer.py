@@ -209,7 +209,7 @@ class LakeWriter:
         ctx = self.ctx
         for attempt in range(_RETRIES):
             last = self.ops.last_committed()
-            manifests = self.staging.list()
+            manifests = self.staging.manifests()
             if last >= checkpoint_id:
                 self.staging.delete([m for m in manifests if m.checkpoint <= checkpoint_id])
                 return

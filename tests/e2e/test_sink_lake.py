@@ -20,10 +20,10 @@ import pytest
 pytest.importorskip("deltalake")
 pytest.importorskip("pyiceberg")
 
-from processor.runtime.supervision.local import Fault  # noqa: E402
-from processor.testing.compare import canonical  # noqa: E402
-from sinks.lake import read_delta, read_iceberg  # noqa: E402
-from tests.e2e.harness import (  # noqa: E402
+from processor.runtime.supervision.local import Fault
+from processor.testing.compare import canonical
+from sinks.lake import read_delta, read_iceberg
+from tests.e2e.harness import (
     ChaosRun,
     assert_exactly_once,
     assert_faults_fired,
@@ -55,7 +55,11 @@ def _rows(table: Any) -> list[list[Any]]:
 
 
 def _catalog(lake: Path) -> dict[str, str]:
-    return {"type": "sql", "uri": f"sqlite:///{lake}/catalog.db", "warehouse": f"file://{lake}/warehouse"}
+    return {
+        "type": "sql",
+        "uri": f"sqlite:///{lake}/catalog.db",
+        "warehouse": f"file://{lake}/warehouse",
+    }
 
 
 def _run(
@@ -93,7 +97,9 @@ def _run(
     assert_faults_fired(run, faults, kills, seed=seed)
     want = expected(expected_running_totals, records, seed)
     assert_exactly_once(want, run.output, seed=seed)  # Delta
-    iceberg = Counter(canonical(r) for r in _rows(read_iceberg("lake.totals", catalog=_catalog(lake))))
+    iceberg = Counter(
+        canonical(r) for r in _rows(read_iceberg("lake.totals", catalog=_catalog(lake)))
+    )
     assert_exactly_once(want, iceberg, seed=seed)
     _check_commits(lake, run, seed=seed)
     return run

@@ -4,8 +4,9 @@ Every click yields one row ``{"user", "count", "amount", "shard"}`` in each tabl
 totals after that click (``expected_running_totals``). ``shard`` (the user's last character)
 partitions the Delta table; the Iceberg table by ``identity(shard)``. Both live
 under ``LAKE_DIR`` (the Iceberg catalog is SQLite there), or, with ``LAKE_S3`` set, under
-``s3://$LAKE_S3`` on the S3 API at ``AWS_ENDPOINT_URL``. ``WORK_US``: work per click. ``LAKE_ORDER``: the sink steps' order (default
-``iceberg,delta``): a fault point kills at the first sink that reaches it.
+``s3://$LAKE_S3`` on the S3 API at ``AWS_ENDPOINT_URL``. ``WORK_US``: work per click.
+``LAKE_ORDER``: the sink steps' order (default ``iceberg,delta``): a fault point kills
+at the first sink that reaches it.
 """
 
 from __future__ import annotations
