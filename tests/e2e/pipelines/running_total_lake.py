@@ -42,18 +42,18 @@ def storage() -> tuple[str, dict[str, str], dict[str, str]]:
     endpoint = os.environ["AWS_ENDPOINT_URL"]
     options = {
         "AWS_ENDPOINT_URL": endpoint,
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_ACCESS_KEY_ID": os.environ["AWS_ACCESS_KEY_ID"],
+        "AWS_SECRET_ACCESS_KEY": os.environ["AWS_SECRET_ACCESS_KEY"],
         "AWS_REGION": "us-east-1",
         "AWS_ALLOW_HTTP": "true",
-        "AWS_S3_ALLOW_UNSAFE_RENAME": "true",
+        "conditional_put": "etag",  # concurrent log writes safe (S3's If-None-Match)
     }
     catalog.update(
         {
             "warehouse": f"s3://{S3}/warehouse",
             "s3.endpoint": endpoint,
-            "s3.access-key-id": "testing",
-            "s3.secret-access-key": "testing",
+            "s3.access-key-id": os.environ["AWS_ACCESS_KEY_ID"],
+            "s3.secret-access-key": os.environ["AWS_SECRET_ACCESS_KEY"],
             "s3.region": "us-east-1",
         }
     )
