@@ -11,6 +11,8 @@ per sink (subtask 0 commits every subtask's files). Each test prints its seed; r
 
 from __future__ import annotations
 
+import os
+import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -205,3 +207,64 @@ def test_lake_tables_on_s3_are_exactly_once_when_workers_are_killed_at_every_sin
     _run(
         tmp_path, kafka_endpoint[0], records=30_000, seed=seed, kills=1, faults=NAMED, s3=s3_server
     )
+
+
+@pytest.mark.crash
+def test_lake_tables_are_exactly_once_when_the_job_dies_before_commit_and_restarts_rescaled(
+    kafka_endpoint: tuple[str, str], tmp_path: Path
+) -> None:
+    """3 workers; the whole job (runner and workers) is SIGKILLed while checkpoint n is
+    complete and its commit not done (the committer, worker 0, held there). The next start
+    has 2 workers: settling the old shape commits epoch n (old subtask 0 commits every old
+    subtask's files), the new shape's subtask 0 commits from then on; a worker is killed
+    before a prepare on the way to the end."""
+    import subprocess
+    import sys
+
+    from examples.clicks import click_events, produce_json
+    from tests.e2e.cli import held_then_killed
+    from tests.e2e.harness import PIPELINES
+
+    seed = chaos_seed()
+    records = 24_000
+    run_id = uuid.uuid4().hex[:8]
+    lake = tmp_path / "lake"
+    lake.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EOSFLOW_")}
+    env.update(
+        JOB_NAME=f"lake-rescale-{run_id}",
+        CLICKS_TOPIC=f"lake-rescale-clicks-{run_id}",
+        EOSFLOW_KAFKA_BROKERS=kafka_endpoint[0],
+        EOSFLOW_STATE_DIR=str(tmp_path / "state"),
+        LAKE_DIR=str(lake),
+        WORK_US="200",
+    )
+    events = list(click_events(records, seed=seed))
+
+    def produce(part: list[dict[str, Any]]) -> None:
+        produce_json(kafka_endpoint[0], env["CLICKS_TOPIC"], part, key=lambda e: str(e["user"]))
+
+    pipeline = str(PIPELINES / "running_total_lake.py")
+    run = [sys.executable, "-m", "processor.cli", "run", pipeline, "--checkpoint-interval", "0.4"]
+    produce(events[: records // 2])
+    held_then_killed(
+        [*run, "--workers", "3", "--fault", "0:0:after-completion-before-commit:3:hold"],
+        env,
+        tmp_path / "holds",
+        "after-completion-before-commit",
+        0,
+    )
+    produce(events[records // 2 :])
+    done = subprocess.run(
+        [*run, "--workers", "2", "--until-idle", "--fault", "0:1:before-prepare:2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    want = expected(expected_running_totals, records, seed)
+    got = Counter(canonical(r) for r in _rows(read_delta(str(lake / "delta"))))
+    assert_exactly_once(want, got, seed=seed)
+    got = Counter(canonical(r) for r in _rows(read_iceberg("lake.totals", catalog=_catalog(lake))))
+    assert_exactly_once(want, got, seed=seed)
