@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 pytest.importorskip("deltalake")
@@ -24,6 +25,7 @@ pytest.importorskip("pyiceberg")
 
 from processor.runtime.supervision.local import Fault
 from processor.testing.compare import canonical
+from sinks.files import read_jsonl
 from sinks.lake import read_delta, read_iceberg
 from tests.e2e.harness import (
     ChaosRun,
@@ -83,10 +85,13 @@ def _run(
     work_us: int = 300,
     order: str = "iceberg,delta",
     s3: S3Server | None = None,
+    misfit_every: int = 0,
 ) -> ChaosRun:
     lake = tmp / "lake"
     lake.mkdir()
     env = {"WORK_US": str(work_us), "LAKE_DIR": str(lake), "LAKE_ORDER": order}
+    if misfit_every:
+        env.update(LAKE_MISFIT_EVERY=str(misfit_every), DEAD_DIR=str(tmp / "dead"))
     delta_uri, options, bucket = str(lake / "delta"), None, ""
     if s3 is not None:
         bucket = s3.bucket()
@@ -116,6 +121,18 @@ def _run(
     print(f"faults fired: {run.faults_fired}")
     assert_faults_fired(run, faults, kills, seed=seed)
     want = expected(expected_running_totals, records, seed)
+    if misfit_every:
+        want, misfits = _split_misfits(want, misfit_every)
+        dead = Counter(
+            (d["step"], canonical([d["key"], d["value"]])) for d in read_jsonl(str(tmp / "dead"))
+        )
+        want_dead = Counter(
+            {(step, item): n for item, n in misfits.items() for step in ("delta", "iceberg")}
+        )
+        assert dead == want_dead, (
+            f"seed={seed}: dead letters differ: {sum((want_dead - dead).values())} missing, "
+            f"{sum((dead - want_dead).values())} extra"
+        )
     assert_exactly_once(want, run.output, seed=seed)  # Delta
     iceberg = Counter(
         canonical(r) for r in _rows(read_iceberg("lake.totals", catalog=_catalog(lake, s3, bucket)))
@@ -123,6 +140,17 @@ def _run(
     assert_exactly_once(want, iceberg, seed=seed)
     _check_commits(lake, run, seed=seed, delta_uri=delta_uri, options=options, s3=s3, bucket=bucket)
     return run
+
+
+def _split_misfits(want: Counter[bytes], every: int) -> tuple[Counter[bytes], Counter[bytes]]:
+    """(the rows that fit, the misfits): a running total whose count is a multiple of
+    ``every`` does not fit the tables (``LAKE_MISFIT_EVERY``)."""
+    fit: Counter[bytes] = Counter()
+    misfit: Counter[bytes] = Counter()
+    for item, n in want.items():
+        count = orjson.loads(item)[1][0]
+        (misfit if count % every == 0 else fit)[item] += n
+    return fit, misfit
 
 
 def _delta_checkpoints(uri: str, s3: S3Server | None) -> list[int]:
@@ -178,11 +206,12 @@ def test_lake_tables_are_exactly_once_when_workers_are_killed_at_every_sink_poin
 def test_lake_tables_are_exactly_once_with_three_workers_when_killed_randomly(
     kafka_endpoint: tuple[str, str], tmp_path: Path
 ) -> None:
-    """--workers 3: three subtasks' files per commit, kills on every worker."""
+    """--workers 3: three subtasks' files per commit, kills on every worker; every 20th total
+    of a user does not fit the tables and must be a dead letter once per sink step."""
     seed = chaos_seed()
     _run(
         tmp_path, kafka_endpoint[0], records=60_000, seed=seed, kills=3, faults=NAMED,
-        workers=3, order="delta,iceberg",
+        workers=3, order="delta,iceberg", misfit_every=20,
     )  # fmt: skip
 
 

@@ -2,11 +2,12 @@
 
 Every click yields one row ``{"user", "count", "amount", "shard"}`` in each table: the user's
 totals after that click (``expected_running_totals``). ``shard`` (the user's last character)
-partitions the Delta table; the Iceberg table by ``identity(shard)``. Both live
-under ``LAKE_DIR`` (the Iceberg catalog is SQLite there), or, with ``LAKE_S3`` set, under
+partitions the Delta table; the Iceberg table by ``identity(shard)``. Both live under
+``LAKE_DIR`` (the Iceberg catalog is SQLite there), or, with ``LAKE_S3`` set, under
 ``s3://$LAKE_S3`` on the S3 API at ``AWS_ENDPOINT_URL``. ``WORK_US``: work per click.
-``LAKE_ORDER``: the sink steps' order (default ``iceberg,delta``): a fault point kills
-at the first sink that reaches it.
+``LAKE_MISFIT_EVERY=n``: a row whose count is a multiple of n gets a field that is not a
+column (a dead letter in ``DEAD_DIR``, per sink step). ``LAKE_ORDER``: the sink steps' order
+(default ``iceberg,delta``): a fault point kills at the first sink that reaches it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from spin import work  # the same work per click
 
 from connectors.serde import JsonSerde
 from processor.dataflow import Dataflow
+from sinks.files import FileSink
 from sinks.lake import DeltaSink, IcebergSink
 
 SCHEMA = pa.schema(
@@ -28,9 +30,15 @@ LAKE = os.environ["LAKE_DIR"]
 S3 = os.environ.get("LAKE_S3")
 
 
+MISFIT = int(os.environ.get("LAKE_MISFIT_EVERY") or 0)
+
+
 def to_record(keyed: tuple[str, tuple[int, int]]) -> dict[str, Any]:
     user, (count, amount) = keyed
-    return {"user": user, "count": count, "amount": amount, "shard": user[-1:]}
+    row = {"user": user, "count": count, "amount": amount, "shard": user[-1:]}
+    if MISFIT and count % MISFIT == 0:
+        row["misfit"] = True  # not a column: a dead letter of each sink step
+    return row
 
 
 def storage() -> tuple[str, dict[str, str], dict[str, str]]:
@@ -62,7 +70,8 @@ def storage() -> tuple[str, dict[str, str], dict[str, str]]:
 
 DELTA_URI, DELTA_OPTIONS, CATALOG = storage()
 
-flow = Dataflow(os.environ["JOB_NAME"])
+DEAD = os.environ.get("DEAD_DIR")
+flow = Dataflow(os.environ["JOB_NAME"], dead_letters=FileSink(DEAD) if DEAD else None)
 totals = (
     flow.source(
         "clicks", os.environ["CLICKS_TOPIC"], serde=JsonSerde(), timestamp=lambda c: c["ts_ms"]
