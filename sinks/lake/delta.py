@@ -11,6 +11,7 @@ concurrent commit of the same ``appId`` (conflict), so an epoch is never added t
 from __future__ import annotations
 
 import contextlib
+import copy
 import datetime
 import logging
 import os
@@ -151,6 +152,18 @@ class DeltaSink:
     def open(self, ctx: SinkContext) -> LakeWriter:
         """A writer for subtask ``ctx.subtask``."""
         return LakeWriter(_DeltaTable(self, ctx), ctx, schema=self.schema, to_record=self.to_record)
+
+    def certify_redirect(self, rewrite: Any, step: str) -> DeltaSink:
+        """``eosflow certify``: a copy writing a table of the run's own, under the run's
+        outputs directory (local, removed with certify's work directory)."""
+        out = copy.copy(self)
+        out.uri = os.path.abspath(os.path.join(rewrite.outputs, step, "delta"))
+        out.storage_options = {}
+        return out
+
+    def read_output(self) -> list[dict[str, Any]]:
+        """The committed rows (``eosflow certify``, ``processor.testing.read_output``)."""
+        return list(read_delta(self.uri, storage_options=self.storage_options).to_pylist())
 
 
 class _DeltaTable:

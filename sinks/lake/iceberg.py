@@ -15,7 +15,9 @@ once (what Flink's Iceberg committer does with the max committed checkpoint id i
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
+import os
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -119,6 +121,25 @@ class IcebergSink:
         return LakeWriter(
             _IcebergTable(self, ctx), ctx, schema=self.schema, to_record=self.to_record
         )
+
+    def certify_redirect(self, rewrite: Any, step: str) -> IcebergSink:
+        """``eosflow certify``: a copy writing the same table name in a catalog of the run's
+        own (SQL on SQLite, warehouse under the run's outputs directory, removed with
+        certify's work directory)."""
+        out = copy.copy(self)
+        home = os.path.abspath(os.path.join(rewrite.outputs, step))
+        os.makedirs(home, exist_ok=True)
+        out.catalog = {
+            "type": "sql",
+            "uri": f"sqlite:///{home}/catalog.db",
+            "warehouse": f"file://{home}/warehouse",
+        }
+        return out
+
+    def read_output(self) -> list[dict[str, Any]]:
+        """The committed rows (``eosflow certify``, ``processor.testing.read_output``)."""
+        rows = read_iceberg(self.table, catalog=self.catalog, catalog_name=self.catalog_name)
+        return list(rows.to_pylist())
 
 
 class _IcebergTable:
