@@ -41,6 +41,10 @@ def _catalog(name: str, properties: dict[str, str]) -> Any:
         from pyiceberg.catalog import load_catalog
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ConfigError("IcebergSink needs pyiceberg: pip install 'eosflow[iceberg]'") from exc
+    uri = properties.get("uri", "")
+    if uri.startswith("sqlite:///") and uri != "sqlite:///:memory:":
+        # SQLite creates the file, not its directory: a fresh local catalog just works.
+        os.makedirs(os.path.dirname(uri[len("sqlite:///") :]) or ".", exist_ok=True)
     return load_catalog(name, **properties)
 
 
