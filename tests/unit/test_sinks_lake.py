@@ -270,3 +270,31 @@ def test_a_run_without_the_jobs_snapshots_is_refused_when_the_table_has_newer_co
     _complete(lake, 1)
     with pytest.raises(ConfigError, match="another run of the job"):
         lake.writer(0, 1, generation=5).recover([])
+
+
+def test_delta_compacts_after_every_nth_commit_when_asked(tmp_path: Path) -> None:
+    """compact_every=3: the committer runs delta-rs optimize.compact() after its 3rd commit;
+    the rows stay the same, the table has fewer files, and the epochs' idempotency is kept."""
+    import deltalake
+
+    sink = DeltaSink(tmp_path / "delta", schema=SCHEMA, partition_by=["day"], compact_every=3)
+    lake = Lake("delta", tmp_path)
+    lake.sink = sink
+    ws = [lake.writer(s) for s in range(2)]
+    for w in ws:
+        w.recover([])
+    want: Counter[tuple[Any, ...]] = Counter()
+    for chk in (1, 2, 3):
+        for w in ws:
+            rows = _rows(f"u{w.ctx.subtask}", 10, start=chk * 100)
+            w.write(rows)
+            want.update((r["user"], r["n"]) for r in rows)
+        cs = [w.prepare(chk) for w in ws]
+        for w, c in zip(ws, cs, strict=True):
+            w.commit(chk, c)
+    table = deltalake.DeltaTable(str(tmp_path / "delta"))
+    assert len(table.file_uris()) == 2  # one per day partition, from 12
+    assert lake.rows() == want
+    assert table.transaction_version("eosflow:j:out") == 3
+    ws[0].commit(3, cs[0])  # a re-commit after compaction is still a no-op
+    assert lake.rows() == want
