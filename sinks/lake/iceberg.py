@@ -209,6 +209,8 @@ class _IcebergTable:
 
     def delete_files(self, files: list[Any]) -> None:
         table = self._table or self._load()
+        if table is None:
+            return  # no table, so nothing of it to clean
         for path in files:
             with contextlib.suppress(FileNotFoundError, OSError):
                 table.io.delete(path)

@@ -24,6 +24,7 @@ import fsspec
 import orjson
 
 from processor.contracts import SinkContext
+from processor.errors import ConfigError
 
 __all__ = ["Manifest", "Staging"]
 
@@ -55,7 +56,11 @@ class Staging:
     def __init__(self, ctx: SinkContext, *, base_url: str | None = None) -> None:
         base = base_url or ctx.snapshot_url
         if base is None:
-            raise ValueError("a lakehouse sink needs the job's snapshot store (snapshot_url)")
+            raise ConfigError(
+                f"sink step {ctx.step!r}: a lakehouse sink stages its epochs in the job's "
+                "snapshot store, and this runner gave none (SinkContext.snapshot_url); run it "
+                "with eosflow run (local or Spark runner)"
+            )
         self.ctx = ctx
         self.url = f"{base.rstrip('/')}/{ctx.job}/staging/{ctx.step}"
         self.fs, self.path = fsspec.core.url_to_fs(self.url)

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import pyarrow as pa
 
 from processor.contracts import SinkContext
-from processor.errors import ConfigError, RecordsRejected, SnapshotError
+from processor.errors import ConfigError, EosflowError, RecordsRejected, SnapshotError
 from processor.snapshot.store import SnapshotStore
 from sinks.lake.records import infer_schema, to_table
 from sinks.lake.staging import Manifest, Staging
@@ -242,11 +242,10 @@ class LakeWriter:
             ctx.fault("mid-sink-commit")
             self.staging.delete([m for m in manifests if m.checkpoint <= checkpoint_id])
             return
-        raise SnapshotError(
+        raise EosflowError(
             f"{self.ops.describe}: checkpoint {checkpoint_id} could not be committed after "
             f"{_RETRIES} attempts, each losing to another writer's commit; the job restarts "
-            "and retries (a committer racing this one that never stops?)",
-            reason="missing",
+            "and retries (is another job compacting or writing this table without pause?)"
         )
 
     def _read(self, m: Manifest) -> dict[str, Any]:
