@@ -298,3 +298,25 @@ def test_delta_compacts_after_every_nth_commit_when_asked(tmp_path: Path) -> Non
     assert table.transaction_version("eosflow:j:out") == 3
     ws[0].commit(3, cs[0])  # a re-commit after compaction is still a no-op
     assert lake.rows() == want
+
+
+def test_the_sink_step_hands_each_rejected_value_to_the_error_handler_and_writes_the_rest(
+    tmp_path: Path,
+) -> None:
+    """RecordsRejected from a writer: the sink step (SinkOp) calls the task's error handler
+    (dead letters) once per misfit with its index and cause; the rest is written."""
+    from processor.runtime.operators.core import SinkOp
+    from processor.steps import Step
+
+    lake = Lake("delta", tmp_path)
+    writer = lake.writer(0, 1)
+    writer.recover([])
+    op = SinkOp(Step("out", "sink", ("src",), False), writer, keyed=False)
+    seen: list[tuple[int, str]] = []
+    op.on_error = lambda _op, batch, i, exc: seen.append((i, str(exc)))
+    good = {"user": "a", "n": 1, "day": DAY}
+    op.process([(None, good, 0), (None, {"user": "b", "n": "x", "day": DAY}, 0), (None, good, 0)])
+    assert [i for i, _ in seen] == [1] and "ArrowInvalid" in seen[0][1]
+    assert op.written == 2
+    writer.commit(1, writer.prepare(1))
+    assert lake.rows() == Counter([("a", 1), ("a", 1)])
