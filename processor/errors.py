@@ -10,6 +10,8 @@ errors are also :class:`ValueError` so that code written against plain Python ke
     │                                       not (lost or stale state: refused, with the ways on)
     ├── DefinitionError (ValueError)        a dataflow that cannot be built (names, missing sinks)
     ├── SerializationError                  a value could not be encoded
+    │   └── RecordsRejected                 a sink wrote a batch but some values did not fit
+    │                                       its table (each goes to dead letters with the cause)
     ├── DeserializationError                bytes read from Kafka could not be decoded
     │                                       (carries topic, partition, offset; goes to dead letters)
     ├── KafkaClientError                    a broker/client error, classified once (see
@@ -57,6 +59,7 @@ __all__ = [
     "JobNotFoundError",
     "JobRunningError",
     "KafkaClientError",
+    "RecordsRejected",
     "SerializationError",
     "ServerNotFoundError",
     "SnapshotError",
@@ -93,6 +96,22 @@ class DefinitionError(EosflowError, ValueError):
 
 class SerializationError(EosflowError):
     """A value could not be encoded by a serializer."""
+
+
+class RecordsRejected(SerializationError):
+    """A sink writer wrote the values of a batch that fit its output, and not these.
+
+    Raised by ``SinkWriter.write`` after it wrote the rest of the batch. The sink step hands
+    each rejected value to the dataflow's dead letters with its cause (inside the epoch, so
+    exactly once); without a dead-letter destination the task fails with this error.
+
+    Attributes:
+        failures: ``(index in the batch, cause)`` of each value not written.
+    """
+
+    def __init__(self, message: str, failures: list[tuple[int, Exception]]) -> None:
+        self.failures = failures
+        super().__init__(message)
 
 
 class DeserializationError(EosflowError):

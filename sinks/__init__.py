@@ -16,6 +16,9 @@ after a restart.
   completion (needs the ``postgres`` extra: psycopg); docs/sink-postgres.md.
 - :class:`RedisSink`: one subtask's epoch applied atomically by a Lua script guarded by the last
   committed epoch; docs/sink-redis.md.
+- :class:`IcebergSink`, :class:`DeltaSink`: Parquet data files written at the barrier, one table
+  commit per checkpoint carrying the checkpoint id (extras ``iceberg``, ``delta``);
+  :func:`read_iceberg`, :func:`read_delta` read them back; docs/sink-lakehouse.md.
 
 The public names are imported on first use (PEP 562): a pipeline file that imports
 ``KafkaSink`` or ``FileSink`` does not load redis-py (``RedisSink``) in the runner and in every
@@ -32,30 +35,39 @@ if TYPE_CHECKING:
     from sinks.console import ConsoleSink
     from sinks.files import FileSink, read_avro, read_committed, read_committed_lines, read_jsonl
     from sinks.kafka import KafkaSink
+    from sinks.lake import DeltaSink, IcebergSink, read_delta, read_iceberg
     from sinks.postgres import PostgresSink
     from sinks.redis import RedisSink
 
 __all__ = [
     "ConsoleSink",
+    "DeltaSink",
     "FileSink",
+    "IcebergSink",
     "KafkaSink",
     "PostgresSink",
     "RedisSink",
     "read_avro",
     "read_committed",
     "read_committed_lines",
+    "read_delta",
+    "read_iceberg",
     "read_jsonl",
 ]
 
 _HOME = {
     "ConsoleSink": "sinks.console",
+    "DeltaSink": "sinks.lake",
     "FileSink": "sinks.files",
+    "IcebergSink": "sinks.lake",
     "KafkaSink": "sinks.kafka",
     "PostgresSink": "sinks.postgres",
     "RedisSink": "sinks.redis",
     "read_avro": "sinks.files",
     "read_committed": "sinks.files",
     "read_committed_lines": "sinks.files",
+    "read_delta": "sinks.lake",
+    "read_iceberg": "sinks.lake",
     "read_jsonl": "sinks.files",
 }
 

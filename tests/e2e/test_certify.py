@@ -345,3 +345,24 @@ def test_certify_reads_every_element_a_redis_sink_wrote(tmp_path: Path) -> None:
     # the list: one element per click; the hash and the counters: one field per user each
     assert check["counts"]["actual"] == check["counts"]["expected"] == 8000 + 2 * 1000, check
     assert len({r["redis_db"] for r in report["runs"]}) == 4  # an empty database each
+
+
+# crash tier: 31 s; the lakehouse sinks' crash tests in test_sink_lake.py run in command 2.
+@pytest.mark.crash
+def test_certify_redirects_and_reads_back_iceberg_and_delta_sinks(tmp_path: Path) -> None:
+    """Both lakehouse sinks get a table of each run's own (certify_redirect), are read back by
+    their formats' readers (read_output) and compared: 8,000 rows each, PASS under kills."""
+    pytest.importorskip("deltalake")
+    pytest.importorskip("pyiceberg")
+    lake = tmp_path / "lake"
+    lake.mkdir()
+    env = {"LAKE_DIR": str(lake), "JOB_NAME": "certify-lake"}
+    out, report = _certify(
+        tmp_path, PIPELINES / "running_total_lake_certify.py", "--faults", "kill", env=env
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert report["verdict"] == "PASS"
+    checks = {c["sink"]: c for c in _runs(report)["1"]["checks"]}
+    assert checks["delta"]["counts"]["actual"] == 8000
+    assert checks["iceberg"]["counts"]["actual"] == 8000
+    assert not (lake / "delta").exists(), "a run wrote to the original table"

@@ -53,6 +53,25 @@ def test_the_enrich_and_sessionise_example_checks_its_sessions_with_its_one_comm
     assert "OK: every session exactly once" in result.stdout
 
 
+def test_the_lakehouse_example_lands_every_click_once_in_iceberg_and_delta(
+    kafka_endpoint: tuple[str, str], tmp_path: Path
+) -> None:
+    """Issue 40: ``python examples/lakehouse.py`` lands the clicks in an Iceberg table and a
+    Delta table on embedded defaults and reads both back with pyiceberg and deltalake."""
+    pytest.importorskip("deltalake")
+    pytest.importorskip("pyiceberg")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EOSFLOW_")}
+    env.update(EOSFLOW_KAFKA_BROKERS=kafka_endpoint[0], EOSFLOW_STATE_DIR=str(tmp_path))
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "lakehouse.py"), "--records", "20000"],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "iceberg: 20,000 rows read back" in result.stdout
+    assert "delta: 20,000 rows read back" in result.stdout
+    assert "OK: every click exactly once in both tables" in result.stdout
+
+
 @pytest.mark.spark
 def test_readme_example_runs_on_spark_with_its_one_documented_command(
     kafka_endpoint: tuple[str, str], tmp_path: Path

@@ -32,7 +32,7 @@ from typing import Any, TypeAlias
 
 from processor.contracts import SinkContext
 from processor.dataflow import Step
-from processor.errors import DefinitionError
+from processor.errors import DefinitionError, RecordsRejected
 
 __all__ = [
     "Aggregate",
@@ -357,13 +357,21 @@ class SinkOp(Operator):
 
     def process(self, batch: list[Record]) -> list[Record]:
         if batch:
-            if self.keyed:
-                write_keyed = getattr(self.writer, "write_keyed", None)
-                if write_keyed is not None:  # without building (key, value) pairs
-                    write_keyed(list(map(_key, batch)), list(map(_value, batch)))
+            try:
+                if self.keyed:
+                    write_keyed = getattr(self.writer, "write_keyed", None)
+                    if write_keyed is not None:  # without building (key, value) pairs
+                        write_keyed(list(map(_key, batch)), list(map(_value, batch)))
+                    else:
+                        self.writer.write([(k, v) for k, v, _t in batch])
                 else:
-                    self.writer.write([(k, v) for k, v, _t in batch])
-            else:
-                self.writer.write([v for _k, v, _t in batch])
+                    self.writer.write([v for _k, v, _t in batch])
+            except RecordsRejected as rejected:
+                # The writer wrote the rest of the batch; the misfits are dead letters.
+                if self.on_error is None:
+                    raise
+                for index, cause in rejected.failures:
+                    self.on_error(self, batch, index, cause)
+                self.written -= len(rejected.failures)
             self.written += len(batch)
         return []

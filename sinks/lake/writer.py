@@ -1,0 +1,279 @@
+"""The two-phase commit of a lakehouse sink, shared by Iceberg and Delta (docs/sink-lakehouse.md).
+
+Per epoch each subtask buffers its rows (Arrow); at the barrier, ``prepare`` writes them as
+Parquet data files into the table's location (no table snapshot references them yet: readers do
+not see them) and a staging manifest naming them (:mod:`sinks.lake.staging`), and returns a
+small committable. When the checkpoint completes, subtask 0 (the *committer*) commits the data
+files of every subtask in one table commit that records the checkpoint id in the table itself
+(Iceberg: a table property and the snapshot summary; Delta: an application transaction
+``txn(appId, version)``). The other subtasks' ``commit`` does nothing.
+
+Invariants:
+    One table commit per checkpoint per sink step (none when no subtask wrote a row).
+    The table's own record of the last committed checkpoint decides whether an epoch landed:
+    checking it and committing happen against one table version (optimistic concurrency), so a
+    re-commit after a crash, or a second committer racing the first, never appends twice.
+    ``prepare`` always returns a committable (also for an empty epoch): the newest pending
+    checkpoint of a restored snapshot is then the restored checkpoint itself, which tells a
+    recovering writer which of its manifests are orphans.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import pyarrow as pa
+
+from processor.contracts import SinkContext
+from processor.errors import ConfigError, EosflowError, RecordsRejected, SnapshotError
+from processor.snapshot.store import SnapshotStore
+from sinks.lake.records import infer_schema, to_table
+from sinks.lake.staging import Manifest, Staging
+
+__all__ = ["CommitConflict", "LakeWriter", "TableOps"]
+
+log = logging.getLogger(__name__)
+
+_RETRIES = 20
+
+
+class CommitConflict(Exception):
+    """Another writer committed to the table first (optimistic concurrency): reload, retry."""
+
+
+class TableOps(Protocol):
+    """What the protocol needs of a table format (one object per writer)."""
+
+    describe: str
+
+    def table_schema(self) -> pa.Schema | None:
+        """The table's schema as Arrow, or ``None`` when the table does not exist yet."""
+
+    def create(self, schema: pa.Schema) -> pa.Schema:
+        """Creates the table unless it exists (a race with another writer is fine); returns
+        the table's schema."""
+
+    def write_files(self, data: pa.Table, prefix: str) -> list[Any]:
+        """Writes ``data`` as data files (not committed); returns their JSON-able descriptions."""
+
+    def last_committed(self) -> int:
+        """The newest checkpoint of this (job, step) the table has committed (0: none)."""
+
+    def commit(self, files: list[Any], checkpoint_id: int) -> None:
+        """One table commit adding ``files`` and recording ``checkpoint_id``, against the table
+        version whose :meth:`last_committed` was read last. Raises :class:`CommitConflict`."""
+
+    def delete_files(self, files: list[Any]) -> None:
+        """Deletes uncommitted data files (orphans)."""
+
+
+class LakeWriter:
+    """One subtask's writer of an Iceberg or Delta sink (the format is ``ops``)."""
+
+    def __init__(
+        self,
+        ops: TableOps,
+        ctx: SinkContext,
+        *,
+        schema: pa.Schema | None,
+        to_record: Callable[[Any], Any] | None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.ops = ops
+        self.ctx = ctx
+        self.staging = Staging(ctx)
+        self._to_record = to_record
+        self._sleep = sleep
+        self._schema = ops.table_schema()
+        if self._schema is None and schema is not None:
+            self._schema = ops.create(schema)
+        self._buffer: list[pa.Table] = []
+        self._rows = 0
+        self._prefix = f"{ctx.subtask:05d}-g{ctx.generation}"
+
+    def __repr__(self) -> str:
+        ctx = self.ctx
+        return f"LakeWriter({self.ops.describe}, step={ctx.step!r}, subtask={ctx.subtask})"
+
+    @property
+    def committer(self) -> bool:
+        return self.ctx.subtask == 0
+
+    # -- epoch -----------------------------------------------------------------------------------
+
+    def write(self, values: Sequence[Any]) -> None:
+        """Buffers the values that fit the table's schema.
+
+        Raises:
+            RecordsRejected: after buffering the rest, naming each value that does not fit (a
+                missing, extra or mistyped field; ``to_record`` raising): dead letters.
+        """
+        if not values:
+            return
+        records: list[Any] = []
+        failed: list[tuple[int, Exception]] = []
+        index: list[int] = []
+        to_record = self._to_record
+        for i, value in enumerate(values):
+            if to_record is None:
+                records.append(value)
+                index.append(i)
+                continue
+            try:
+                records.append(to_record(value))
+                index.append(i)
+            except Exception as exc:
+                failed.append((i, exc))
+        if self._schema is None and records:
+            self._schema = self.ops.create(infer_schema(records))
+        if records:
+            assert self._schema is not None
+            table, rejects = to_table(records, self._schema)
+            for j, why in rejects:
+                failed.append((index[j], ValueError(f"{self.ops.describe}: {why}")))
+            if table.num_rows:
+                self._buffer.append(table)
+                self._rows += table.num_rows
+        if failed:
+            failed.sort(key=lambda f: f[0])
+            raise RecordsRejected(
+                f"{len(failed)} of {len(values)} values do not fit {self.ops.describe} "
+                f"(first: {failed[0][1]})",
+                failed,
+            )
+
+    def prepare(self, checkpoint_id: int) -> dict[str, Any]:
+        """Writes the epoch's data files and its staging manifest; returns the committable."""
+        files: list[Any] = []
+        if self._buffer:
+            data = pa.concat_tables(self._buffer)
+            prefix = f"{self._prefix}-c{checkpoint_id}-{uuid.uuid4().hex[:8]}"
+            files = self.ops.write_files(data, prefix)
+        rows, self._buffer, self._rows = self._rows, [], 0
+        ctx = self.ctx
+        name = self.staging.write(
+            checkpoint_id,
+            {"job": ctx.job, "step": ctx.step, "subtask": ctx.subtask, "rows": rows,
+             "files": files},
+        )  # fmt: skip
+        log.info(
+            "prepared checkpoint_id=%d step=%r subtask=%d rows=%d files=%d manifest=%s",
+            checkpoint_id, ctx.step, ctx.subtask, rows, len(files), name,
+        )  # fmt: skip
+        return {"manifest": name, "rows": rows}
+
+    def commit(self, checkpoint_id: int, committable: Any) -> None:
+        """The committer commits every subtask's epochs up to ``checkpoint_id`` in one table
+        commit; the others do nothing. Idempotent."""
+        if self.committer:
+            self._commit_through(checkpoint_id)
+
+    def recover(self, pending: Sequence[tuple[int, Any]]) -> None:
+        """Commits what the restored checkpoint covers (committer), deletes this subtask's
+        orphans: manifests (and their data files) of checkpoints after the restored one.
+
+        Raises:
+            ConfigError: the table holds a commit of this job and step newer than the job's
+                newest completed checkpoint (another run of the job, whose snapshots are gone).
+        """
+        restored = max((c for c, _x in pending), default=None)
+        self._check_history()
+        self.staging.delete_temps()
+        if self.committer and restored is not None:
+            self._commit_through(restored)
+        self.ctx.fault("mid-sink-recover")
+        orphans = [m for m in self.staging.own() if restored is None or m.checkpoint > restored]
+        for m in orphans:
+            try:
+                body = self.staging.read(m)
+            except FileNotFoundError:
+                continue
+            self.ops.delete_files(body.get("files", []))
+            self.staging.delete([m])
+        if orphans:
+            log.info(
+                "deleted orphans step=%r subtask=%d restored=%s manifests=%s",
+                self.ctx.step, self.ctx.subtask, restored, [m.name for m in orphans],
+            )  # fmt: skip
+
+    def close(self) -> None:
+        self._buffer = []
+
+    # -- the commit ------------------------------------------------------------------------------
+
+    def _commit_through(self, checkpoint_id: int) -> None:
+        ctx = self.ctx
+        for attempt in range(_RETRIES):
+            last = self.ops.last_committed()
+            manifests = self.staging.manifests()
+            if last >= checkpoint_id:
+                self.staging.delete([m for m in manifests if m.checkpoint <= checkpoint_id])
+                return
+            due = [m for m in manifests if last < m.checkpoint <= checkpoint_id]
+            files: list[Any] = []
+            rows = 0
+            for m in due:
+                body = self._read(m)
+                files.extend(body["files"])
+                rows += body.get("rows", 0)
+            if not files:
+                self.staging.delete([m for m in manifests if m.checkpoint <= checkpoint_id])
+                return
+            began = time.monotonic()
+            try:
+                self.ops.commit(files, checkpoint_id)
+            except CommitConflict as exc:
+                log.info(
+                    "commit conflict step=%r checkpoint_id=%d attempt=%d: %s (retrying)",
+                    ctx.step, checkpoint_id, attempt + 1, exc,
+                )  # fmt: skip
+                self._sleep(min(0.05 * 2**attempt, 1.0))
+                continue
+            log.info(
+                "committed checkpoint_id=%d step=%r table=%s manifests=%d files=%d rows=%d "
+                "after=%d took_ms=%.1f",
+                checkpoint_id, ctx.step, self.ops.describe, len(due), len(files), rows, last,
+                (time.monotonic() - began) * 1000,
+            )  # fmt: skip
+            ctx.fault("mid-sink-commit")
+            self.staging.delete([m for m in manifests if m.checkpoint <= checkpoint_id])
+            return
+        raise EosflowError(
+            f"{self.ops.describe}: checkpoint {checkpoint_id} could not be committed after "
+            f"{_RETRIES} attempts, each losing to another writer's commit; the job restarts "
+            "and retries (is another job compacting or writing this table without pause?)"
+        )
+
+    def _read(self, m: Manifest) -> dict[str, Any]:
+        try:
+            return self.staging.read(m)
+        except FileNotFoundError:
+            raise SnapshotError(
+                f"{self.ops.describe}: the staging manifest {m.name} vanished while committing "
+                f"checkpoint {m.checkpoint} (under {self.staging.url}); another committer of "
+                "this job and step is running",
+                reason="missing",
+                path=m.name,
+            ) from None
+
+    def _check_history(self) -> None:
+        url = self.ctx.snapshot_url
+        if url is None:
+            return
+        last = self.ops.last_committed()
+        if not last:
+            return
+        completed = SnapshotStore(url).completed_ids(self.ctx.job)
+        newest = completed[-1] if completed else 0
+        if last > newest:
+            raise ConfigError(
+                f"{self.ops.describe}: the table holds job {self.ctx.job!r} step "
+                f"{self.ctx.step!r}'s commit of checkpoint {last}, but the job's newest "
+                f"completed checkpoint is {newest}: this is another run of the job (its "
+                "snapshots were deleted), whose epochs this run would skip or repeat. Give the "
+                "job another name, or write to another table"
+            )

@@ -1,0 +1,322 @@
+"""The lakehouse sinks' protocol on local tables (no server): Delta (delta-rs) and Iceberg
+(pyiceberg, SQL catalog on SQLite). Read back with the formats' own readers.
+
+Covers: one table commit per checkpoint for all subtasks, idempotent commit and recover, orphan
+clean-up, misfits rejected (dead letters) without widening the schema, a restarted job without
+snapshots refused, and two committers of one table racing with an injected conflict.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pa = pytest.importorskip("pyarrow")
+pytest.importorskip("deltalake")
+pytest.importorskip("pyiceberg")
+
+from processor.contracts import SinkContext  # noqa: E402
+from processor.errors import ConfigError, RecordsRejected  # noqa: E402
+from sinks.lake import DeltaSink, IcebergSink, read_delta, read_iceberg  # noqa: E402
+from sinks.lake.writer import LakeWriter  # noqa: E402
+
+SCHEMA = pa.schema([("user", pa.string()), ("n", pa.int64()), ("day", pa.date32())])
+DAY = datetime.date(2026, 11, 27)
+
+
+class Lake:
+    """One table of one format, its sink and its independent reader."""
+
+    def __init__(self, fmt: str, tmp: Path, *, schema: Any = SCHEMA) -> None:
+        self.fmt = fmt
+        self.tmp = tmp
+        self.snapshots = f"file://{tmp}/snapshots"
+        if fmt == "delta":
+            self.sink: Any = DeltaSink(tmp / "delta", schema=schema, partition_by=["day"])
+        else:
+            self.catalog = {
+                "type": "sql",
+                "uri": f"sqlite:///{tmp}/catalog.db",
+                "warehouse": f"file://{tmp}/warehouse",
+            }
+            self.sink = IcebergSink(
+                "ns.t", catalog=self.catalog, schema=schema, partition_by=[("day", "day")]
+            )
+
+    def writer(self, subtask: int, parallelism: int = 2, generation: int = 1, job: str = "j"):
+        ctx = SinkContext(job, "out", subtask, parallelism, generation, snapshot_url=self.snapshots)
+        return self.sink.open(ctx)
+
+    def rows(self) -> Counter[tuple[Any, ...]]:
+        if self.fmt == "delta":
+            table = read_delta(str(self.tmp / "delta"))
+        else:
+            table = read_iceberg("ns.t", catalog=self.catalog)
+        return Counter((r["user"], r["n"]) for r in table.to_pylist())
+
+    def commits(self) -> list[int]:
+        """The checkpoint of each table commit that added data."""
+        if self.fmt == "delta":
+            import deltalake
+
+            history = deltalake.DeltaTable(str(self.tmp / "delta")).history()
+            return sorted(
+                int(h["eosflow.checkpoint"]) for h in history if "eosflow.checkpoint" in h
+            )
+        from pyiceberg.catalog import load_catalog
+
+        table = load_catalog("eosflow", **self.catalog).load_table("ns.t")
+        assert "commit.retry.num-retries" not in table.properties  # in memory only
+        return sorted(int(s.summary["eosflow.checkpoint"]) for s in table.snapshots())
+
+
+FORMATS = ["delta", "iceberg"]
+
+
+def _rows(user: str, count: int, start: int = 0) -> list[dict[str, Any]]:
+    return [
+        {"user": user, "n": start + i, "day": DAY + datetime.timedelta(i % 2)} for i in range(count)
+    ]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_one_table_commit_holds_every_subtasks_epoch_when_a_checkpoint_completes(
+    fmt: str, tmp_path: Path
+) -> None:
+    lake = Lake(fmt, tmp_path)
+    ws = [lake.writer(s, 3) for s in range(3)]
+    for w in ws:
+        w.recover([])
+    ws[0].write(_rows("a", 5))
+    ws[2].write(_rows("c", 3))  # subtask 1 wrote nothing this epoch
+    cs = [w.prepare(1) for w in ws]
+    assert all(c is not None for c in cs), "an empty epoch still has a committable"
+    for w in reversed(ws):
+        w.commit(1, cs[ws.index(w)])
+    assert lake.rows() == Counter([("a", i) for i in range(5)] + [("c", i) for i in range(3)])
+    assert lake.commits() == [1]
+    _complete(lake, 1)
+    for w, c in zip(ws, cs, strict=False):  # idempotent: again, and a recovery of the same snapshot
+        w.commit(1, c)
+        w.recover([(1, c)])
+    assert lake.commits() == [1]
+    assert sum(lake.rows().values()) == 8
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_recover_commits_the_restored_epoch_once_and_deletes_orphans_when_killed_around_commit(
+    fmt: str, tmp_path: Path
+) -> None:
+    """Checkpoint 1 completed but the committer died before committing; epoch 2 was
+    prepared but never completed (orphan). Recovery from 1 commits 1 exactly once, drops 2."""
+    lake = Lake(fmt, tmp_path)
+    ws = [lake.writer(s) for s in range(2)]
+    for w in ws:
+        w.recover([])
+    ws[0].write(_rows("a", 4))
+    ws[1].write(_rows("b", 2))
+    c1 = [w.prepare(1) for w in ws]
+    ws[0].write(_rows("a", 3, start=100))
+    ws[1].write(_rows("b", 3, start=100))
+    [w.prepare(2) for w in ws]  # never completes
+    # Restart (generation 2) from checkpoint 1: nothing of 2 may land.
+    again = [lake.writer(s, generation=2) for s in range(2)]
+    _complete(lake, 1)
+    for w, c in zip(again, c1, strict=False):
+        w.recover([(1, c)])
+    want = Counter([("a", i) for i in range(4)] + [("b", i) for i in range(2)])
+    assert lake.rows() == want
+    assert [m.name for m in again[0].staging.manifests()] == []  # committed, cleaned; orphans gone
+    for w, c in zip(again, c1, strict=False):  # a second recovery of the same snapshot
+        w.recover([(1, c)])
+    assert lake.rows() == want
+    assert lake.commits() == [1]
+
+
+def _complete(lake: Lake, checkpoint_id: int) -> None:
+    """The job's snapshot store says ``checkpoint_id`` completed (for the history check)."""
+    from processor.snapshot.store import SnapshotStore
+
+    store = SnapshotStore(lake.snapshots)
+    handle = store.write_task_snapshot("j", checkpoint_id, "t.0", {"x": 1})
+    store.complete("j", checkpoint_id, {"t.0": handle}, {})
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_racing_committers_commit_an_epoch_once_when_a_conflict_is_injected(
+    fmt: str, tmp_path: Path
+) -> None:
+    """Two committers of one checkpoint (a zombie of the old generation and the recovering
+    one): the second's commit is raced by the first's (injected between its read of the last
+    committed checkpoint and its commit). The loser's retry sees the epoch landed."""
+    lake = Lake(fmt, tmp_path)
+    ws = [lake.writer(s) for s in range(2)]
+    for w in ws:
+        w.recover([])
+    ws[0].write(_rows("a", 5))
+    ws[1].write(_rows("b", 5))
+    cs = [w.prepare(1) for w in ws]
+    zombie = lake.writer(0, generation=1)
+    racer: LakeWriter = lake.writer(0, generation=2)
+    original = racer.ops.commit
+    injected = []
+
+    def commit_after_the_zombie(files: list[Any], checkpoint_id: int) -> None:
+        if not injected:
+            injected.append(checkpoint_id)
+            zombie.commit(checkpoint_id, cs[0])  # wins the race
+        original(files, checkpoint_id)
+
+    racer.ops.commit = commit_after_the_zombie  # type: ignore[method-assign]
+    racer.commit(1, cs[0])
+    assert injected == [1]
+    assert lake.rows() == Counter([("a", i) for i in range(5)] + [("b", i) for i in range(5)])
+    assert lake.commits() == [1]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_an_epoch_lands_once_when_another_writer_appends_between_read_and_commit(
+    fmt: str, tmp_path: Path
+) -> None:
+    """Another job's commit to the same table lands while this committer commits: optimistic
+    concurrency makes it retry; both jobs' rows are there once."""
+    lake = Lake(fmt, tmp_path)
+    mine = [lake.writer(s) for s in range(2)]
+    other = lake.writer(0, parallelism=1, job="other-job")
+    for w in [*mine, other]:
+        w.recover([])
+    for w in mine:
+        w.write(_rows(f"m{w.ctx.subtask}", 4))
+    other.write(_rows("o", 3))
+    cs = [w.prepare(7) for w in mine]
+    oc = other.prepare(1)
+    original = mine[0].ops.commit
+    fired = []
+
+    def commit_after_other(files: list[Any], checkpoint_id: int) -> None:
+        if not fired:
+            fired.append(1)
+            other.commit(1, oc)
+        original(files, checkpoint_id)
+
+    mine[0].ops.commit = commit_after_other  # type: ignore[method-assign]
+    mine[0].commit(7, cs[0])
+    want = Counter(
+        [("m0", i) for i in range(4)] + [("m1", i) for i in range(4)] + [("o", i) for i in range(3)]
+    )
+    assert lake.rows() == want
+    assert lake.commits() == [1, 7]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_values_that_do_not_fit_the_table_are_rejected_and_the_schema_is_kept(
+    fmt: str, tmp_path: Path
+) -> None:
+    lake = Lake(fmt, tmp_path)
+    w = lake.writer(0, 1)
+    w.recover([])
+    with pytest.raises(RecordsRejected) as caught:
+        w.write([
+            {"user": "a", "n": 1, "day": DAY},
+            {"user": "b", "n": "two", "day": DAY},
+            {"user": "c", "n": 3, "day": DAY, "extra": True},
+            "not a dict",
+            {"user": "d", "n": 4, "day": DAY},
+        ])  # fmt: skip
+    failures = caught.value.failures
+    assert [i for i, _e in failures] == [1, 2, 3]
+    assert "'extra'" in str(failures[1][1]) and "never widens" in str(failures[1][1])
+    w.commit(1, w.prepare(1))
+    assert lake.rows() == Counter([("a", 1), ("d", 4)])
+    reread = lake.writer(0, 1).ops.table_schema()
+    assert reread is not None and reread.names == ["user", "n", "day"]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_given_schema_that_differs_from_the_tables_is_refused(fmt: str, tmp_path: Path) -> None:
+    Lake(fmt, tmp_path).sink.preflight(job="j", checkpoint_interval=1.0)
+    wider = SCHEMA.append(pa.field("extra", pa.string()))
+    with pytest.raises(ConfigError, match="never changes a table's schema"):
+        Lake(fmt, tmp_path, schema=wider).sink.preflight(job="j", checkpoint_interval=1.0)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_schema_is_inferred_from_the_first_batch_then_enforced(
+    fmt: str, tmp_path: Path
+) -> None:
+    lake = Lake(fmt, tmp_path, schema=None)
+    w = lake.writer(0, 1)
+    w.recover([])
+    w.write(_rows("a", 2))
+    with pytest.raises(RecordsRejected):
+        w.write([{"user": "b", "n": 1, "day": DAY, "new": 1}])
+    w.commit(1, w.prepare(1))
+    assert lake.rows() == Counter([("a", 0), ("a", 1)])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_run_without_the_jobs_snapshots_is_refused_when_the_table_has_newer_commits(
+    fmt: str, tmp_path: Path
+) -> None:
+    lake = Lake(fmt, tmp_path)
+    w = lake.writer(0, 1)
+    w.recover([])
+    w.write(_rows("a", 1))
+    w.commit(3, w.prepare(3))
+    _complete(lake, 1)
+    with pytest.raises(ConfigError, match="another run of the job"):
+        lake.writer(0, 1, generation=5).recover([])
+
+
+def test_delta_compacts_after_every_nth_commit_when_asked(tmp_path: Path) -> None:
+    """compact_every=3: the committer runs delta-rs optimize.compact() after its 3rd commit;
+    the rows stay the same, the table has fewer files, and the epochs' idempotency is kept."""
+    import deltalake
+
+    sink = DeltaSink(tmp_path / "delta", schema=SCHEMA, partition_by=["day"], compact_every=3)
+    lake = Lake("delta", tmp_path)
+    lake.sink = sink
+    ws = [lake.writer(s) for s in range(2)]
+    for w in ws:
+        w.recover([])
+    want: Counter[tuple[Any, ...]] = Counter()
+    for chk in (1, 2, 3):
+        for w in ws:
+            rows = _rows(f"u{w.ctx.subtask}", 10, start=chk * 100)
+            w.write(rows)
+            want.update((r["user"], r["n"]) for r in rows)
+        cs = [w.prepare(chk) for w in ws]
+        for w, c in zip(ws, cs, strict=True):
+            w.commit(chk, c)
+    table = deltalake.DeltaTable(str(tmp_path / "delta"))
+    assert len(table.file_uris()) == 2  # one per day partition, from 12
+    assert lake.rows() == want
+    assert table.transaction_version("eosflow:j:out") == 3
+    ws[0].commit(3, cs[0])  # a re-commit after compaction is still a no-op
+    assert lake.rows() == want
+
+
+def test_the_sink_step_hands_each_rejected_value_to_the_error_handler_and_writes_the_rest(
+    tmp_path: Path,
+) -> None:
+    """RecordsRejected from a writer: the sink step (SinkOp) calls the task's error handler
+    (dead letters) once per misfit with its index and cause; the rest is written."""
+    from processor.runtime.operators.core import SinkOp
+    from processor.steps import Step
+
+    lake = Lake("delta", tmp_path)
+    writer = lake.writer(0, 1)
+    writer.recover([])
+    op = SinkOp(Step("out", "sink", ("src",), False), writer, keyed=False)
+    seen: list[tuple[int, str]] = []
+    op.on_error = lambda _op, batch, i, exc: seen.append((i, str(exc)))
+    good = {"user": "a", "n": 1, "day": DAY}
+    op.process([(None, good, 0), (None, {"user": "b", "n": "x", "day": DAY}, 0), (None, good, 0)])
+    assert [i for i, _ in seen] == [1] and "ArrowInvalid" in seen[0][1]
+    assert op.written == 2
+    writer.commit(1, writer.prepare(1))
+    assert lake.rows() == Counter([("a", 1), ("a", 1)])
