@@ -32,11 +32,20 @@ __all__ = ["broker_cpu_s", "check_output", "drop_channel_topics", "make_runner",
 
 
 def make_runner(kind: str, pipeline: Path, options: RunOptions) -> Runner:
-    """``local`` or ``spark`` (``local[workers]``)."""
-    if kind == "spark":
-        from processor.runtime.supervision.spark import SparkRunner
+    """``local``, ``spark`` (``local[workers]``) or a standalone cluster's ``spark://`` master
+    on this machine (the executors run this interpreter; the driver binds loopback)."""
+    if kind == "spark" or kind.startswith("spark://"):
+        import sys
 
-        return SparkRunner(pipeline, options)
+        from processor.runtime.supervision.spark import SparkOptions, SparkRunner
+
+        if kind == "spark":
+            return SparkRunner(pipeline, options)
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        cluster = SparkOptions(
+            master=kind, control_host="127.0.0.1", conf={"spark.pyspark.python": sys.executable}
+        )
+        return SparkRunner(pipeline, options, cluster)
     return LocalRunner(pipeline, options)
 
 

@@ -1,6 +1,8 @@
-"""The Spark runner next to the local runner: start-up, recovery and steady-state throughput.
+"""The Spark runner next to the local runner: start-up, recovery and steady-state throughput,
+on ``local[2]`` and on a standalone cluster.
 
     python bench/spark.py [--records 1000000] [--repeats 3] [--recovery-records 1000000]
+        [--no-cluster]
 
 One run (ratios are only compared within one run: the machine is shared and noisy):
 
@@ -46,9 +48,10 @@ from jobs import check_output, run_job  # noqa: E402
 from recovery import measure_recovery  # noqa: E402
 
 from processor.embedded import servers  # noqa: E402
+from processor.embedded.spark_cluster import start_spark_cluster  # noqa: E402
 
 PIPELINE = BENCH / "pipelines" / "keyed_count.py"
-RUNNERS = ("local", "spark")
+RUNNERS = ("local", "spark", "cluster")
 PARTITIONS = 8
 
 
@@ -68,7 +71,7 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
             mode="aligned",
             interval=1.0,
             records=spec["records"],
-            runner=spec["runner"],
+            runner=spec.get("master") or spec["runner"],
         )
     r = measure_recovery(
         PIPELINE,
@@ -76,7 +79,7 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
         state_dir=spec["state_dir"],
         kill_after=spec["kill_after"],
         victim=spec["victim"],
-        runner=spec["runner"],
+        runner=spec.get("master") or spec["runner"],
     )
     r["output_check"] = check_output("keyed_count", environ["OUTPUT_DIR"], spec["records"])
     return r
@@ -95,6 +98,7 @@ def _in_child(spec: dict[str, Any]) -> dict[str, Any]:
         tail = "\n".join(out.stderr.splitlines()[-15:])
         raise RuntimeError(f"{spec['kind']} job on {spec['runner']} failed:\n{tail}")
     result: dict[str, Any] = json.loads(lines[-1])
+    result["runner"] = spec["runner"]  # "cluster", not its master URL
     return result
 
 
@@ -102,10 +106,13 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def _ratios(runs: list[dict[str, Any]], key: str) -> tuple[float, list[float]]:
-    """Spark/local of the medians of ``key``, and per repeat (runs alternate within a repeat)."""
+def _ratios(
+    runs: list[dict[str, Any]], key: str, other: str = "spark"
+) -> tuple[float, list[float]]:
+    """``other``/local of the medians of ``key``, and per repeat (runs alternate within a
+    repeat)."""
     local = [r[key] for r in runs if r["runner"] == "local"]
-    spark = [r[key] for r in runs if r["runner"] == "spark"]
+    spark = [r[key] for r in runs if r["runner"] == other]
     overall = _median(spark) / _median(local) if local and spark else float("nan")
     return overall, [s / x for x, s in zip(local, spark, strict=False)]
 
@@ -117,7 +124,7 @@ def _markdown(results: dict[str, Any]) -> str:
         "reading input | recovery: connected s | recovery: first new output s |",
         "|---|---|---|---|---|---|",
     ]
-    for runner in RUNNERS:
+    for runner in dict.fromkeys(r["runner"] for r in runs):
         these = [r for r in runs if r["runner"] == runner]
         ready = [r["ready_s"] for r in these]
         mine = [r for r in rec if r["runner"] == runner]
@@ -130,14 +137,20 @@ def _markdown(results: dict[str, Any]) -> str:
             f"{conn:.2f} | {first:.2f} |"
         )
     rows.append("")
-    for key, what in (
-        ("records_per_s", "after start-up (final checkpoint and shutdown included)"),
-        ("input_records_per_s", "while reading input"),
-    ):
-        overall, pairs = _ratios(runs, key)
+    for other in [r for r in ("spark", "cluster") if any(x["runner"] == r for x in runs)]:
+        for key, what in (
+            ("records_per_s", "after start-up (final checkpoint and shutdown included)"),
+            ("input_records_per_s", "while reading input"),
+        ):
+            overall, pairs = _ratios(runs, key, other)
+            rows.append(
+                f"{other}/local throughput {what}: {overall:.2f} (ratio of medians); per "
+                "repeat: " + ", ".join(f"{p:.2f}" for p in pairs)
+            )
+    if results.get("cluster_start_s") is not None:
         rows.append(
-            f"Spark/local throughput {what}: {overall:.2f} (ratio of medians); per repeat: "
-            + ", ".join(f"{p:.2f}" for p in pairs)
+            f"standalone cluster (master + {results['cluster_workers']} worker JVMs) started "
+            f"in {results['cluster_start_s']:.1f}s, once for the run"
         )
     return "\n".join(rows)
 
@@ -149,6 +162,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--kill-after", type=float, default=3.0, help="seconds after start-up")
     parser.add_argument("--out", type=Path, default=BENCH / "results")
+    parser.add_argument(
+        "--no-cluster", action="store_true", help="local runner and Spark local[2] only"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -167,7 +183,14 @@ def main() -> int:
         "recovery": [],
     }
     wall = time.monotonic()
+    runners = RUNNERS[:2] if args.no_cluster else RUNNERS
+    cluster = None
     try:
+        if not args.no_cluster:
+            cluster = start_spark_cluster(2, cores=2, workdir=work / "spark")
+            results["cluster_start_s"] = round(cluster.startup_seconds, 2)
+            results["cluster_workers"] = len(cluster.workers)
+            _say(f"standalone cluster {cluster.master_url} in {cluster.startup_seconds:.1f}s")
         with servers(["kafka"]) as endpoints:
             brokers = endpoints.kafka_brokers
             assert brokers is not None
@@ -180,13 +203,16 @@ def main() -> int:
                 took = produce_clicks(brokers, topic, counts[kind], partitions=PARTITIONS)
                 _say(f"wrote {counts[kind]:,} clicks to {topic} in {took:.1f}s")
             for rep in range(args.repeats):
-                order = RUNNERS if rep % 2 == 0 else RUNNERS[::-1]
+                order = runners if rep % 2 == 0 else runners[::-1]
                 for kind in ("throughput", "recovery"):
                     for runner in order:
                         job = f"b-spark-{kind[:4]}-{runner}-{rep}-{run_id}"
                         spec = {
                             "kind": kind,
                             "runner": runner,
+                            "master": cluster.master_url
+                            if runner == "cluster" and cluster
+                            else None,
                             "records": counts[kind],
                             "kill_after": args.kill_after,
                             "victim": rep % 2,
@@ -217,6 +243,8 @@ def main() -> int:
                                 + (f"; error: {r['error']}" if r.get("error") else "")
                             )
     finally:
+        if cluster is not None:
+            cluster.stop()
         shutil.rmtree(work, ignore_errors=True)
     results["wall_s"] = time.monotonic() - wall
     args.out.mkdir(parents=True, exist_ok=True)
