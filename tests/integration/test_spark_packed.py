@@ -1,9 +1,9 @@
 """The packed-virtualenv route to a Spark cluster, as docs/spark.md tells users to take it.
 
 It builds a wheel of this repository, installs it into a fresh virtualenv, packs that with
-``venv-pack``, and starts a Spark standalone master and worker on loopback (random ports, stopped
-by PID). It then runs the README example's pipeline through ``spark-submit --archives
-env.tar.gz#environment`` with ``PYSPARK_PYTHON=./environment/bin/python``. The committed output
+``venv-pack``, and runs the README example's pipeline on the session's Spark standalone cluster
+(the ``eosflow_spark_cluster`` fixture) through ``spark-submit --archives env.tar.gz#environment``
+with ``PYSPARK_PYTHON=./environment/bin/python``. The committed output
 must equal the expectation, and the workers' logs must show they ran on the unpacked
 environment's Python.
 
@@ -17,20 +17,18 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import processor.cli
-from processor.embedded._process import ServerProcess, free_port, spawn, stop
+from processor.embedded.spark_cluster import SparkCluster
 from sinks import read_jsonl
 from tests.e2e.harness import canonical, click_events, expected_running_totals, produce_clicks
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark]
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.xdist_group("spark")]
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDS = 20_000
@@ -40,54 +38,6 @@ def _spark_bin(name: str) -> str:
     import pyspark
 
     return str(Path(pyspark.__file__).parent / "bin" / name)
-
-
-def _wait_for(path: Path, text: str, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and text in path.read_text(errors="replace"):
-            return
-        time.sleep(0.2)
-    tail = path.read_text(errors="replace")[-3000:] if path.exists() else "(no log)"
-    raise AssertionError(f"{what} not ready after {timeout:.0f}s:\n{tail}")
-
-
-@pytest.fixture
-def standalone(tmp_path: Path) -> Iterator[str]:
-    """A Spark standalone master + one 2-core worker on 127.0.0.1; yields the master URL."""
-    conf = tmp_path / "spark-standalone.conf"
-    conf.write_text("spark.master.rest.enabled false\n")  # no fixed REST port (6066)
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_WORKER_DIR": str(tmp_path)}
-    port = free_port()
-    url = f"spark://127.0.0.1:{port}"
-    servers: list[ServerProcess] = []
-    try:
-        master_log = tmp_path / "master.log"
-        servers.append(
-            spawn(
-                "spark-master",
-                [_spark_bin("spark-class"), "org.apache.spark.deploy.master.Master",
-                 "--host", "127.0.0.1", "--port", str(port), "--webui-port", "0",
-                 "--properties-file", str(conf)],
-                log_path=master_log, owned=True, env=env,
-            )
-        )  # fmt: skip
-        _wait_for(master_log, "I have been elected leader", 60, "Spark master")
-        worker_log = tmp_path / "worker.log"
-        servers.append(
-            spawn(
-                "spark-worker",
-                [_spark_bin("spark-class"), "org.apache.spark.deploy.worker.Worker",
-                 "--host", "127.0.0.1", "--cores", "2", "--memory", "2g", "--webui-port", "0",
-                 "--work-dir", str(tmp_path / "work"), "--properties-file", str(conf), url],
-                log_path=worker_log, owned=True, env=env,
-            )
-        )  # fmt: skip
-        _wait_for(worker_log, "Successfully registered with master", 60, "Spark worker")
-        yield url
-    finally:
-        for server in reversed(servers):
-            stop(server)
 
 
 @pytest.fixture(scope="module")
@@ -115,8 +65,12 @@ def packed_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.slow  # 60 s with its packing: CI keeps under 30 minutes (the Spark runner stays
 # covered in CI by test_spark.py, the Spark sink crash tests and test_cli_run.py)
 def test_example_runs_on_a_standalone_cluster_from_a_packed_virtualenv(
-    kafka_endpoint: tuple[str, str], tmp_path: Path, standalone: str, packed_env: Path
+    kafka_endpoint: tuple[str, str],
+    tmp_path: Path,
+    eosflow_spark_cluster: SparkCluster,
+    packed_env: Path,
 ) -> None:
+    standalone = eosflow_spark_cluster.master_url
     run_id = uuid.uuid4().hex[:8]
     job_env = {
         "JOB_NAME": f"packed-{run_id}",
