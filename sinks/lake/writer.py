@@ -213,7 +213,11 @@ class LakeWriter:
             if last >= checkpoint_id:
                 self.staging.delete([m for m in manifests if m.checkpoint <= checkpoint_id])
                 return
-            due = [m for m in manifests if last < m.checkpoint <= checkpoint_id]
+            landed = [m for m in manifests if m.checkpoint <= last]
+            due, rolled_back = self.staging.lineage.sort(
+                [m for m in manifests if last < m.checkpoint <= checkpoint_id], checkpoint_id
+            )
+            self._discard(rolled_back)
             files: list[Any] = []
             rows = 0
             for m in due:
@@ -221,7 +225,7 @@ class LakeWriter:
                 files.extend(body["files"])
                 rows += body.get("rows", 0)
             if not files:
-                self.staging.delete([m for m in manifests if m.checkpoint <= checkpoint_id])
+                self.staging.delete(landed + due)
                 return
             began = time.monotonic()
             try:
@@ -240,13 +244,31 @@ class LakeWriter:
                 (time.monotonic() - began) * 1000,
             )  # fmt: skip
             ctx.fault("mid-sink-commit")
-            self.staging.delete([m for m in manifests if m.checkpoint <= checkpoint_id])
+            self.staging.delete(landed + due)
             return
         raise EosflowError(
             f"{self.ops.describe}: checkpoint {checkpoint_id} could not be committed after "
             f"{_RETRIES} attempts, each losing to another writer's commit; the job restarts "
             "and retries (is another job compacting or writing this table without pause?)"
         )
+
+    def _discard(self, rolled_back: list[Manifest]) -> None:
+        """Deletes manifests of rolled-back checkpoints (a zombie wrote them after a recovery
+        had deleted the orphans it saw) and their data files: committing them would repeat
+        the epoch that the live generation replayed."""
+        for m in rolled_back:
+            try:
+                body = self.staging.read(m)
+            except FileNotFoundError:
+                continue
+            self.ops.delete_files(body.get("files", []))
+            self.staging.delete([m])
+        if rolled_back:
+            log.warning(
+                "deleted manifests of rolled-back checkpoints step=%r manifests=%s (written by "
+                "a zombie of an older generation after the recovery)",
+                self.ctx.step, [m.name for m in rolled_back],
+            )  # fmt: skip
 
     def _read(self, m: Manifest) -> dict[str, Any]:
         try:
