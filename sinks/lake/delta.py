@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 from processor.contracts import SinkContext
 from processor.errors import ConfigError
 from sinks.lake.records import check_schema
-from sinks.lake.writer import CommitConflict, LakeWriter
+from sinks.lake.writer import LOCAL_RECOVERY_UNSUPPORTED, CommitConflict, LakeWriter
 
 __all__ = ["DeltaSink", "read_delta"]
 
@@ -103,6 +103,9 @@ class DeltaSink:
 
     A value that does not fit the schema goes to the dataflow's dead letters with the cause.
     """
+
+    #: ``--recovery local`` is refused at start-up with this reason (docs/sink-lakehouse.md).
+    local_recovery_unsupported = LOCAL_RECOVERY_UNSUPPORTED
 
     def __init__(
         self,

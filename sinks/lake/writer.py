@@ -34,11 +34,20 @@ from processor.snapshot.store import SnapshotStore
 from sinks.lake.records import infer_schema, to_table
 from sinks.lake.staging import Manifest, Staging
 
-__all__ = ["CommitConflict", "LakeWriter", "TableOps"]
+__all__ = ["LOCAL_RECOVERY_UNSUPPORTED", "CommitConflict", "LakeWriter", "TableOps"]
 
 log = logging.getLogger(__name__)
 
 _RETRIES = 20
+
+#: Why ``--recovery local`` is refused at start-up (processor.runtime.supervision.preflight).
+LOCAL_RECOVERY_UNSUPPORTED = (
+    "one subtask (the committer, subtask 0) commits every subtask's staged epoch in one table "
+    "commit, so a worker restarted alone would delete, as orphans of its own restored "
+    "checkpoint, staged epochs that the committer commits for checkpoints the survivors "
+    "completed, and its restarted writers' manifests (of another sink generation than the "
+    "checkpoint's) would never land"
+)
 
 
 class CommitConflict(Exception):

@@ -404,3 +404,32 @@ def test_a_zombie_committer_does_not_commit_an_aborted_epoch_when_it_wakes_up(
     for w, c in zip(g2, c3, strict=True):
         w.commit(3, c)
     assert lake.rows() == Counter([("a", 0), ("b", 0), ("b", 1)])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_local_recovery_is_refused_at_start_up_when_a_lakehouse_sink_is_used(
+    fmt: str, tmp_path: Path
+) -> None:
+    """Regression: docs/sink-lakehouse.md said ``--recovery local`` is not covered, but a job
+    started with it: a worker restarted alone deletes staged epochs the committer commits,
+    and its writers' sink generation is not the checkpoints' (their epochs would never land).
+    Now refused before anything runs, saying what to use; global recovery starts."""
+    from processor.runtime.supervision.local import LocalRunner, RunOptions
+
+    pipeline = tmp_path / "lake_job.py"
+    sink = (
+        f"DeltaSink({str(tmp_path / 'delta')!r})"
+        if fmt == "delta"
+        else f"IcebergSink('ns.t', catalog={Lake('iceberg', tmp_path).catalog!r})"
+    )
+    pipeline.write_text(
+        "from processor.dataflow import Dataflow\n"
+        "from sinks.lake import DeltaSink, IcebergSink\n"
+        "flow = Dataflow('lake-job')\n"
+        f"flow.source('clicks', 't').sink('table', {sink})\n"
+    )
+    options = RunOptions(recovery="local", state_dir=str(tmp_path / "state"))
+    with pytest.raises(ConfigError, match=r"--recovery local cannot keep sink step 'table'") as e:
+        LocalRunner(pipeline, options)
+    assert "Use --recovery global" in str(e.value)
+    LocalRunner(pipeline, RunOptions(state_dir=str(tmp_path / "state")))  # global: fine
