@@ -196,18 +196,7 @@ class LakeWriter:
             self._commit_through(restored)
         self.ctx.fault("mid-sink-recover")
         orphans = [m for m in self.staging.own() if restored is None or m.checkpoint > restored]
-        for m in orphans:
-            try:
-                body = self.staging.read(m)
-            except FileNotFoundError:
-                continue
-            self.ops.delete_files(body.get("files", []))
-            self.staging.delete([m])
-        if orphans:
-            log.info(
-                "deleted orphans step=%r subtask=%d restored=%s manifests=%s",
-                self.ctx.step, self.ctx.subtask, restored, [m.name for m in orphans],
-            )  # fmt: skip
+        self._discard(orphans, f"orphans (after the restored checkpoint {restored})")
 
     def close(self) -> None:
         self._buffer = []
@@ -226,7 +215,9 @@ class LakeWriter:
             due, rolled_back = self.staging.lineage.sort(
                 [m for m in manifests if last < m.checkpoint <= checkpoint_id], checkpoint_id
             )
-            self._discard(rolled_back)
+            # Rolled back: a zombie of an older generation wrote them after the recovery
+            # deleted the orphans it saw; landing them would repeat the replayed epoch.
+            self._discard(rolled_back, "manifests of rolled-back checkpoints", logging.WARNING)
             files: list[Any] = []
             rows = 0
             for m in due:
@@ -261,22 +252,19 @@ class LakeWriter:
             "and retries (is another job compacting or writing this table without pause?)"
         )
 
-    def _discard(self, rolled_back: list[Manifest]) -> None:
-        """Deletes manifests of rolled-back checkpoints (a zombie wrote them after a recovery
-        had deleted the orphans it saw) and their data files: committing them would repeat
-        the epoch that the live generation replayed."""
-        for m in rolled_back:
+    def _discard(self, manifests: list[Manifest], what: str, level: int = logging.INFO) -> None:
+        """Deletes ``manifests`` and their data files: epochs that must never land."""
+        for m in manifests:
             try:
                 body = self.staging.read(m)
             except FileNotFoundError:
                 continue
             self.ops.delete_files(body.get("files", []))
             self.staging.delete([m])
-        if rolled_back:
-            log.warning(
-                "deleted manifests of rolled-back checkpoints step=%r manifests=%s (written by "
-                "a zombie of an older generation after the recovery)",
-                self.ctx.step, [m.name for m in rolled_back],
+        if manifests:
+            log.log(
+                level, "deleted %s step=%r subtask=%d manifests=%s",
+                what, self.ctx.step, self.ctx.subtask, [m.name for m in manifests],
             )  # fmt: skip
 
     def _read(self, m: Manifest) -> dict[str, Any]:
