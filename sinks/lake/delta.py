@@ -181,6 +181,11 @@ class _DeltaTable:
         self.uri = sink.uri
         self.describe = f"Delta table {sink.uri}"
         self.app_id = f"eosflow:{ctx.job}:{ctx.step}"
+        self.forget_hint = (
+            f"wait until Delta expires the application transaction {self.app_id!r} "
+            "(delta.setTransactionRetentionDuration, checkpoints of the table's log): a Delta "
+            "table cannot forget it otherwise"
+        )
         self.fs, self.root = fsspec.core.url_to_fs(
             self.uri, **_fsspec_options(sink.storage_options)
         )

@@ -161,6 +161,10 @@ class _IcebergTable:
         self.describe = f"Iceberg table {sink.table}"
         self.catalog = _catalog(sink.catalog_name, sink.catalog)
         self.property = _PROPERTY.format(job=ctx.job, step=ctx.step)
+        self.forget_hint = (
+            f"remove the table property {self.property!r} (the rows stay; the run's commits "
+            "start again at its checkpoint 1)"
+        )
         self._table: Any = None
 
     def _load(self) -> Any:

@@ -58,6 +58,8 @@ class TableOps(Protocol):
     """What the protocol needs of a table format (one object per writer)."""
 
     describe: str
+    #: how to make the table forget a job's commits (the error of a run without snapshots)
+    forget_hint: str
 
     def table_schema(self) -> pa.Schema | None:
         """The table's schema as Arrow, or ``None`` when the table does not exist yet."""
@@ -293,6 +295,8 @@ class LakeWriter:
                 f"{self.ops.describe}: the table holds job {self.ctx.job!r} step "
                 f"{self.ctx.step!r}'s commit of checkpoint {last}, but the job's newest "
                 f"completed checkpoint is {newest}: this is another run of the job (its "
-                "snapshots were deleted), whose epochs this run would skip or repeat. Give the "
-                "job another name, or write to another table"
+                "snapshots were deleted, e.g. by `eosflow reset`, which leaves tables alone), "
+                "whose checkpoint ids start again and whose epochs would be skipped as "
+                f"committed. Give the job another name, write to another table, or "
+                f"{self.ops.forget_hint}"
             )
