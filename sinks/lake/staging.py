@@ -147,15 +147,20 @@ class Lineage:
             )
         return self._by[checkpoint_id]
 
+    def completed(self, checkpoint_id: int) -> bool:
+        """``checkpoint_id`` has completed (its manifest is in the store)."""
+        try:
+            self._generation(checkpoint_id)
+        except SnapshotError:
+            return False
+        return True
+
     def sort(
         self, manifests: list[Manifest], checkpoint_id: int
     ) -> tuple[list[Manifest], list[Manifest]]:
         """``manifests`` (of checkpoints ``<= checkpoint_id``) as ``(committable, rolled
         back)``; the ones that are neither are left out."""
-        try:
-            target: int | None = self._generation(checkpoint_id)
-        except SnapshotError:  # not completed (an aborted one carried into the next)
-            target = -1
+        target = self._generation(checkpoint_id) if self.completed(checkpoint_id) else -1
         if target is None or all(m.generation == target for m in manifests):
             return manifests, []  # the usual case: no listing of the store
         completed: list[tuple[int, int | None]] = []

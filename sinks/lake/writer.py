@@ -179,8 +179,12 @@ class LakeWriter:
 
     def commit(self, checkpoint_id: int, committable: Any) -> None:
         """The committer commits every subtask's epochs up to ``checkpoint_id`` in one table
-        commit; the others do nothing. Idempotent."""
-        if self.committer:
+        commit; the others do nothing. Idempotent.
+
+        A checkpoint that did not complete (aborted, its committable carried) is not committed
+        on its own: the engine commits the completed one after it next, whose commit covers it
+        (one table commit per completed checkpoint)."""
+        if self.committer and self.staging.lineage.completed(checkpoint_id):
             self._commit_through(checkpoint_id)
 
     def recover(self, pending: Sequence[tuple[int, Any]]) -> None:

@@ -448,3 +448,27 @@ def test_local_recovery_is_refused_at_start_up_when_a_lakehouse_sink_is_used(
         LocalRunner(pipeline, options)
     assert "Use --recovery global" in str(e.value)
     LocalRunner(pipeline, RunOptions(state_dir=str(tmp_path / "state")))  # global: fine
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_one_table_commit_covers_an_aborted_checkpoint_when_the_next_one_completes(
+    fmt: str, tmp_path: Path
+) -> None:
+    """Regression: checkpoint 1 aborted (its committables stay pending), 2 completed: the
+    engine calls commit(1) then commit(2), and the committer made a table commit for each,
+    recording 1, which never completed. Now one commit, recording 2, holds both epochs."""
+    lake = Lake(fmt, tmp_path)
+    ws = [lake.writer(s) for s in range(2)]
+    for w in ws:
+        w.recover([])
+    pending: list[list[tuple[int, Any]]] = [[], []]
+    for chk in (1, 2):
+        for w, p in zip(ws, pending, strict=True):
+            w.write(_rows(f"u{w.ctx.subtask}", 2, start=chk * 10))
+            p.append((chk, w.prepare(chk)))
+    _complete(lake, 2)
+    for w, p in zip(ws, pending, strict=True):
+        for chk, c in p:  # as SubtaskCheckpoints.complete does: every pending one, in order
+            w.commit(chk, c)
+    assert lake.commits() == [2]
+    assert sum(lake.rows().values()) == 8
