@@ -93,6 +93,9 @@ class Staging:
 
     def manifests(self) -> list[Manifest]:
         """Every whole manifest, in (checkpoint, epoch, subtask, generation) order."""
+        # Other processes write here: a listing cached by this process (s3fs's dircache, only
+        # invalidated by this process's own writes) would leave their manifests out.
+        self.fs.invalidate_cache(self.path)
         try:
             names = [p.rsplit("/", 1)[-1] for p in self.fs.ls(self.path, detail=False)]
         except FileNotFoundError:
