@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 from processor.contracts import SinkContext
 from processor.errors import ConfigError
 from sinks.lake.records import check_schema
-from sinks.lake.writer import CommitConflict, LakeWriter
+from sinks.lake.writer import LOCAL_RECOVERY_UNSUPPORTED, CommitConflict, LakeWriter
 
 __all__ = ["DeltaSink", "read_delta"]
 
@@ -104,6 +104,9 @@ class DeltaSink:
     A value that does not fit the schema goes to the dataflow's dead letters with the cause.
     """
 
+    #: ``--recovery local`` is refused at start-up with this reason (docs/sink-lakehouse.md).
+    local_recovery_unsupported = LOCAL_RECOVERY_UNSUPPORTED
+
     def __init__(
         self,
         uri: str | os.PathLike[str],
@@ -178,6 +181,11 @@ class _DeltaTable:
         self.uri = sink.uri
         self.describe = f"Delta table {sink.uri}"
         self.app_id = f"eosflow:{ctx.job}:{ctx.step}"
+        self.forget_hint = (
+            f"wait until Delta expires the application transaction {self.app_id!r} "
+            "(delta.setTransactionRetentionDuration, checkpoints of the table's log): a Delta "
+            "table cannot forget it otherwise"
+        )
         self.fs, self.root = fsspec.core.url_to_fs(
             self.uri, **_fsspec_options(sink.storage_options)
         )

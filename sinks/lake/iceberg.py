@@ -27,7 +27,7 @@ import pyarrow as pa
 from processor.contracts import SinkContext
 from processor.errors import ConfigError
 from sinks.lake.records import check_schema
-from sinks.lake.writer import CommitConflict, LakeWriter
+from sinks.lake.writer import LOCAL_RECOVERY_UNSUPPORTED, CommitConflict, LakeWriter
 
 __all__ = ["IcebergSink", "read_iceberg"]
 
@@ -70,6 +70,9 @@ class IcebergSink:
 
     A value that does not fit the schema goes to the dataflow's dead letters with the cause.
     """
+
+    #: ``--recovery local`` is refused at start-up with this reason (docs/sink-lakehouse.md).
+    local_recovery_unsupported = LOCAL_RECOVERY_UNSUPPORTED
 
     def __init__(
         self,
@@ -158,6 +161,10 @@ class _IcebergTable:
         self.describe = f"Iceberg table {sink.table}"
         self.catalog = _catalog(sink.catalog_name, sink.catalog)
         self.property = _PROPERTY.format(job=ctx.job, step=ctx.step)
+        self.forget_hint = (
+            f"remove the table property {self.property!r} (the rows stay; the run's commits "
+            "start again at its checkpoint 1)"
+        )
         self._table: Any = None
 
     def _load(self) -> Any:

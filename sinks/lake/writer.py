@@ -34,11 +34,20 @@ from processor.snapshot.store import SnapshotStore
 from sinks.lake.records import infer_schema, to_table
 from sinks.lake.staging import Manifest, Staging
 
-__all__ = ["CommitConflict", "LakeWriter", "TableOps"]
+__all__ = ["LOCAL_RECOVERY_UNSUPPORTED", "CommitConflict", "LakeWriter", "TableOps"]
 
 log = logging.getLogger(__name__)
 
 _RETRIES = 20
+
+#: Why ``--recovery local`` is refused at start-up (processor.runtime.supervision.preflight).
+LOCAL_RECOVERY_UNSUPPORTED = (
+    "one subtask (the committer, subtask 0) commits every subtask's staged epoch in one table "
+    "commit, so a worker restarted alone would delete, as orphans of its own restored "
+    "checkpoint, staged epochs that the committer commits for checkpoints the survivors "
+    "completed, and its restarted writers' manifests (of another sink generation than the "
+    "checkpoint's) would never land"
+)
 
 
 class CommitConflict(Exception):
@@ -49,6 +58,8 @@ class TableOps(Protocol):
     """What the protocol needs of a table format (one object per writer)."""
 
     describe: str
+    #: how to make the table forget a job's commits (the error of a run without snapshots)
+    forget_hint: str
 
     def table_schema(self) -> pa.Schema | None:
         """The table's schema as Arrow, or ``None`` when the table does not exist yet."""
@@ -168,8 +179,12 @@ class LakeWriter:
 
     def commit(self, checkpoint_id: int, committable: Any) -> None:
         """The committer commits every subtask's epochs up to ``checkpoint_id`` in one table
-        commit; the others do nothing. Idempotent."""
-        if self.committer:
+        commit; the others do nothing. Idempotent.
+
+        A checkpoint that did not complete (aborted, its committable carried) is not committed
+        on its own: the engine commits the completed one after it next, whose commit covers it
+        (one table commit per completed checkpoint)."""
+        if self.committer and self.staging.lineage.completed(checkpoint_id):
             self._commit_through(checkpoint_id)
 
     def recover(self, pending: Sequence[tuple[int, Any]]) -> None:
@@ -187,18 +202,7 @@ class LakeWriter:
             self._commit_through(restored)
         self.ctx.fault("mid-sink-recover")
         orphans = [m for m in self.staging.own() if restored is None or m.checkpoint > restored]
-        for m in orphans:
-            try:
-                body = self.staging.read(m)
-            except FileNotFoundError:
-                continue
-            self.ops.delete_files(body.get("files", []))
-            self.staging.delete([m])
-        if orphans:
-            log.info(
-                "deleted orphans step=%r subtask=%d restored=%s manifests=%s",
-                self.ctx.step, self.ctx.subtask, restored, [m.name for m in orphans],
-            )  # fmt: skip
+        self._discard(orphans, f"orphans (after the restored checkpoint {restored})")
 
     def close(self) -> None:
         self._buffer = []
@@ -213,7 +217,13 @@ class LakeWriter:
             if last >= checkpoint_id:
                 self.staging.delete([m for m in manifests if m.checkpoint <= checkpoint_id])
                 return
-            due = [m for m in manifests if last < m.checkpoint <= checkpoint_id]
+            landed = [m for m in manifests if m.checkpoint <= last]
+            due, rolled_back = self.staging.lineage.sort(
+                [m for m in manifests if last < m.checkpoint <= checkpoint_id], checkpoint_id
+            )
+            # Rolled back: a zombie of an older generation wrote them after the recovery
+            # deleted the orphans it saw; landing them would repeat the replayed epoch.
+            self._discard(rolled_back, "manifests of rolled-back checkpoints", logging.WARNING)
             files: list[Any] = []
             rows = 0
             for m in due:
@@ -221,7 +231,7 @@ class LakeWriter:
                 files.extend(body["files"])
                 rows += body.get("rows", 0)
             if not files:
-                self.staging.delete([m for m in manifests if m.checkpoint <= checkpoint_id])
+                self.staging.delete(landed + due)
                 return
             began = time.monotonic()
             try:
@@ -240,13 +250,28 @@ class LakeWriter:
                 (time.monotonic() - began) * 1000,
             )  # fmt: skip
             ctx.fault("mid-sink-commit")
-            self.staging.delete([m for m in manifests if m.checkpoint <= checkpoint_id])
+            self.staging.delete(landed + due)
             return
         raise EosflowError(
             f"{self.ops.describe}: checkpoint {checkpoint_id} could not be committed after "
             f"{_RETRIES} attempts, each losing to another writer's commit; the job restarts "
             "and retries (is another job compacting or writing this table without pause?)"
         )
+
+    def _discard(self, manifests: list[Manifest], what: str, level: int = logging.INFO) -> None:
+        """Deletes ``manifests`` and their data files: epochs that must never land."""
+        for m in manifests:
+            try:
+                body = self.staging.read(m)
+            except FileNotFoundError:
+                continue
+            self.ops.delete_files(body.get("files", []))
+            self.staging.delete([m])
+        if manifests:
+            log.log(
+                level, "deleted %s step=%r subtask=%d manifests=%s",
+                what, self.ctx.step, self.ctx.subtask, [m.name for m in manifests],
+            )  # fmt: skip
 
     def _read(self, m: Manifest) -> dict[str, Any]:
         try:
@@ -274,6 +299,8 @@ class LakeWriter:
                 f"{self.ops.describe}: the table holds job {self.ctx.job!r} step "
                 f"{self.ctx.step!r}'s commit of checkpoint {last}, but the job's newest "
                 f"completed checkpoint is {newest}: this is another run of the job (its "
-                "snapshots were deleted), whose epochs this run would skip or repeat. Give the "
-                "job another name, or write to another table"
+                "snapshots were deleted, e.g. by `eosflow reset`, which leaves tables alone), "
+                "whose checkpoint ids start again and whose epochs would be skipped as "
+                f"committed. Give the job another name, write to another table, or "
+                f"{self.ops.forget_hint}"
             )

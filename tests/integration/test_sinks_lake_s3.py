@@ -17,6 +17,7 @@ pytest.importorskip("deltalake")
 pytest.importorskip("pyiceberg")
 
 from processor.contracts import SinkContext  # noqa: E402
+from processor.snapshot.store import SnapshotStore  # noqa: E402
 from sinks.lake import DeltaSink, IcebergSink, read_delta, read_iceberg  # noqa: E402
 from tests.integration.s3_server import ACCESS, S3Server, s3_server  # noqa: E402
 
@@ -103,6 +104,10 @@ def test_lake_sink_on_s3_commits_each_epoch_once_when_committers_race_and_recove
             w.write(rows)
             want.update((r["user"], r["n"]) for r in rows)
     cs = [w.prepare(2) for w in ws]
+    # Checkpoint 2 completes in generation 1 (a sink commits only completed checkpoints).
+    store = SnapshotStore(f"s3://{bucket}/snapshots")
+    handle = store.write_task_snapshot("s3-job", 2, "t.0", {"x": 1})
+    store.complete("s3-job", 2, {"t.0": handle}, {"generation": 1})
     # A second committer (the next generation's recovery) commits first, inside the first
     # committer's commit: the first one's retry must find the epoch there.
     racer = writer(0, generation=2)

@@ -95,11 +95,11 @@ def test_one_table_commit_holds_every_subtasks_epoch_when_a_checkpoint_completes
     ws[2].write(_rows("c", 3))  # subtask 1 wrote nothing this epoch
     cs = [w.prepare(1) for w in ws]
     assert all(c is not None for c in cs), "an empty epoch still has a committable"
+    _complete(lake, 1)
     for w in reversed(ws):
         w.commit(1, cs[ws.index(w)])
     assert lake.rows() == Counter([("a", i) for i in range(5)] + [("c", i) for i in range(3)])
     assert lake.commits() == [1]
-    _complete(lake, 1)
     for w, c in zip(ws, cs, strict=False):  # idempotent: again, and a recovery of the same snapshot
         w.commit(1, c)
         w.recover([(1, c)])
@@ -137,13 +137,14 @@ def test_recover_commits_the_restored_epoch_once_and_deletes_orphans_when_killed
     assert lake.commits() == [1]
 
 
-def _complete(lake: Lake, checkpoint_id: int) -> None:
-    """The job's snapshot store says ``checkpoint_id`` completed (for the history check)."""
+def _complete(lake: Lake, checkpoint_id: int, generation: int = 1, job: str = "j") -> None:
+    """The job's snapshot store says ``checkpoint_id`` completed in ``generation``, as the
+    coordinator records it (the history check; which generation's manifests may land)."""
     from processor.snapshot.store import SnapshotStore
 
     store = SnapshotStore(lake.snapshots)
-    handle = store.write_task_snapshot("j", checkpoint_id, "t.0", {"x": 1})
-    store.complete("j", checkpoint_id, {"t.0": handle}, {})
+    handle = store.write_task_snapshot(job, checkpoint_id, "t.0", {"x": 1})
+    store.complete(job, checkpoint_id, {"t.0": handle}, {"generation": generation})
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -160,6 +161,7 @@ def test_racing_committers_commit_an_epoch_once_when_a_conflict_is_injected(
     ws[0].write(_rows("a", 5))
     ws[1].write(_rows("b", 5))
     cs = [w.prepare(1) for w in ws]
+    _complete(lake, 1, generation=1)
     zombie = lake.writer(0, generation=1)
     racer: LakeWriter = lake.writer(0, generation=2)
     original = racer.ops.commit
@@ -194,6 +196,8 @@ def test_an_epoch_lands_once_when_another_writer_appends_between_read_and_commit
     other.write(_rows("o", 3))
     cs = [w.prepare(7) for w in mine]
     oc = other.prepare(1)
+    _complete(lake, 7)
+    _complete(lake, 1, job="other-job")
     original = mine[0].ops.commit
     fired = []
 
@@ -230,7 +234,9 @@ def test_values_that_do_not_fit_the_table_are_rejected_and_the_schema_is_kept(
     failures = caught.value.failures
     assert [i for i, _e in failures] == [1, 2, 3]
     assert "'extra'" in str(failures[1][1]) and "never widens" in str(failures[1][1])
-    w.commit(1, w.prepare(1))
+    c = w.prepare(1)
+    _complete(lake, 1)
+    w.commit(1, c)
     assert lake.rows() == Counter([("a", 1), ("d", 4)])
     reread = lake.writer(0, 1).ops.table_schema()
     assert reread is not None and reread.names == ["user", "n", "day"]
@@ -254,7 +260,9 @@ def test_the_schema_is_inferred_from_the_first_batch_then_enforced(
     w.write(_rows("a", 2))
     with pytest.raises(RecordsRejected):
         w.write([{"user": "b", "n": 1, "day": DAY, "new": 1}])
-    w.commit(1, w.prepare(1))
+    c = w.prepare(1)
+    _complete(lake, 1)
+    w.commit(1, c)
     assert lake.rows() == Counter([("a", 0), ("a", 1)])
 
 
@@ -266,10 +274,30 @@ def test_a_run_without_the_jobs_snapshots_is_refused_when_the_table_has_newer_co
     w = lake.writer(0, 1)
     w.recover([])
     w.write(_rows("a", 1))
-    w.commit(3, w.prepare(3))
+    c = w.prepare(3)
+    _complete(lake, 3)
+    w.commit(3, c)
+    from processor.snapshot.store import SnapshotStore
+
+    SnapshotStore(lake.snapshots).delete_job("j")  # the job's snapshots are lost
     _complete(lake, 1)
-    with pytest.raises(ConfigError, match="another run of the job"):
+    with pytest.raises(ConfigError, match="another run of the job") as refused:
         lake.writer(0, 1, generation=5).recover([])
+    assert "eosflow reset" in str(refused.value)
+    if fmt == "iceberg":  # the way out it names works: the table forgets the job's commits
+        from pyiceberg.catalog import load_catalog
+
+        table = load_catalog("eosflow", **lake.catalog).load_table("ns.t")
+        assert "'eosflow.checkpoint.j.out'" in str(refused.value)
+        with table.transaction() as txn:
+            txn.remove_properties("eosflow.checkpoint.j.out")
+        w = lake.writer(0, 1, generation=5)
+        w.recover([])
+        w.write(_rows("new", 1))
+        c = w.prepare(2)
+        _complete(lake, 2, generation=5)
+        w.commit(2, c)
+        assert lake.rows() == Counter([("a", 0), ("new", 0)])
 
 
 def test_delta_compacts_after_every_nth_commit_when_asked(tmp_path: Path) -> None:
@@ -290,6 +318,7 @@ def test_delta_compacts_after_every_nth_commit_when_asked(tmp_path: Path) -> Non
             w.write(rows)
             want.update((r["user"], r["n"]) for r in rows)
         cs = [w.prepare(chk) for w in ws]
+        _complete(lake, chk)
         for w, c in zip(ws, cs, strict=True):
             w.commit(chk, c)
     table = deltalake.DeltaTable(str(tmp_path / "delta"))
@@ -318,5 +347,128 @@ def test_the_sink_step_hands_each_rejected_value_to_the_error_handler_and_writes
     op.process([(None, good, 0), (None, {"user": "b", "n": "x", "day": DAY}, 0), (None, good, 0)])
     assert [i for i, _ in seen] == [1] and "ArrowInvalid" in seen[0][1]
     assert op.written == 2
-    writer.commit(1, writer.prepare(1))
+    c = writer.prepare(1)
+    _complete(lake, 1)
+    writer.commit(1, c)
     assert lake.rows() == Counter([("a", 1), ("a", 1)])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_zombies_late_manifest_is_not_committed_when_its_checkpoint_was_rolled_back(
+    fmt: str, tmp_path: Path
+) -> None:
+    """Regression: the committer committed every manifest of a checkpoint in (last, n],
+    whoever wrote it. A zombie of generation 1 (SIGSTOPped inside prepare(2), checkpoint 2
+    never completed) wrote its manifest of 2 after generation 2 had recovered from 1 (and
+    deleted the orphans it could see); generation 2 replayed the epoch into checkpoint 3, and
+    the committer of 3 committed the zombie's rows too: every replayed row twice."""
+    lake = Lake(fmt, tmp_path)
+    g1 = [lake.writer(s, generation=1) for s in range(2)]
+    for w in g1:
+        w.recover([])
+    g1[0].write(_rows("a", 2))
+    g1[1].write(_rows("b", 2))
+    c1 = [w.prepare(1) for w in g1]
+    _complete(lake, 1, generation=1)
+    for w, c in zip(g1, c1, strict=True):
+        w.commit(1, c)
+    g1[1].write(_rows("b", 3, start=100))  # the epoch that checkpoint 2 never completes
+    g2 = [lake.writer(s, generation=2) for s in range(2)]
+    for w, c in zip(g2, c1, strict=True):
+        w.recover([(1, c)])
+    g1[1].prepare(2)  # the zombie wakes up: its manifest of 2 lands after the recovery
+    g2[1].write(_rows("b", 3, start=100))  # the replayed epoch
+    c3 = [w.prepare(3) for w in g2]  # checkpoint ids never go back
+    _complete(lake, 3, generation=2)
+    for w, c in zip(g2, c3, strict=True):
+        w.commit(3, c)
+    want = Counter(
+        [("a", i) for i in range(2)] + [("b", i) for i in range(2)]
+        + [("b", 100 + i) for i in range(3)]
+    )  # fmt: skip
+    assert lake.rows() == want
+    assert lake.commits() == [1, 3]
+    assert g2[0].staging.manifests() == [], "the zombie's manifest is cleaned up"
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_zombie_committer_does_not_commit_an_aborted_epoch_when_it_wakes_up(
+    fmt: str, tmp_path: Path
+) -> None:
+    """A fenced committer of generation 1 that wakes up with checkpoint 2 pending (aborted:
+    generation 2 restored 1) and is told of a completion must not commit its epoch 2; nor
+    may it delete generation 2's manifest of a checkpoint that has not completed yet."""
+    lake = Lake(fmt, tmp_path)
+    g1 = [lake.writer(s, generation=1) for s in range(2)]
+    for w in g1:
+        w.recover([])
+    c1 = [w.prepare(1) for w in g1]
+    _complete(lake, 1, generation=1)
+    g2 = [lake.writer(s, generation=2) for s in range(2)]
+    for w, c in zip(g2, c1, strict=True):
+        w.recover([(1, c)])
+    g1[0].write(_rows("zombie", 3))
+    zc = g1[0].prepare(2)  # after generation 2's recovery: not deleted as an orphan
+    g2[1].write(_rows("b", 2))
+    c3 = g2[1].prepare(3)  # checkpoint 3 of generation 2, not completed yet
+    g1[0].commit(2, zc)
+    assert lake.rows() == Counter()
+    g2[0].write(_rows("a", 1))
+    c3 = [g2[0].prepare(3), c3]
+    _complete(lake, 3, generation=2)
+    for w, c in zip(g2, c3, strict=True):
+        w.commit(3, c)
+    assert lake.rows() == Counter([("a", 0), ("b", 0), ("b", 1)])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_local_recovery_is_refused_at_start_up_when_a_lakehouse_sink_is_used(
+    fmt: str, tmp_path: Path
+) -> None:
+    """Regression: docs/sink-lakehouse.md said ``--recovery local`` is not covered, but a job
+    started with it: a worker restarted alone deletes staged epochs the committer commits,
+    and its writers' sink generation is not the checkpoints' (their epochs would never land).
+    Now refused before anything runs, saying what to use; global recovery starts."""
+    from processor.runtime.supervision.local import LocalRunner, RunOptions
+
+    pipeline = tmp_path / "lake_job.py"
+    sink = (
+        f"DeltaSink({str(tmp_path / 'delta')!r})"
+        if fmt == "delta"
+        else f"IcebergSink('ns.t', catalog={Lake('iceberg', tmp_path).catalog!r})"
+    )
+    pipeline.write_text(
+        "from processor.dataflow import Dataflow\n"
+        "from sinks.lake import DeltaSink, IcebergSink\n"
+        "flow = Dataflow('lake-job')\n"
+        f"flow.source('clicks', 't').sink('table', {sink})\n"
+    )
+    options = RunOptions(recovery="local", state_dir=str(tmp_path / "state"))
+    with pytest.raises(ConfigError, match=r"--recovery local cannot keep sink step 'table'") as e:
+        LocalRunner(pipeline, options)
+    assert "Use --recovery global" in str(e.value)
+    LocalRunner(pipeline, RunOptions(state_dir=str(tmp_path / "state")))  # global: fine
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_one_table_commit_covers_an_aborted_checkpoint_when_the_next_one_completes(
+    fmt: str, tmp_path: Path
+) -> None:
+    """Regression: checkpoint 1 aborted (its committables stay pending), 2 completed: the
+    engine calls commit(1) then commit(2), and the committer made a table commit for each,
+    recording 1, which never completed. Now one commit, recording 2, holds both epochs."""
+    lake = Lake(fmt, tmp_path)
+    ws = [lake.writer(s) for s in range(2)]
+    for w in ws:
+        w.recover([])
+    pending: list[list[tuple[int, Any]]] = [[], []]
+    for chk in (1, 2):
+        for w, p in zip(ws, pending, strict=True):
+            w.write(_rows(f"u{w.ctx.subtask}", 2, start=chk * 10))
+            p.append((chk, w.prepare(chk)))
+    _complete(lake, 2)
+    for w, p in zip(ws, pending, strict=True):
+        for chk, c in p:  # as SubtaskCheckpoints.complete does: every pending one, in order
+            w.commit(chk, c)
+    assert lake.commits() == [2]
+    assert sum(lake.rows().values()) == 8

@@ -58,6 +58,7 @@ def check_local_recovery(plan: Plan) -> None:
             "arrives second, and a temporal join's records by the watermark that passes them). "
             "Use --recovery global"
         )
+    _check_sinks_local_recovery(plan)
     crossing = plan.interleaving_dependent()
     if crossing:
         step, edge = crossing[0]
@@ -70,6 +71,23 @@ def check_local_recovery(plan: Plan) -> None:
             "kept (a mix of old and new values). Use --recovery global, a windowed "
             "aggregation, or a sink right after the step (in its own stage)"
         )
+
+
+def _check_sinks_local_recovery(plan: Plan) -> None:
+    """A sink whose commit spans its subtasks declares why a worker restarted alone would
+    break it: ``local_recovery_unsupported`` (a class attribute, the reason as a sentence)."""
+    flow = plan.flow
+    sinks = [(s.name, s.params["sink"]) for s in flow.steps.values() if s.kind == "sink"]
+    if flow.dead_letter_sink is not None:
+        sinks.append(("dead letters", flow.dead_letter_sink))
+    for name, sink in sinks:
+        why = getattr(sink, "local_recovery_unsupported", None)
+        if why:
+            raise ConfigError(
+                f"job {plan.job!r}: --recovery local cannot keep sink step {name!r} "
+                f"({sink!r}) exactly once: {why}. Use --recovery global (the default) with "
+                "this sink"
+            )
 
 
 def preflight(plan: Plan, options: RunOptions, interval: float | None) -> None:
