@@ -262,13 +262,12 @@ class _DeltaTable:
         self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
         with self.fs.open(path, "wb") as f:
             pq.write_table(data, f, compression="snappy")
-        meta = pq.read_metadata(self.fs.open(path, "rb"))
         null_count: dict[str, int] = {}
         for c, name in enumerate(data.column_names):
             if pa.types.is_nested(data.schema.field(name).type):
                 continue
             null_count[name] = int(data.column(c).null_count)
-        stats = {"numRecords": meta.num_rows, "nullCount": null_count}
+        stats = {"numRecords": data.num_rows, "nullCount": null_count}
         return {
             # The log's path is a URI (Delta protocol, "Add File"): the file's name, escaped.
             "path": urllib.parse.quote(rel, safe="/="),
