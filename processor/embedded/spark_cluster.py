@@ -207,8 +207,7 @@ class SparkCluster:
         """Starts worker ``index`` again (after :meth:`kill_worker`); returns the seconds until
         the master counted every worker ALIVE."""
         old = self.workers[index]
-        if is_running(old.process):
-            stop(old.process)
+        stop(old.process)  # reaps it if it is dead already
         self.workers[index] = _start_worker(
             self.home, self.master_url, index, old.host, old.cores, self.memory, self.workdir,
             old.netns, owned=self.owned, settings=self.settings,

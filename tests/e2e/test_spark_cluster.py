@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ from processor.runtime.supervision.spark import SparkOptions
 from tests.e2e.cli import committed_output, eosflow, job_env, status, wait_status
 from tests.e2e.harness import (
     PIPELINES,
+    ChaosRun,
     assert_exactly_once,
     chaos_seed,
     expected,
@@ -42,6 +44,9 @@ pytestmark = [
 ]
 
 
+RECORDS = 60_000
+
+
 @pytest.fixture(autouse=True)
 def _loopback(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")  # the driver binds loopback
@@ -55,42 +60,50 @@ def _options(cluster: SparkCluster) -> SparkOptions:
     )
 
 
-def test_running_total_on_a_cluster_is_exactly_once_when_executor_jvms_are_sigkilled(
-    kafka_endpoint: tuple[str, str], tmp_path: Path, eosflow_spark_cluster: SparkCluster
-) -> None:
-    """Two SIGKILLs of the executor JVM that runs a worker task: Spark's job fails with the
-    executor lost, the master starts a new executor on that worker, and the driver submits
-    the next generation, which restores the last completed checkpoint."""
-    cluster = eosflow_spark_cluster
+def _chaos_on(
+    cluster: SparkCluster,
+    pipeline: str,
+    brokers: str,
+    tmp: Path,
+    kills: int,
+    target: Callable[[int], int | None],
+) -> tuple[ChaosRun, int, list[int]]:
+    """60,000 clicks through ``pipeline`` on ``cluster`` with ``kills`` SIGKILLs of what
+    ``target(worker pid)`` names; returns the run, its seed and the PIDs killed."""
     seed = chaos_seed()
-    records = 60_000
-    killed: list[int] = []
+    hit: list[int] = []
 
-    def executor(pid: int) -> int | None:
-        found = cluster.executor_of(pid)
+    def recorded(pid: int) -> int | None:
+        found = target(pid)
         if found is not None:
-            killed.append(found)
+            hit.append(found)
         return found
 
     run = run_chaos(
-        "running_total_work.py",
-        brokers=kafka_endpoint[0],
-        tmp=tmp_path,
-        records=records,
-        seed=seed,
-        mode="aligned",
-        random_kills=2,
-        env={"WORK_US": "150"},
-        runner="spark",
-        spark=_options(cluster),
-        kill_target=executor,
-    )
-    print(f"seed={seed} kills={run.random_kills} executor JVMs={killed}")
+        pipeline, brokers=brokers, tmp=tmp, records=RECORDS, seed=seed, mode="aligned",
+        random_kills=kills, env={"WORK_US": "150"}, runner="spark", spark=_options(cluster),
+        kill_target=recorded,
+    )  # fmt: skip
+    print(f"seed={seed} kills={run.random_kills} JVMs killed={hit}")
     print(f"restarts={run.result.restarts} causes={run.result.restart_causes}")
-    assert len(run.random_kills) == 2, f"seed={seed}: the job ended before 2 kills"
+    assert len(run.random_kills) == kills, f"seed={seed}: the job ended before {kills} kills"
+    assert run.result.restarts >= kills, run.result.restart_causes
+    return run, seed, hit
+
+
+def test_running_total_on_a_cluster_is_exactly_once_when_executor_jvms_are_sigkilled(
+    kafka_endpoint: tuple[str, str], tmp_path: Path, eosflow_spark_cluster: SparkCluster
+) -> None:
+    """Two SIGKILLs of the executor JVM that runs a worker task: Spark fails the job with the
+    executor lost, the master starts a new executor on that worker, and the driver submits
+    the next generation, which restores the last completed checkpoint."""
+    cluster = eosflow_spark_cluster
+    run, seed, killed = _chaos_on(
+        cluster, "running_total_work.py", kafka_endpoint[0], tmp_path, 2, cluster.executor_of
+    )
     assert len(set(killed)) == 2, killed  # two distinct executor JVMs, each SIGKILLed
-    assert run.result.restarts >= 2, run.result.restart_causes
-    assert_exactly_once(expected(expected_running_totals, records, seed), run.output, seed=seed)
+    want = expected(expected_running_totals, RECORDS, seed)
+    assert_exactly_once(want, run.output, seed=seed)
 
 
 @pytest.mark.crash
@@ -101,36 +114,18 @@ def test_windowed_count_on_a_cluster_is_exactly_once_when_a_worker_jvm_is_sigkil
     see their worker gone and exit, the master drops the worker, and the next generation
     runs on the worker left (2 cores: both tasks fit)."""
     cluster = eosflow_spark_cluster
-    seed = chaos_seed()
-    records = 60_000
-    hit: list[int] = []
 
     def worker_jvm(pid: int) -> int | None:
         worker = cluster.worker_of(pid)
-        if worker is None:
-            return None
-        hit.append(worker.index)
-        return worker.process.pid
+        return worker.process.pid if worker is not None else None
 
-    run = run_chaos(
-        "windowed_count_work.py",
-        brokers=kafka_endpoint[0],
-        tmp=tmp_path,
-        records=records,
-        seed=seed,
-        mode="aligned",
-        random_kills=1,
-        env={"WORK_US": "150"},
-        runner="spark",
-        spark=_options(cluster),
-        kill_target=worker_jvm,
+    run, seed, killed = _chaos_on(
+        cluster, "windowed_count_work.py", kafka_endpoint[0], tmp_path, 1, worker_jvm
     )
-    print(f"seed={seed} kills={run.random_kills} worker JVMs={hit}")
-    print(f"restarts={run.result.restarts} causes={run.result.restart_causes}")
-    assert len(run.random_kills) == 1 and len(hit) == 1, f"seed={seed}: {run.random_kills}"
+    assert killed[0] in [w.process.pid for w in cluster.workers]
     assert cluster.alive_workers() == 1  # the killed worker stayed dead: the job ran on one
-    assert run.result.restarts >= 1, run.result.restart_causes
-    assert_exactly_once(expected(expected_window_counts, records, seed), run.output, seed=seed)
+    want = expected(expected_window_counts, RECORDS, seed)
+    assert_exactly_once(want, run.output, seed=seed)
 
 
 @pytest.mark.crash
