@@ -199,7 +199,7 @@ def test_status_web_serves_the_page_of_a_finished_run_from_its_saved_state(
         assert gone.value.code == 404
     finally:
         proc.send_signal(signal.SIGINT)  # Ctrl-C
-        out, err = proc.communicate(timeout=10)
+        out, err = proc.communicate(timeout=60)  # seconds at a load of 12 (the suite's Spark)
     assert proc.returncode == 0, (out, err)
     assert 'src="ui/app.js"' in html
     assert api["job"] == job and api["state"] == "finished"

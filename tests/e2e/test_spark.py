@@ -21,7 +21,13 @@ from tests.e2e.harness import (
 )
 from tests.e2e.scrape import Scraper, assert_monotonic, samples, value
 
-pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.spark]
+# One Spark at a time (xdist group): two at once took the suite's load to 12 on 2 cores.
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.chaos,
+    pytest.mark.spark,
+    pytest.mark.xdist_group("spark"),
+]
 
 
 def test_spark_job_recovers_by_itself_from_two_sigkilled_workers_exactly_once(

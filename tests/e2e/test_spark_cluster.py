@@ -184,6 +184,7 @@ def test_a_sigkilled_driver_resumes_on_the_next_eosflow_run(
     )
 
 
+@pytest.mark.crash  # a misconfigured cluster: with the other cluster faults
 def test_a_cluster_that_starts_no_executor_fails_the_run_with_the_causes(
     kafka_endpoint: tuple[str, str], tmp_path: Path, eosflow_spark_cluster: SparkCluster
 ) -> None:

@@ -34,7 +34,8 @@ READY = re.compile(r"\[\s*([\d.]+)s\] .*: Spark \S+ on \S+ ready in ([\d.]+)s")
 FAILED = re.compile(r"\[\s*([\d.]+)s\] .*: executor check failed in ([\d.]+)s")
 
 
-@pytest.fixture(params=["local", "cluster"])
+# The local[2] stand-ins for a cluster run in the crash tier; the cluster is the real case.
+@pytest.fixture(params=[pytest.param("local", marks=pytest.mark.crash), "cluster"])
 def where(request: pytest.FixtureRequest) -> tuple[str, ...]:
     """The master: ``local[2]``, or the session's standalone cluster (``--master spark://…``),
     whose executors are JVMs of their own with the environment their worker started with."""

@@ -73,6 +73,7 @@ def test_the_lakehouse_example_lands_every_click_once_in_iceberg_and_delta(
 
 
 @pytest.mark.spark
+@pytest.mark.xdist_group("spark")
 def test_readme_example_runs_on_spark_with_its_one_documented_command(
     kafka_endpoint: tuple[str, str], tmp_path: Path
 ) -> None:
