@@ -72,22 +72,24 @@ def _java() -> str | None:
     return shutil.which("java")
 
 
+def _output(argv: list[str], env: dict[str, str], what: str) -> bytes:
+    """``argv``'s standard output; :class:`InfrastructureError` with its stderr if it fails."""
+    out = subprocess.run(argv, env=env, capture_output=True, timeout=60, check=False)
+    if out.returncode != 0:
+        raise InfrastructureError(f"{what} failed: {out.stderr.decode(errors='replace')}")
+    return out.stdout
+
+
 @functools.cache
 def _spark_env(home: Path) -> tuple[tuple[str, str], ...]:
     """What ``load-spark-env.sh`` sets (``SPARK_SCALA_VERSION``, ``conf/spark-env.sh``): the
     daemons need it too (a worker builds its executors' command line with the launcher)."""
-    out = subprocess.run(
+    stdout = _output(
         ["bash", "-c", '. "$SPARK_HOME/bin/load-spark-env.sh" >/dev/null && env -0'],
-        env={**os.environ, "SPARK_HOME": str(home)},
-        capture_output=True,
-        timeout=30,
-        check=False,
+        {**os.environ, "SPARK_HOME": str(home)},
+        f"{home}/bin/load-spark-env.sh",
     )
-    if out.returncode != 0:
-        raise InfrastructureError(
-            f"{home}/bin/load-spark-env.sh failed: {out.stderr.decode(errors='replace')}"
-        )
-    pairs = (item.decode().partition("=") for item in out.stdout.split(b"\0") if item)
+    pairs = (item.decode().partition("=") for item in stdout.split(b"\0") if item)
     return tuple((k, v) for k, _, v in pairs if k.startswith("SPARK_"))
 
 
@@ -96,19 +98,13 @@ def _command(home: Path, main_class: str) -> tuple[str, ...]:
     """The Java command line ``spark-class main_class`` would exec (no arguments yet)."""
     java = _java()
     assert java is not None
-    out = subprocess.run(
+    stdout = _output(
         [java, "-Xmx128m", "-cp", f"{home}/jars/*", "org.apache.spark.launcher.Main", main_class],
-        env={**os.environ, **dict(_spark_env(home))},
-        capture_output=True,
-        timeout=60,
-        check=False,
+        {**os.environ, **dict(_spark_env(home))},
+        f"Spark's launcher for {main_class}",
     )
-    if out.returncode != 0:
-        raise InfrastructureError(
-            f"Spark's launcher failed for {main_class}: {out.stderr.decode(errors='replace')}"
-        )
     # The launcher's output to spark-class: a NUL, then the NUL-terminated words.
-    words = [w.decode().strip("\n") for w in out.stdout.split(b"\0")[1:]]
+    words = [w.decode().strip("\n") for w in stdout.split(b"\0")[1:]]
     return tuple(w for w in words if w)
 
 
