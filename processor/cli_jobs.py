@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from collections.abc import Mapping
@@ -293,6 +294,9 @@ def serve_page(found: JobStatus, address: str) -> int:
         f"{server.url}  (read-only; Ctrl-C stops)",
         flush=True,
     )
+    # "Ctrl-C stops" even when started with SIGINT ignored (a shell's background job, or a
+    # parent that ignores it: the suite's status --web test hung until this).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         while True:
             time.sleep(1.0)
