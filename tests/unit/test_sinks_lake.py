@@ -147,6 +147,13 @@ def _complete(lake: Lake, checkpoint_id: int, generation: int = 1, job: str = "j
     store.complete(job, checkpoint_id, {"t.0": handle}, {"generation": generation})
 
 
+def _land(lake: Lake, writer: Any, n: int) -> None:
+    """Checkpoint ``n`` as the engine runs it: the barrier's prepare, completion, commit."""
+    c = writer.prepare(n)
+    _complete(lake, n)
+    writer.commit(n, c)
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_racing_committers_commit_an_epoch_once_when_a_conflict_is_injected(
     fmt: str, tmp_path: Path
@@ -234,9 +241,7 @@ def test_values_that_do_not_fit_the_table_are_rejected_and_the_schema_is_kept(
     failures = caught.value.failures
     assert [i for i, _e in failures] == [1, 2, 3]
     assert "'extra'" in str(failures[1][1]) and "never widens" in str(failures[1][1])
-    c = w.prepare(1)
-    _complete(lake, 1)
-    w.commit(1, c)
+    _land(lake, w, 1)
     assert lake.rows() == Counter([("a", 1), ("d", 4)])
     reread = lake.writer(0, 1).ops.table_schema()
     assert reread is not None and reread.names == ["user", "n", "day"]
@@ -260,9 +265,7 @@ def test_the_schema_is_inferred_from_the_first_batch_then_enforced(
     w.write(_rows("a", 2))
     with pytest.raises(RecordsRejected):
         w.write([{"user": "b", "n": 1, "day": DAY, "new": 1}])
-    c = w.prepare(1)
-    _complete(lake, 1)
-    w.commit(1, c)
+    _land(lake, w, 1)
     assert lake.rows() == Counter([("a", 0), ("a", 1)])
 
 
@@ -274,9 +277,7 @@ def test_a_run_without_the_jobs_snapshots_is_refused_when_the_table_has_newer_co
     w = lake.writer(0, 1)
     w.recover([])
     w.write(_rows("a", 1))
-    c = w.prepare(3)
-    _complete(lake, 3)
-    w.commit(3, c)
+    _land(lake, w, 3)
     from processor.snapshot.store import SnapshotStore
 
     SnapshotStore(lake.snapshots).delete_job("j")  # the job's snapshots are lost
@@ -347,9 +348,7 @@ def test_the_sink_step_hands_each_rejected_value_to_the_error_handler_and_writes
     op.process([(None, good, 0), (None, {"user": "b", "n": "x", "day": DAY}, 0), (None, good, 0)])
     assert [i for i, _ in seen] == [1] and "ArrowInvalid" in seen[0][1]
     assert op.written == 2
-    c = writer.prepare(1)
-    _complete(lake, 1)
-    writer.commit(1, c)
+    _land(lake, writer, 1)
     assert lake.rows() == Counter([("a", 1), ("a", 1)])
 
 
