@@ -190,6 +190,7 @@ class _DeltaTable:
             self.uri, **_fsspec_options(sink.storage_options)
         )
         self._table: Any = None
+        self._partitions: list[str] | None = None  # the table's, once loaded or created
         self._commits = 0
 
     def _load(self) -> Any:
@@ -234,10 +235,9 @@ class _DeltaTable:
     # -- data files ------------------------------------------------------------------------------
 
     def write_files(self, data: pa.Table, prefix: str) -> list[Any]:
-        parts = getattr(self, "_partitions", None)
-        if parts is None:
+        if self._partitions is None:
             self.table_schema()
-            parts = self._partitions
+        parts = self._partitions
         if not parts:
             return [self._write_one(data, {}, prefix)]
         keys = data.select(parts).group_by(parts).aggregate([]).to_pylist()
@@ -262,6 +262,7 @@ class _DeltaTable:
         self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
         with self.fs.open(path, "wb") as f:
             pq.write_table(data, f, compression="snappy")
+            size = f.tell()  # the file's size, without asking the store again
         null_count: dict[str, int] = {}
         for c, name in enumerate(data.column_names):
             if pa.types.is_nested(data.schema.field(name).type):
@@ -271,7 +272,7 @@ class _DeltaTable:
         return {
             # The log's path is a URI (Delta protocol, "Add File"): the file's name, escaped.
             "path": urllib.parse.quote(rel, safe="/="),
-            "size": self.fs.size(path),
+            "size": size,
             "partition_values": values,
             "modification_time": int(time.time() * 1000),
             "stats": stats,

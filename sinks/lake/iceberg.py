@@ -65,8 +65,9 @@ class IcebergSink:
             Iceberg's transforms: ``"identity"``, ``"year"``, ``"month"``, ``"day"``,
             ``"hour"``, ``"bucket[16]"``, ``"truncate[4]"`` (e.g. ``[("ts", "day")]``).
         to_record: value -> dict of column values (needed on keyed streams).
-        compact_every: no built-in rewrite in pyiceberg 0.12: must stay ``None`` (see
-            docs/sink-lakehouse.md, "Small files and compaction", for what to run).
+
+    No compaction option: pyiceberg 0.12 cannot rewrite data files (docs/sink-lakehouse.md,
+    "Small files and compaction", says what to run).
 
     A value that does not fit the schema goes to the dataflow's dead letters with the cause.
     """

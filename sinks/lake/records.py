@@ -9,7 +9,7 @@ letters (``RecordsRejected``). Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -60,18 +60,20 @@ def check_schema(table_schema: pa.Schema, given: pa.Schema, *, where: str) -> No
             )
 
 
-def _misfit(record: Any, schema: pa.Schema, required: frozenset[str]) -> str | None:
+def _misfit(
+    record: Any, schema: pa.Schema, columns: frozenset[str], required: frozenset[str]
+) -> str | None:
     if not isinstance(record, dict):
         return (
             f"expected a dict of column values, got {type(record).__name__}; give the sink "
             "to_record=<value -> dict> (a keyed stream hands (key, value) tuples)"
         )
-    names = schema.names
-    extra = [k for k in record if k not in names]
+    extra = [k for k in record if k not in columns]
     if extra:
         return (
-            f"field(s) {extra} are not columns of the table ({', '.join(names)}); the sink never "
-            "widens a table's schema: alter the table, or drop the field(s) in to_record"
+            f"field(s) {extra} are not columns of the table ({', '.join(schema.names)}); the "
+            "sink never widens a table's schema: alter the table, or drop the field(s) in "
+            "to_record"
         )
     missing = [n for n in required if record.get(n) is None]
     if missing:
@@ -82,20 +84,22 @@ def _misfit(record: Any, schema: pa.Schema, required: frozenset[str]) -> str | N
 def to_table(records: Sequence[Any], schema: pa.Schema) -> tuple[pa.Table, list[tuple[int, str]]]:
     """``records`` as a table of ``schema``, and the ``(index, reason)`` of each one that does
     not fit (left out of the table)."""
+    columns = frozenset(schema.names)
     required = frozenset(f.name for f in schema if not f.nullable)
     rejects: list[tuple[int, str]] = []
     fitting: list[Any] = []
+    kept_index: list[int] = []
     for i, record in enumerate(records):
-        why = _misfit(record, schema, required)
+        why = _misfit(record, schema, columns, required)
         if why is None:
             fitting.append(record)
+            kept_index.append(i)
         else:
             rejects.append((i, why))
     try:
         table = pa.Table.from_pylist(fitting, schema=schema)
     except _CONVERT_ERRORS:
         # Slow path, only when some value does not convert: find which, one at a time.
-        kept_index = [i for i in range(len(records)) if i not in {j for j, _ in rejects}]
         good = []
         for i, record in zip(kept_index, fitting, strict=True):
             try:
@@ -106,12 +110,3 @@ def to_table(records: Sequence[Any], schema: pa.Schema) -> tuple[pa.Table, list[
         rejects.sort()
         table = pa.Table.from_pylist(good, schema=schema)
     return table, rejects
-
-
-def record_function(to_record: Callable[[Any], Any] | None) -> Callable[[Any], Any]:
-    """``to_record`` or the identity."""
-    return to_record if to_record is not None else _identity
-
-
-def _identity(value: Any) -> Any:
-    return value

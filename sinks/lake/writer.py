@@ -103,7 +103,6 @@ class LakeWriter:
         if self._schema is None and schema is not None:
             self._schema = ops.create(schema)
         self._buffer: list[pa.Table] = []
-        self._rows = 0
         self._prefix = f"{ctx.subtask:05d}-g{ctx.generation}"
 
     def __repr__(self) -> str:
@@ -148,7 +147,6 @@ class LakeWriter:
                 failed.append((index[j], ValueError(f"{self.ops.describe}: {why}")))
             if table.num_rows:
                 self._buffer.append(table)
-                self._rows += table.num_rows
         if failed:
             failed.sort(key=lambda f: f[0])
             raise RecordsRejected(
@@ -160,11 +158,12 @@ class LakeWriter:
     def prepare(self, checkpoint_id: int) -> dict[str, Any]:
         """Writes the epoch's data files and its staging manifest; returns the committable."""
         files: list[Any] = []
+        rows = sum(t.num_rows for t in self._buffer)
         if self._buffer:
             data = pa.concat_tables(self._buffer)
             prefix = f"{self._prefix}-c{checkpoint_id}-{uuid.uuid4().hex[:8]}"
             files = self.ops.write_files(data, prefix)
-        rows, self._buffer, self._rows = self._rows, [], 0
+        self._buffer = []
         ctx = self.ctx
         name = self.staging.write(
             checkpoint_id,
