@@ -4,8 +4,8 @@ each its own JVM, started on an address of this machine (as the embedded Kafka a
 The ``pyspark`` wheel carries Spark's jars and ``spark-class``; its launcher
 (``org.apache.spark.launcher.Main``, what ``spark-class`` runs) builds each daemon's Java
 command line (class path, the ``--add-opens`` Java 17 needs), and the daemon is then started
-directly, so its PID is the JVM's: :meth:`SparkCluster.kill_worker` SIGKILLs a worker JVM,
-:meth:`SparkCluster.kill_executor` the executor JVM that runs a given Python worker.
+directly, so its PID is the JVM's: a test can SIGKILL a worker JVM, or the executor JVM that
+runs a given Python worker (:meth:`SparkCluster.worker_of`, :meth:`SparkCluster.executor_of`).
 
 A worker may run in a network namespace (``netns``: a separate host with its own address, see
 :mod:`processor.testing.hosts`); the master then listens on an address the namespaces reach.
@@ -27,6 +27,7 @@ import subprocess
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -171,36 +172,27 @@ class SparkCluster:
 
     # -- faults -------------------------------------------------------------------------------
     def executors(self) -> list[int]:
-        """PIDs of the executor JVMs the workers run now."""
-        return [pid for pid in _pids() if _EXECUTOR in " ".join(_cmdline(pid))]
+        """PIDs of the executor JVMs this cluster's workers started (their working directories
+        are under the cluster's)."""
+        return [
+            pid
+            for pid in _pids()
+            if _EXECUTOR in " ".join(_cmdline(pid)) and _cwd(pid).startswith(f"{self.workdir}/")
+        ]
 
     def executor_of(self, pid: int) -> int | None:
-        """The executor JVM that ``pid`` (a Python worker of a task) runs under."""
-        return _ancestor(pid, lambda cmd: _EXECUTOR in cmd)
+        """The executor JVM that ``pid`` (a Python worker of a task) runs under: what a test's
+        :class:`~processor.testing.Killer` SIGKILLs with ``target=cluster.executor_of``."""
+        return _ancestor(pid, lambda p: _EXECUTOR in " ".join(_cmdline(p)))
 
     def worker_of(self, pid: int) -> SparkWorker | None:
         """The worker whose JVM ``pid`` (a task's Python process) runs under."""
-        pids = {w.process.pid: w for w in self.workers}
-        found = _ancestor(pid, lambda _cmd: False, stop_at=set(pids))
-        return pids.get(found) if found is not None else None
-
-    def kill_executor(self, python_pid: int) -> int:
-        """SIGKILLs the executor JVM running ``python_pid``; returns the JVM's PID."""
-        executor = self.executor_of(python_pid)
-        if executor is None:
-            raise LookupError(f"process {python_pid} runs under no executor JVM of this machine")
-        os.kill(executor, signal.SIGKILL)
-        return executor
-
-    def kill_worker(self, index: int) -> None:
-        """SIGKILLs worker ``index``'s JVM alone (no SIGTERM, no process group): its
-        executors notice that their worker is gone and exit, as on a host whose worker dies."""
-        os.kill(self.workers[index].process.pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError, OSError):
-            self.workers[index].process.popen.wait(5)  # type: ignore[union-attr]
+        by_pid = {w.process.pid: w for w in self.workers}
+        found = _ancestor(pid, by_pid.__contains__)
+        return by_pid.get(found) if found is not None else None
 
     def restart_worker(self, index: int) -> float:
-        """Starts worker ``index`` again (after :meth:`kill_worker`); returns the seconds until
+        """Starts worker ``index`` again (after its JVM was killed); returns the seconds until
         the master counted every worker ALIVE."""
         old = self.workers[index]
         stop(old.process)  # reaps it if it is dead already
@@ -217,10 +209,9 @@ class SparkCluster:
         for worker in self.workers:
             stop(worker.process, timeout=5.0)
         stop(self.master, timeout=5.0)
-        for pid in self.executors():  # an executor whose worker was SIGKILLed may linger
-            if str(self.workdir) in " ".join(_cmdline(pid)):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+        for pid in self.executors():  # one whose worker JVM was SIGKILLed alone may linger
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     def __enter__(self) -> SparkCluster:
@@ -250,14 +241,20 @@ def _parent(pid: int) -> int | None:
         return None
 
 
-def _ancestor(pid: int, match: Any, stop_at: set[int] | None = None) -> int | None:
-    """The nearest ancestor of ``pid`` (itself included) whose command line ``match``es, or
-    that is in ``stop_at``."""
+def _cwd(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return ""
+
+
+def _ancestor(pid: int, found: Callable[[int], bool]) -> int | None:
+    """The nearest ancestor of ``pid`` (itself included) for which ``found`` holds."""
     current: int | None = pid
     for _ in range(20):
         if current is None or current <= 1:
             return None
-        if (stop_at and current in stop_at) or match(" ".join(_cmdline(current))):
+        if found(current):
             return current
         current = _parent(current)
     return None
