@@ -21,6 +21,7 @@ import math
 import os
 import resource
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -35,8 +36,6 @@ def make_runner(kind: str, pipeline: Path, options: RunOptions) -> Runner:
     """``local``, ``spark`` (``local[workers]``) or a standalone cluster's ``spark://`` master
     on this machine (the executors run this interpreter; the driver binds loopback)."""
     if kind == "spark" or kind.startswith("spark://"):
-        import sys
-
         from processor.runtime.supervision.spark import SparkOptions, SparkRunner
 
         if kind == "spark":
