@@ -1,5 +1,16 @@
 """Broker answers rewritten on the wire: a :class:`FaultProxy` that speaks enough Kafka protocol
-to make the broker answer a request with an error it would answer on a real cluster.
+to keep every client connection on the proxy, and to make the broker answer a request with an
+error it would answer on a real cluster.
+
+**Addresses.** A Kafka client connects to the bootstrap address, then to the addresses the
+broker advertises (Metadata, FindCoordinator, DescribeCluster). To keep a client behind the
+proxy without reconfiguring the broker (a real Apache Kafka named by ``EOSFLOW_KAFKA_BROKERS``
+advertises itself), the tap rewrites every broker address in those responses to the proxy's own
+(``advertise``): a single-broker cluster then reaches the client only through the proxy, and a
+black hole partitions it from every connection at once. Entries without a node (a coordinator
+lookup that failed: node -1) are left alone. Not rewritten: the ``NodeEndpoints`` tagged fields
+of Produce/Fetch responses (KIP-951), which a broker sends only when a partition's leader moved,
+which never happens on one node.
 
 Some broker behaviours cannot be provoked on a single embedded broker: a topic created a moment
 ago on KRaft answers ListOffsets with ``NOT_LEADER_OR_FOLLOWER`` until its leader has applied the
@@ -8,8 +19,8 @@ connection (a Kafka frame is an int32 size and the message), remembers the reque
 responses a rule wants to change (by correlation id), and rewrites the error code of those
 responses in place: same size, same order, nothing else touched.
 
-Only ListOffsets (api key 2, versions 1-10) is understood today; a rule for it rewrites the
-partitions of the topics whose name starts with the rule's prefix.
+**Errors.** Only ListOffsets (api key 2, versions 1-10) is understood; a rule for it rewrites
+the partitions of the topics whose name starts with the rule's prefix.
 """
 
 from __future__ import annotations
@@ -21,6 +32,11 @@ __all__ = ["LIST_OFFSETS", "NOT_LEADER_OR_FOLLOWER", "ErrorRule", "KafkaTap"]
 
 #: Kafka's api key of ListOffsets.
 LIST_OFFSETS = 2
+_METADATA = 3
+_FIND_COORDINATOR = 10
+_DESCRIBE_CLUSTER = 60
+# The first flexible version (compact strings, tagged fields) of each response rewritten here.
+_FLEXIBLE_FROM = {LIST_OFFSETS: 6, _METADATA: 9, _FIND_COORDINATOR: 3, _DESCRIBE_CLUSTER: 0}
 #: Kafka's error code NOT_LEADER_OR_FOLLOWER (NOT_LEADER_FOR_PARTITION before 2.7).
 NOT_LEADER_OR_FOLLOWER = 6
 
@@ -103,10 +119,13 @@ class KafkaTap:
 
     Args:
         rules: the proxy's list of rules, shared by every connection (read at each response).
+        advertise: ``(host, port)`` written over every broker address the broker answers with,
+            or None to leave addresses as they are.
     """
 
-    def __init__(self, rules: list[ErrorRule]) -> None:
+    def __init__(self, rules: list[ErrorRule], advertise: tuple[str, int] | None = None) -> None:
         self._rules = rules
+        self._advertise = advertise
         self._asked: dict[int, tuple[int, int]] = {}  # correlation id -> (api key, version)
         self._up = _Framer(_HEADS.size)
         self._up.inspect = self._request  # type: ignore[method-assign]
@@ -122,7 +141,8 @@ class KafkaTap:
 
     def _request(self, head: bytes) -> bool:
         _, api_key, version, correlation = _HEADS.unpack(head)
-        if api_key == LIST_OFFSETS and 1 <= version <= 10 and self._live(api_key):
+        errors = api_key == LIST_OFFSETS and 1 <= version <= 10 and self._live(api_key)
+        if errors or (api_key in _ADDRESSES and self._advertise is not None):
             self._asked[correlation] = (api_key, version)
         return False
 
@@ -134,7 +154,10 @@ class KafkaTap:
 
     def _rewrite(self, frame: bytes) -> bytes:
         correlation = _INT32.unpack_from(frame, 4)[0]
-        _api_key, version = self._asked.pop(correlation)
+        api_key, version = self._asked.pop(correlation)
+        if api_key in _ADDRESSES:
+            assert self._advertise is not None
+            return _readdress(frame, api_key, version, self._advertise)
         rules = [r for r in self._rules if r.api_key == LIST_OFFSETS and not r.spent]
         if not rules:
             return frame
@@ -151,61 +174,168 @@ class KafkaTap:
         return bytes(out)
 
 
-def _list_offsets_error_codes(frame: bytes, version: int) -> list[tuple[str, int]]:
-    """``(topic, position of a partition's error code)`` in a ListOffsets response frame."""
-    flexible = version >= 6
-    pos = 8  # size, correlation id
-    found: list[tuple[str, int]] = []
+class _Reader:
+    """A position in a response frame and the protocol's primitive types, in the response's
+    flexible (compact strings and arrays, tagged fields) or classic encoding."""
 
-    def uvarint() -> int:
-        nonlocal pos
+    def __init__(self, frame: bytes, api_key: int, version: int) -> None:
+        self.frame = frame
+        self.flexible = version >= _FLEXIBLE_FROM[api_key]
+        self.pos = 8  # size, correlation id
+        if self.flexible:
+            self.tagged()  # response header v1
+
+    def skip(self, n: int) -> None:
+        self.pos += n
+
+    def int32(self) -> int:
+        self.pos += 4
+        return int(_INT32.unpack_from(self.frame, self.pos - 4)[0])
+
+    def uvarint(self) -> int:
         shift = value = 0
         while True:
-            byte = frame[pos]
-            pos += 1
+            byte = self.frame[self.pos]
+            self.pos += 1
             value |= (byte & 0x7F) << shift
             if not byte & 0x80:
                 return value
             shift += 7
 
-    def tagged() -> None:
-        nonlocal pos
-        for _ in range(uvarint()):
-            uvarint()
-            pos += uvarint()
+    def tagged(self) -> None:
+        for _ in range(self.uvarint()):
+            self.uvarint()
+            self.pos += self.uvarint()
 
-    def count() -> int:
-        nonlocal pos
-        if flexible:
-            return uvarint() - 1
-        pos += 4
-        return int(_INT32.unpack_from(frame, pos - 4)[0])
+    def count(self) -> int:
+        return self.uvarint() - 1 if self.flexible else self.int32()
 
-    def string() -> str:
-        nonlocal pos
-        if flexible:
-            n = uvarint() - 1
+    def string(self) -> str:
+        """A string or a nullable string (null reads as empty)."""
+        if self.flexible:
+            n = self.uvarint() - 1
         else:
-            n = _INT16.unpack_from(frame, pos)[0]
-            pos += 2
-        text = frame[pos : pos + max(n, 0)].decode()
-        pos += max(n, 0)
+            n = _INT16.unpack_from(self.frame, self.pos)[0]
+            self.pos += 2
+        text = self.frame[self.pos : self.pos + max(n, 0)].decode()
+        self.pos += max(n, 0)
         return text
 
-    if flexible:
-        tagged()  # response header v1
+    def encode_string(self, text: str) -> bytes:
+        data = text.encode()
+        if not self.flexible:
+            return _INT16.pack(len(data)) + data
+        n, head = len(data) + 1, bytearray()
+        while n >= 0x80:
+            head.append((n & 0x7F) | 0x80)
+            n >>= 7
+        head.append(n)
+        return bytes(head) + data
+
+
+def _list_offsets_error_codes(frame: bytes, version: int) -> list[tuple[str, int]]:
+    """``(topic, position of a partition's error code)`` in a ListOffsets response frame."""
+    r = _Reader(frame, LIST_OFFSETS, version)
+    found: list[tuple[str, int]] = []
     if version >= 2:
-        pos += 4  # throttle_time_ms
-    for _ in range(count()):
-        topic = string()
-        for _ in range(count()):
-            pos += 4  # partition index
-            found.append((topic, pos))
-            pos += 2 + 8 + 8  # error code, timestamp, offset
+        r.skip(4)  # throttle_time_ms
+    for _ in range(r.count()):
+        topic = r.string()
+        for _ in range(r.count()):
+            r.skip(4)  # partition index
+            found.append((topic, r.pos))
+            r.skip(2 + 8 + 8)  # error code, timestamp, offset
             if version >= 4:
-                pos += 4  # leader epoch
-            if flexible:
-                tagged()
-        if flexible:
-            tagged()
+                r.skip(4)  # leader epoch
+            if r.flexible:
+                r.tagged()
+        if r.flexible:
+            r.tagged()
     return found
+
+
+def _metadata_nodes(r: _Reader, version: int) -> list[int]:
+    if version >= 3:
+        r.skip(4)  # throttle_time_ms
+    found = []
+    for _ in range(r.count()):
+        node = r.int32()
+        found.append(r.pos if node >= 0 else -1)
+        r.string()  # host
+        r.skip(4)  # port
+        if version >= 1:
+            r.string()  # rack
+        if r.flexible:
+            r.tagged()
+    return found
+
+
+def _coordinator_nodes(r: _Reader, version: int) -> list[int]:
+    if version >= 1:
+        r.skip(4)  # throttle_time_ms
+    if version <= 3:
+        r.skip(2)  # error code
+        if version >= 1:
+            r.string()  # error message
+        node = r.int32()
+        return [r.pos if node >= 0 else -1]
+    found = []
+    for _ in range(r.count()):
+        r.string()  # key
+        node = r.int32()
+        found.append(r.pos if node >= 0 else -1)
+        r.string()  # host
+        r.skip(4 + 2)  # port, error code
+        r.string()  # error message
+        r.tagged()
+    return found
+
+
+def _cluster_nodes(r: _Reader, version: int) -> list[int]:
+    r.skip(4 + 2)  # throttle_time_ms, error code
+    r.string()  # error message
+    if version >= 1:
+        r.skip(1)  # endpoint type
+    r.string()  # cluster id
+    r.skip(4)  # controller id
+    found = []
+    for _ in range(r.count()):
+        node = r.int32()
+        found.append(r.pos if node >= 0 else -1)
+        r.string()  # host
+        r.skip(4)  # port
+        r.string()  # rack
+        if version >= 2:
+            r.skip(1)  # is fenced
+        r.tagged()
+    return found
+
+
+# The responses that carry broker addresses, and where in each the (host, port) pairs begin.
+_ADDRESSES = {
+    _METADATA: _metadata_nodes,
+    _FIND_COORDINATOR: _coordinator_nodes,
+    _DESCRIBE_CLUSTER: _cluster_nodes,
+}
+
+
+def _readdress(frame: bytes, api_key: int, version: int, to: tuple[str, int]) -> bytes:
+    """The response frame with every broker's (host, port) replaced by ``to`` (the size prefix
+    follows the new length)."""
+    r = _Reader(frame, api_key, version)
+    host = r.encode_string(to[0])
+    port = _INT32.pack(to[1])
+    parts: list[bytes] = []
+    done = 4  # the size prefix is written anew
+    for at in _ADDRESSES[api_key](r, version):
+        if at < 0:
+            continue
+        r.pos = at
+        r.string()
+        parts += [frame[done:at], host, port]
+        done = r.pos + 4
+    if not parts:
+        return frame
+    parts.append(frame[done:])
+    body = b"".join(parts)
+    return _INT32.pack(len(body)) + body

@@ -23,8 +23,10 @@ The faults, and what a client sees:
   TCP RST on both sides, and the listening socket is closed, so new connections are refused
   (``ECONNREFUSED``) until :meth:`FaultProxy.heal` opens it again on the same port.
 
-With ``kafka=True`` the proxy also frames each connection as Kafka protocol and can make the
-broker answer with an error it would give on a real cluster
+With ``kafka=True`` the proxy also frames each connection as Kafka protocol: it writes its own
+address over the broker addresses the broker answers with, so that every client connection
+stays on the proxy (any single-broker cluster, without touching its ``advertised.listeners``),
+and it can make the broker answer with an error it would give on a real cluster
 (:meth:`FaultProxy.fail_list_offsets`, :mod:`processor.testing.kafka_wire`).
 
 Each fault lasts ``seconds`` (healed by a timer) or until :meth:`FaultProxy.heal`. Calling a
@@ -104,8 +106,8 @@ class FaultProxy:
         target_port: its port.
         port: the port to listen on (0: a free one, see :attr:`port` once started).
         listen_host: the address to listen on (loopback by default).
-        kafka: the server speaks Kafka protocol: frame every connection so that
-            :meth:`fail_list_offsets` can rewrite the broker's answers.
+        kafka: the server is a single Kafka broker: frame every connection, advertise the
+            proxy's address in its answers, and let :meth:`fail_list_offsets` rewrite them.
 
     Invariants:
         Bytes are forwarded in order and never dropped or duplicated while the proxy forwards;
@@ -335,9 +337,12 @@ class FaultProxy:
             self._refusing = False
             await self._listen()
 
+    def _tap(self) -> KafkaTap:
+        return KafkaTap(self._rules, advertise=(self.listen_host, self.port))
+
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.stats.accepted += 1
-        conn = _Conn(writer, KafkaTap(self._rules) if self.kafka else None)
+        conn = _Conn(writer, self._tap() if self.kafka else None)
         self._conns.add(conn)
         self.stats.active += 1
         try:

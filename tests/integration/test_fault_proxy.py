@@ -163,3 +163,44 @@ def test_a_redis_client_times_out_during_a_partition_and_works_after_it(redis_ur
             client.ping()
         proxy.wait_healed(5)
         assert client.ping()
+
+
+@pytest.mark.integration
+def test_every_kafka_connection_goes_through_the_proxy_when_it_fronts_the_sessions_broker(
+    kafka_endpoint: tuple[str, str], topic_name: str
+) -> None:
+    """The proxy in front of the session's broker (Tansu, or the Apache Kafka named by
+    EOSFLOW_KAFKA_BROKERS, which advertises itself) writes its own address over the broker's in
+    Metadata, FindCoordinator and DescribeCluster: a client sees only the proxy, a group commit
+    finds its coordinator through it, and a black hole stops every connection at once. Before,
+    the partition tests skipped on a named broker: its clients went around the proxy."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    from processor.testing import kafka_behind_proxy
+
+    with kafka_behind_proxy(brokers=kafka_endpoint[0]) as broker:
+        admin = AdminClient({"bootstrap.servers": broker.brokers})
+        described = admin.describe_cluster().result(30)
+        assert [f"{n.host}:{n.port}" for n in described.nodes] == [broker.brokers]
+        brokers = admin.list_topics(timeout=30).brokers.values()
+        assert [f"{b.host}:{b.port}" for b in brokers] == [broker.brokers]
+
+        producer = Producer({"bootstrap.servers": broker.brokers, "linger.ms": 0})
+        producer.produce(topic_name, b"before")
+        assert producer.flush(30) == 0
+        consumer = Consumer(
+            {"bootstrap.servers": broker.brokers, "group.id": topic_name, "log_level": 0}
+        )
+        consumer.commit(offsets=[TopicPartition(topic_name, 0, 1)], asynchronous=False)
+        committed = consumer.committed([TopicPartition(topic_name, 0)], timeout=30)
+        assert committed[0].offset == 1
+        accepted = broker.proxy.stats.accepted
+
+        broker.proxy.black_hole()
+        producer.produce(topic_name, b"during")
+        assert producer.flush(3) == 1, "a record got past a black hole: a connection went around"
+        broker.proxy.heal()
+        assert producer.flush(30) == 0
+        consumer.close()
+        assert broker.proxy.stats.accepted >= accepted >= 2
