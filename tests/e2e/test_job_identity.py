@@ -18,6 +18,7 @@ from connectors import KafkaSettings, TopicAdmin
 from processor.testing.outputs import scan_topic
 from tests.e2e.cli import committed_output, eosflow, job_env, wait_status
 from tests.e2e.harness import PIPELINES, canonical, click_events, produce_clicks
+from tests.features import skip_unless_broker_has
 
 pytestmark = pytest.mark.integration
 
@@ -129,11 +130,13 @@ def test_a_second_runner_fences_the_first_which_stops_saying_so(
     exit status 0): at its first checkpoint (file sink), or as soon as its workers'
     transactional ids are fenced by B's (Kafka sink). A committed nothing; B's output is the
     input exactly once."""
-    if sink == "kafka" and not broker_caps.read_committed_hides_aborted:
-        pytest.skip(
-            "this broker's read_committed delivers aborted records (Tansu): the fenced "
-            "runner's aborted transactions would be read as output; the file-sink case runs "
-            "here, this one on Apache Kafka"
+    if sink == "kafka":
+        skip_unless_broker_has(
+            broker_caps,
+            "read_committed hides aborted records",
+            broker_caps.read_committed_hides_aborted,
+            "the fenced runner's aborted transactions would be read as output; the file-sink "
+            "case runs here, this one on Apache Kafka",
         )
     records = 4_000
     env_a = job_env(kafka_endpoint[0], tmp_path / "a", prefix="fence", WORK_US="0")

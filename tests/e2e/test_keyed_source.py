@@ -27,7 +27,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewPartitions
 
-from connectors import KafkaSettings, TopicAdmin, create_producer, producer_config
+from connectors import KafkaSettings, TopicAdmin, create_producer, probe_broker, producer_config
 from connectors.claim import claim_topic
 from connectors.transport import produce_waiting
 from processor.compiler import Plan
@@ -48,6 +48,7 @@ from tests.e2e.harness import (
     produce_clicks,
     run_chaos,
 )
+from tests.features import skip_unless_broker_has
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
@@ -235,12 +236,15 @@ def _add_partitions(brokers: str, topic: str, total: int) -> None:
     try:
         admin.create_partitions([NewPartitions(topic, total)])[topic].result(30)
     except KafkaException as exc:
-        if exc.args[0].code() == KafkaError._UNSUPPORTED_FEATURE:
-            pytest.skip(
-                f"the broker cannot add partitions to a topic (CreatePartitions: {exc}); the "
-                "recreated-topic case and tests/unit/test_keyed_sources.py cover the refusal"
-            )
-        raise
+        if exc.args[0].code() != KafkaError._UNSUPPORTED_FEATURE:
+            raise
+        skip_unless_broker_has(
+            probe_broker(KafkaSettings.from_env(brokers=brokers)),
+            "CreatePartitions",
+            False,
+            f"{exc}; the recreated-topic case and tests/unit/test_keyed_sources.py cover the "
+            "refusal",
+        )
 
 
 def _recreate(brokers: str, topic: str, total: int) -> None:

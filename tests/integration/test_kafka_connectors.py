@@ -22,6 +22,7 @@ from connectors import (
 from connectors.probe import _read_committed_hides_aborted, write_aborted_then_committed
 from connectors.serde import ConfluentAvroSerde, JsonSerde
 from processor.errors import ConfigError, DeserializationError, KafkaClientError
+from tests.features import skip_unless_broker_has
 
 PARTITIONS = 3
 
@@ -209,12 +210,13 @@ def test_a_bounded_reader_delivers_nothing_at_or_past_its_stop_offsets_however_m
 def test_read_committed_reader_never_sees_aborted_records_when_the_broker_supports_it(
     kafka_settings: KafkaSettings, broker_caps: Any, topic_name: str
 ) -> None:
-    if not broker_caps.read_committed_hides_aborted:
-        pytest.skip(
-            f"broker {broker_caps.brokers} (cluster {broker_caps.cluster_id}) shows aborted "
-            "records to "
-            "read_committed consumers (Tansu does); this test runs fully on Apache Kafka"
-        )
+    skip_unless_broker_has(
+        broker_caps,
+        "read_committed hides aborted records",
+        broker_caps.read_committed_hides_aborted,
+        f"cluster {broker_caps.cluster_id} shows aborted records to read_committed consumers "
+        "(Tansu does); this test runs fully on Apache Kafka",
+    )
     TopicAdmin(kafka_settings).ensure_topic(topic_name, 1)
     write_aborted_then_committed(
         kafka_settings, topic_name, aborted=b"aborted", committed=b"committed"
