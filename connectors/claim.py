@@ -11,20 +11,33 @@ eosflow does the same with three names derived from the job's:
 * topic ``eosflow.<job>.claim`` (compacted, one partition): each commit is a transaction of
   that producer writing one small record saying who holds the job and at which checkpoint: a
   real round trip to the transaction coordinator, which fails for a fenced runner;
-* consumer group ``eosflow-<job>`` (the group id the job's readers already report): once the
-  claim's transaction committed, the sources' checkpointed offsets are committed to it through
-  the admin API (``AlterConsumerGroupOffsets``: the group has no members), so
-  ``kafka-consumer-groups --describe``, Burrow and lag exporters see where the job is, and a
-  start without state sees that the job has history.
+* consumer group ``eosflow-<job>`` (the group id the job's readers already report): the
+  sources' checkpointed offsets are committed to it through the admin API
+  (``AlterConsumerGroupOffsets``: the group has no members), so ``kafka-consumer-groups
+  --describe``, Burrow and lag exporters see where the job is, and a start without state sees
+  that the job has history.
+
+**The order of a commit: the group first, then the claim's transaction.** A commit that returns
+proves that the runner still held the job *after* its offsets were in the group. A newcomer
+initializes the transactional id, then reads the group again (``JobIdentity.take``): if it
+fenced the runner before the runner's transaction committed, the runner's commit fails and it
+releases nothing; if after, the runner's offsets were in the group before the newcomer looked,
+and the newcomer is refused. The other order (claim, then group: before issue 48) let a
+newcomer without state in between the two steps: it saw an empty group, took the job and read
+every source again, while the old runner's group commit (an admin call, which no fencing stops)
+succeeded and its sinks committed the same checkpoint. What the order costs: a runner fenced
+while its group commit is in flight leaves its offsets in the group once, until the new holder's
+next commit replaces them (a restart of the new holder before that is refused as "behind").
 
 Why not the offsets inside the transaction (``send_offsets_to_transaction``, as Kafka Streams
 does)? librdkafka's call ignores its timeout when the group coordinator cannot be reached
 (confluentinc/librdkafka#5456, open): a broker refusing connections for 5 s left a runner
 blocked in it for good (tests/e2e/test_partitions.py). Every call here has a deadline. The
 group is visibility and a history marker, not the source of truth (a checkpoint is), so
-committing it just after the claim's transaction loses nothing: a crash between the two leaves
-the group one checkpoint behind, which a start accepts. The same calls run on every broker;
-nothing here is chosen by a timeout or by the broker's name.
+committing it just before the claim's transaction loses nothing: a crash between the two leaves
+the group holding a checkpoint that completed in the runner's store (its sinks commit it when
+that store is restored). The same calls run on every broker; nothing here is chosen by a
+timeout or by the broker's name.
 """
 
 from __future__ import annotations
@@ -203,6 +216,8 @@ class KafkaJobClaim:
         producer = self._producer
         if producer is None:
             raise RuntimeError("KafkaJobClaim.commit before open")
+        if offsets:  # first: see "The order of a commit" in the module docstring
+            commit_job_group(self.settings, self.job, offsets, timeout=self._timeout)
         try:
             if self._unfinished:
                 # librdkafka: a commit that timed out is resumed by calling commit again (an
@@ -216,8 +231,6 @@ class KafkaJobClaim:
             self._unfinished = False
         except KafkaException as exc:
             self._failed(exc)
-        if offsets:
-            commit_job_group(self.settings, self.job, offsets, timeout=self._timeout)
 
     def _failed(self, exc: KafkaException) -> NoReturn:
         if is_fenced(exc):

@@ -322,8 +322,9 @@ class JobClaim(Protocol):
     Invariants:
         After :meth:`open` returned, every :meth:`commit` of an earlier opener of the same job
         fails with :class:`~processor.errors.JobFencedError`, and so does this one's once a
-        later opener opened. A commit is atomic: its offsets and its claim record are both
-        visible, or neither.
+        later opener opened. A commit that returned proves the committer held the job after
+        its offsets were in the group: a later opener that reads :meth:`committed` after its
+        :meth:`open` sees them (``connectors.claim``, "The order of a commit").
     """
 
     group: str
@@ -336,9 +337,9 @@ class JobClaim(Protocol):
         """Take the job: initialize the transactional id (fencing earlier runners)."""
 
     def commit(self, offsets: Mapping[TP, int], claim: Mapping[str, Any]) -> None:
-        """In one transaction: the claim record (who, which checkpoint) and ``offsets`` into
-        the group. Raises ``JobFencedError`` when another runner took the job, else
-        ``KafkaClientError`` (the transaction aborted; committing again may succeed)."""
+        """``offsets`` into the group, then the claim record (who, which checkpoint) in a
+        transaction of the runner's transactional id. Raises ``JobFencedError`` when another
+        runner took the job, else ``KafkaClientError`` (committing again may succeed)."""
 
     def forget(self) -> None:
         """Delete the job's group and its offsets (a start over, a reset)."""

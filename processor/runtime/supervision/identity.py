@@ -14,15 +14,18 @@ runner of it must go, the broker, as Kafka Streams keeps it (the transport's
   (a stale copy of the state), is refused with :class:`~processor.errors.JobHistoryError`,
   naming the ways on, unless ``--start-over``. Then the runner initializes the job's runner
   transactional id (``eosflow.<job>.runner``), which fences every earlier runner of the job,
-  and (no checkpoint) looks at the group once more: a runner that committed in between is
-  fenced now, and its offsets refuse this start too.
-* **On every completed checkpoint** (:meth:`completed`, :meth:`ready`): the claim's
-  transaction commits (the fencing check), then the source tasks' checkpointed positions are
-  committed to the group (:mod:`connectors.claim` says why not inside the transaction), in the
-  background; the checkpoint's completion notice (on which the sinks commit) goes out only once
-  both succeeded. So no runner commits output the group does not account for, and a fenced
-  runner learns it at its next checkpoint: :class:`~processor.errors.JobFencedError` ("another
-  runner took job ..."), never a success.
+  and looks at the group once more, with or without a checkpoint: a runner that committed in
+  between is fenced now, and its offsets refuse this start too (before issue 48 only a start
+  without a checkpoint looked again: one with a stale copy restored it and rewound the group).
+* **On every completed checkpoint** (:meth:`completed`, :meth:`ready`): the source tasks'
+  checkpointed positions are committed to the group, then the claim's transaction commits (the
+  fencing check), in the background; the checkpoint's completion notice (on which the sinks
+  commit) goes out only once both succeeded. The order makes the release safe: a runner that
+  releases a checkpoint held the job after its offsets were in the group, so a newcomer that
+  fenced it later sees them (:mod:`connectors.claim`, "The order of a commit"). So no runner
+  commits output the group does not account for, and a fenced runner learns it at its next
+  checkpoint: :class:`~processor.errors.JobFencedError` ("another runner took job ..."), never
+  a success.
 * **Before every restart** (:meth:`verify`): the same commit, synchronously, so a runner whose
   workers failed because another runner fenced their transactional ids stops with that message
   instead of restarting into the other runner's way.
@@ -127,7 +130,7 @@ class JobIdentity:
         claim.open()
         try:
             history = claim.committed()
-            if not start_over and latest is None:  # one that committed meanwhile is fenced now
+            if not start_over:  # one that committed meanwhile is fenced now: its offsets show
                 identity._check_history(history, latest, mine, rewind=rewind, fenced=True)
             if start_over and history:
                 claim.forget()
