@@ -85,4 +85,4 @@ def _single_broker(brokers: str) -> tuple[str, int]:
             f"a fault proxy stands for one broker; the cluster at {brokers} has {len(found)} "
             f"({', '.join(f'{b.host}:{b.port}' for b in found)}): name a single-broker cluster"
         )
-    return found[0].host, int(found[0].port)
+    return str(found[0].host), int(found[0].port)
