@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
@@ -57,6 +58,8 @@ from confluent_kafka import (
 from connectors.admin import TopicAdmin, admin_client
 from connectors.config import (
     KafkaSettings,
+    consumer_config,
+    create_consumer,
     create_producer,
     producer_config,
 )
@@ -251,6 +254,58 @@ class KafkaJobClaim:
                     ) from None
                 log.warning("job=%s: aborting the claim transaction failed: %s", self.job, again)
         raise error from exc
+
+    def last(self) -> dict[str, Any] | None:
+        """The newest committed claim record, read back from the end of the claim topic
+        (``read_committed``: up to the last stable offset, so a newer runner's transaction
+        still open is not waited for). Called after :meth:`open`: every earlier runner's claim
+        transaction has committed or aborted by then.
+
+        Raises:
+            KafkaClientError: the topic could not be read within the claim's timeout.
+        """
+        tp = TopicPartition(self.topic, 0)
+        config = consumer_config(self.settings, group_id=f"eosflow-{self.job}-claim-reader")
+        consumer = create_consumer({**config, "enable.partition.eof": True})
+        try:
+            low, high = consumer.get_watermark_offsets(tp, timeout=self._timeout)
+            window = 64
+            deadline = time.monotonic() + self._timeout
+            while high > low:
+                start = max(low, high - window)
+                found = self._newest(consumer, start, deadline)
+                if found is not None or start == low:
+                    return found
+                window *= 16  # only aborted claims (or markers) near the end: look further
+            return None
+        except KafkaException as exc:
+            raise classify(exc, context=f"reading job {self.job!r}'s claim") from exc
+        finally:
+            consumer.close()
+
+    def _newest(self, consumer: Any, start: int, deadline: float) -> dict[str, Any] | None:
+        consumer.assign([TopicPartition(self.topic, 0, start)])
+        newest: dict[str, Any] | None = None
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            error = msg.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    return newest
+                raise KafkaException(error)
+            try:
+                record = json.loads(msg.value() or b"null")
+            except ValueError:
+                continue  # not a claim record: nothing of eosflow's
+            if isinstance(record, dict):
+                newest = record
+        raise KafkaClientError(
+            f"reading job {self.job!r}'s claim topic {self.topic!r}: no end within "
+            f"{self._timeout:.0f}s",
+            retriable=True,
+        )
 
     def forget(self) -> None:
         if delete_job_group(self.settings, self.job, timeout=self._timeout):

@@ -341,6 +341,11 @@ class JobClaim(Protocol):
         transaction of the runner's transactional id. Raises ``JobFencedError`` when another
         runner took the job, else ``KafkaClientError`` (committing again may succeed)."""
 
+    def last(self) -> dict[str, Any] | None:
+        """The newest committed claim record (who held the job, at which checkpoint, the
+        highest generation any runner of the job used), or None. After :meth:`open`, every
+        earlier opener's commit is in it or failed."""
+
     def forget(self) -> None:
         """Delete the job's group and its offsets (a start over, a reset)."""
 

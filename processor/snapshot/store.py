@@ -344,13 +344,23 @@ class SnapshotStore:
         ``GenerationStart`` markers are already in the channels (:mod:`processor.wire`).
         Only the job's one coordinator calls this.
         """
-        data = self.read_job_file(job, GENERATION_FILE)
-        try:
-            current = int(data.decode().strip()) if data is not None else 0
-        except ValueError:
-            raise corrupt(self.job_file(job, GENERATION_FILE), "not an integer") from None
+        current = self._generation(job)
         self.write_job_file(job, GENERATION_FILE, f"{current + 1}\n".encode())
         return current + 1
+
+    def raise_generation(self, job: str, floor: int) -> None:
+        """Makes the job's next generation higher than ``floor``: a generation another runner
+        of the job used, with another store (the job's claim in the broker says so; issue 48:
+        two stores both allocated generation 1, and their channel records were not fenced)."""
+        if self._generation(job) < floor:
+            self.write_job_file(job, GENERATION_FILE, f"{floor}\n".encode())
+
+    def _generation(self, job: str) -> int:
+        data = self.read_job_file(job, GENERATION_FILE)
+        try:
+            return int(data.decode().strip()) if data is not None else 0
+        except ValueError:
+            raise corrupt(self.job_file(job, GENERATION_FILE), "not an integer") from None
 
     def job_file(self, job: str, name: str) -> str:
         """Path of the job's bookkeeping file ``name`` (generation, start positions, lease)."""

@@ -17,7 +17,16 @@ import pytest
 from connectors import KafkaSettings, TopicAdmin
 from processor.testing.outputs import scan_topic
 from tests.e2e.cli import committed_output, eosflow, job_env, wait_status
-from tests.e2e.harness import PIPELINES, canonical, click_events, produce_clicks
+from tests.e2e.harness import (
+    PIPELINES,
+    assert_exactly_once,
+    canonical,
+    chaos_seed,
+    click_events,
+    expected,
+    expected_running_totals,
+    produce_clicks,
+)
 from tests.features import skip_unless_broker_has
 
 pytestmark = pytest.mark.integration
@@ -183,3 +192,59 @@ def _json(raw: bytes | None) -> Any:
     import orjson
 
     return orjson.loads(raw or b"null")
+
+
+@pytest.mark.parametrize("start", ["while-the-first-runs", "together"])
+def test_two_runners_without_state_on_a_two_stage_pipeline_leave_one_exact_output(
+    kafka_endpoint: tuple[str, str], tmp_path: Path, start: str
+) -> None:
+    """Issue 48 item 2: two runners of a job with two state directories, none with history,
+    on a pipeline with a shuffle (its channel topics are the job's, shared by both). Both
+    allocated generation 1 from their own stores, so the one fenced later went on writing
+    channel records until its next checkpoint and the other's readers took them as their own:
+    the winner's running totals counted some clicks twice (on main, ``while-the-first-runs``).
+    Now the newcomer starts above the generation the claim names, and its readers drop the
+    fenced runner's records. Exactly one runner ends well, with every click's total once; the
+    other fails saying why and committed nothing."""
+    brokers = kafka_endpoint[0]
+    records, seed = 3_000, chaos_seed()
+    env_a = job_env(brokers, tmp_path / "a", prefix="two", WORK_US="0")
+    produce_clicks(brokers, env_a["CLICKS_TOPIC"], records, seed=seed)
+    env_b = {**env_a, "EOSFLOW_STATE_DIR": str(tmp_path / "b" / "state"),
+             "OUTPUT_DIR": str(tmp_path / "b" / "out")}  # fmt: skip
+    total = str(PIPELINES / "running_total_work.py")
+    slow = ("--checkpoint-interval", "60s", "--max-rate", "50")  # per worker: 30 s of input
+    fast = ("--checkpoint-interval", "300ms", "--max-rate", "1500")
+    runs: dict[str, subprocess.Popen[str]] = {}
+    try:
+        for name, env, pace in (("a", env_a, slow if start != "together" else fast),
+                                ("b", env_b, fast)):  # fmt: skip
+            if name == "b" and start != "together":  # A has written channel records
+                wait_status(env_a, lambda st: st["records_in"] > 200, timeout=120)
+            with (tmp_path / f"{name}.err").open("w") as err:
+                runs[name] = subprocess.Popen(
+                    eosflow("run", total, "--workers", "2", "--until-idle", *pace),
+                    env=env, stdout=subprocess.DEVNULL, stderr=err, text=True,
+                )  # fmt: skip
+        for run in runs.values():
+            run.wait(timeout=240)
+    finally:
+        for run in runs.values():
+            if run.poll() is None:
+                run.kill()
+    codes = {name: run.returncode for name, run in runs.items()}
+    errors = {name: (tmp_path / f"{name}.err").read_text() for name in runs}
+    winners = [name for name, code in codes.items() if code == 0]
+    assert len(winners) == 1, (codes, {n: e[-2000:] for n, e in errors.items()})
+    loser = "a" if winners == ["b"] else "b"
+    assert f"another runner took job {env_a['JOB_NAME']!r}" in errors[loser] or (
+        "has history in Kafka" in errors[loser]
+    ), errors[loser][-3000:]
+    if start != "together":
+        assert winners == ["b"], codes
+    winner_env = env_a if winners == ["a"] else env_b
+    assert_exactly_once(
+        expected(expected_running_totals, records, seed), committed_output(winner_env), seed=seed
+    )
+    loser_env = env_b if winners == ["a"] else env_a
+    assert not Path(loser_env["OUTPUT_DIR"]).exists() or not committed_output(loser_env)

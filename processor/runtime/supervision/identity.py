@@ -29,6 +29,15 @@ runner of it must go, the broker, as Kafka Streams keeps it (the transport's
 * **Before every restart** (:meth:`verify`): the same commit, synchronously, so a runner whose
   workers failed because another runner fenced their transactional ids stops with that message
   instead of restarting into the other runner's way.
+* **Generations** (:meth:`announce`, :attr:`prior_generation`): every claim record carries the
+  highest generation any runner of the job used (the channel writers' incarnation), and a
+  runner records each new generation in the claim, synchronously, before its workers start. A
+  start reads the newest claim record after fencing and begins above it. Two runners with two
+  stores both allocated generation 1 before (issue 48): the one fenced later went on writing
+  channel records until its next checkpoint, and the other's readers took them as their own.
+  Now the later runner's generation is higher, so its readers drop the fenced one's records
+  (:mod:`processor.wire`, "Fencing"): if the fenced runner announced its generation, the
+  newcomer read it after fencing; if not, the announcement failed and it never started workers.
 
 The group is a visibility tool and a history marker, never the source of truth: a job with a
 checkpoint restores its source positions from the checkpoint (docs/engine.md, "One runner per
@@ -64,6 +73,14 @@ def describe_offsets(offsets: Mapping[TP, int], limit: int = 6) -> str:
     return ", ".join(items[:limit]) + more
 
 
+def _generation_of(record: Mapping[str, Any] | None) -> int:
+    """The generation a claim record names (0: none, or a release before issue 48)."""
+    try:
+        return int((record or {}).get("generation", 0))
+    except (TypeError, ValueError):
+        return 0
+
+
 def _positions(sources: Any) -> dict[TP, int]:
     return {(str(t), int(p)): int(o) for t, p, o in sources or ()}
 
@@ -97,6 +114,9 @@ class JobIdentity:
         self._closed = False
         self._thread: threading.Thread | None = None
         self._last_warning = 0.0
+        #: the highest generation a runner of the job used before this one took it
+        self.prior_generation = 0
+        self._generation = 0  # the highest known: every claim record carries it
 
     # -- at start --------------------------------------------------------------------------------
 
@@ -132,6 +152,8 @@ class JobIdentity:
             history = claim.committed()
             if not start_over:  # one that committed meanwhile is fenced now: its offsets show
                 identity._check_history(history, latest, mine, rewind=rewind, fenced=True)
+            previous = claim.last()
+            identity.prior_generation = identity._generation = _generation_of(previous)
             if start_over and history:
                 claim.forget()
                 say(
@@ -263,6 +285,30 @@ class JobIdentity:
             with self._wake:
                 self._done.append(chk)
 
+    def announce(self, generation: int) -> None:
+        """Before generation ``generation``'s workers start (or a worker restarted alone with
+        that incarnation): record it in the claim, synchronously, so that a later runner of the
+        job starts above it.
+
+        Raises:
+            JobFencedError: another runner took the job: no worker may start.
+        """
+        self._generation = max(self._generation, generation)
+        if self.claim is None:
+            return
+        with self._wake:
+            if self._failure is not None:
+                raise self._failure
+            latest = self._latest
+        try:
+            self._commit(latest[0] if latest is not None else 0, {})
+        except JobFencedError:
+            raise
+        except EosflowError as exc:  # the broker in trouble: its channels are as unreachable
+            log.warning(
+                "job=%s: recording generation %d in the claim failed: %s", self.job, generation, exc
+            )
+
     def close(self) -> None:
         with self._wake:
             self._closed = True
@@ -292,6 +338,7 @@ class JobIdentity:
             "since_ms": self._since_ms,
             "at_ms": int(time.time() * 1000),
             "checkpoint": checkpoint_id,
+            "generation": self._generation,
             "store": self._store_url,
         }
         with self._lock:

@@ -129,6 +129,7 @@ class Supervisor:
         """A new generation of every worker, from the latest completed checkpoint."""
         current = self.current
         current.number = self.store.next_generation(self.job)
+        self.identity.announce(current.number)  # before any of its channel records
         self.coordinator.start_generation(current.number)
         latest = self.store.latest_completed(self.job)
         check_shape(self.plan, self.store, latest)
@@ -230,6 +231,7 @@ class Supervisor:
         # A new number for its sink writers (their in-progress names and transaction tags must
         # not collide with an earlier start's); the channels keep the job's generation.
         sink_generation = self.store.next_generation(self.job)
+        self.identity.announce(sink_generation)  # its channel records' incarnation
         self.launcher.relaunch(self._spec(index, restore, stale, sink_generation), current)
 
     def _recovering(self, workers: Iterable[int]) -> None:

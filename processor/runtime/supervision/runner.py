@@ -341,6 +341,8 @@ class Runner:
                 self.job, transport, latest, start_over=o.start_over,
                 rewind=o.from_savepoint is not None, store_url=self.store.url, say=reporter.say,
             )  # fmt: skip
+            # Above every generation another runner of the job used (its channel records).
+            self.store.raise_generation(self.job, self.identity.prior_generation)
             if latest is None:
                 self.starts = start_positions(self.plan, self.store, transport, counts)
             self.purge = bool(purge.result())
