@@ -182,6 +182,7 @@ def _run(args: argparse.Namespace) -> int:
             map_state=map_state,
             allow_dropped_state=args.allow_dropped_state,
             start_over=args.start_over,
+            force=args.force,
             environ={**endpoints.as_env(), **environ},
             progress=sys.stderr,
             log_level="DEBUG" if args.verbose > 1 else "INFO",
@@ -380,7 +381,13 @@ def _parser() -> argparse.ArgumentParser:
         help="start although the job's consumer group in Kafka holds offsets its state does "
         "not account for (the state directory or snapshot store was lost, or is an old copy): "
         "from the state it has (none: the sources' start), replacing the group's offsets; the "
-        "output since is committed again. Without it such a start is refused",
+        "output since is committed again. Without it such a start is refused; while another "
+        "runner holds the job (it checkpointed lately), refused too unless --force",
+    )  # fmt: skip
+    run.add_argument(
+        "--force", action="store_true",
+        help="with --start-over: even while another runner holds the job (it is fenced: it "
+        "stops at its next checkpoint, committing nothing more)",
     )  # fmt: skip
     run.add_argument("--explain", action="store_true", help="print the compiled stages and exit")
     run.set_defaults(func=_run)

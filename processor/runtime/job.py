@@ -181,6 +181,8 @@ class RunOptions:
     #: does not account for (no checkpoint: the state was lost; an older one: a stale copy),
     #: replacing them; the output since is committed again (runtime.identity).
     start_over: bool = False
+    #: ``--force``: ``--start-over`` even while another runner holds the job (fencing it).
+    force: bool = False
 
     def watermark_drift_ms(self) -> int | None:
         """:attr:`watermark_alignment` in ms, ``None`` when off."""

@@ -102,7 +102,10 @@ def test_a_second_runner_with_another_state_dir_is_refused_while_the_first_has_h
 ) -> None:
     """Issue 35 item 1, the runner that has checkpointed: a second ``run`` of the job with
     another ``EOSFLOW_STATE_DIR`` (another host, a fresh volume) is refused before it fences
-    anything, and the first runner ends the job exactly once."""
+    anything, and the first runner ends the job exactly once. Issue 48: the refusal says the
+    job is running now, where, and how to move it (it said "has history in Kafka" and offered
+    ``--start-over``, which fenced the running job mid-run: both runners died); ``--start-over``
+    is refused while the first runner is live."""
     records = 6_000
     env_a = job_env(kafka_endpoint[0], tmp_path / "a", prefix="twice", WORK_US="1000")
     produce_clicks(kafka_endpoint[0], env_a["CLICKS_TOPIC"], records)
@@ -118,7 +121,13 @@ def test_a_second_runner_with_another_state_dir_is_refused_while_the_first_has_h
         wait_status(env_a, lambda st: st["checkpoint"]["last_completed"] >= 2, timeout=120)
         second = _run(env_b, timeout=120)
         assert second.returncode == 2, second.stderr[-3000:]
-        assert "has history in Kafka but no checkpoint" in second.stderr, second.stderr[-3000:]
+        said = second.stderr[-3000:]
+        assert f"job {env_a['JOB_NAME']!r} is running now: runner on host " in said, said
+        assert f"pid {first.pid}, checkpoint " in said and "left alone" in said, said
+        assert f"eosflow savepoint {env_a['JOB_NAME']} --stop" in said, said
+        over = _run(env_b, "--start-over", timeout=120)
+        said = over.stderr[-3000:]
+        assert over.returncode == 2 and "is running now" in said and "--force" in said, said
         first.communicate(timeout=240)
     finally:
         if first.poll() is None:

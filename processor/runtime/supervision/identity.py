@@ -73,6 +73,30 @@ def describe_offsets(offsets: Mapping[TP, int], limit: int = 6) -> str:
     return ", ".join(items[:limit]) + more
 
 
+#: A holder is taken for running if its newest claim record is younger than this many of its
+#: checkpoint intervals (every completed checkpoint writes one), and at least _LIVE_MIN_S.
+_LIVE_INTERVALS = 5
+_LIVE_MIN_S = 60.0
+
+
+def holder_text(job: str, record: Mapping[str, Any] | None, now_s: float) -> str:
+    """ "job J is running now: runner on host H, pid P, checkpoint N at T (Xs ago)" when the
+    claim's newest record (:meth:`JobClaim.last`) is recent enough for its runner to be
+    running, else ``""``."""
+    if not record or not isinstance(record.get("at_ms"), int):
+        return ""
+    age = now_s - record["at_ms"] / 1000
+    interval = float(record.get("interval_ms") or 0) / 1000
+    if age > max(_LIVE_MIN_S, _LIVE_INTERVALS * interval):
+        return ""
+    at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record["at_ms"] / 1000))
+    return (
+        f"job {job!r} is running now: runner on host {record.get('host', '?')}, pid "
+        f"{record.get('pid', '?')}, checkpoint {record.get('checkpoint', '?')} at {at} "
+        f"({max(age, 0):.0f}s ago; snapshot store {record.get('store') or '?'})"
+    )
+
+
 def _generation_of(record: Mapping[str, Any] | None) -> int:
     """The generation a claim record names (0: none, or a release before issue 48)."""
     try:
@@ -99,10 +123,12 @@ class JobIdentity:
         *,
         store_url: str = "",
         say: Callable[[str], None] = lambda _text: None,
+        interval_s: float = 0.0,
     ) -> None:
         self.job = job
         self.claim = claim
         self._store_url = store_url
+        self._interval_ms = int(interval_s * 1000)
         self._say = say
         self._since_ms = int(time.time() * 1000)
         self._lock = threading.Lock()  # one transaction at a time on the claim's producer
@@ -128,25 +154,38 @@ class JobIdentity:
         latest: Manifest | None,
         *,
         start_over: bool = False,
+        force: bool = False,
         rewind: bool = False,
         store_url: str = "",
         say: Callable[[str], None] = lambda _text: None,
+        interval_s: float = 0.0,
     ) -> JobIdentity:
         """Checks the job's history against its state, then takes the job (fencing every
         earlier runner of it). ``rewind``: the start restores a savepoint on purpose, so a
-        group ahead of it is expected.
+        group ahead of it is expected. ``start_over`` is refused while another runner holds
+        the job (it checkpointed lately: :func:`holder_text`) unless ``force``.
 
         Raises:
-            JobHistoryError: the group holds offsets that the state does not account for.
+            JobHistoryError: the group holds offsets that the state does not account for, or
+                ``start_over`` without ``force`` while another runner holds the job.
         """
         make = getattr(transport, "job_claim", None)
         if make is None:
             return cls(job, None, store_url=store_url, say=say)
         claim: JobClaim = make(job)
-        identity = cls(job, claim, store_url=store_url, say=say)
+        identity = cls(job, claim, store_url=store_url, say=say, interval_s=interval_s)
         mine = _positions(latest.metadata.get("sources")) if latest is not None else {}
         if not start_over:  # refused before fencing: the runner that holds the job goes on
             identity._check_history(claim.committed(), latest, mine, rewind=rewind)
+        elif not force:
+            running = holder_text(job, claim.last(), time.time())
+            if running:
+                raise JobHistoryError(
+                    f"{running}. --start-over now would fence it mid-run (it "
+                    "stops at its next checkpoint) and read the sources again from this start's "
+                    "state. Stop it first (Ctrl-C or SIGTERM where it runs, or 'eosflow "
+                    f"savepoint {job} --stop' on its snapshot store), or add --force"
+                )
         claim.open()
         try:
             history = claim.committed()
@@ -189,6 +228,12 @@ class JobIdentity:
     ) -> None:
         assert self.claim is not None
         group = self.claim.group
+        ahead = {tp: o for tp, o in history.items() if tp in mine and o > mine[tp]}
+        refused = (latest is None and history) or (latest is not None and not rewind and ahead)
+        if refused and not fenced:  # the claim's newest record says who holds the job
+            running = holder_text(self.job, self.claim.last(), time.time())
+            if running:
+                self._refuse_running(running, history if latest is None else ahead, latest)
         ways = (
             f"Ways on: (1) run with the job's state: the state directory it ran with "
             f"(EOSFLOW_STATE_DIR) or its snapshot store (--snapshot-url), or --from-savepoint "
@@ -213,7 +258,6 @@ class JobIdentity:
             )
         if latest is None or rewind:
             return
-        ahead = {tp: o for tp, o in history.items() if tp in mine and o > mine[tp]}
         if ahead:
             behind = {tp: mine[tp] for tp in ahead}
             raise JobHistoryError(
@@ -224,6 +268,30 @@ class JobIdentity:
                 "directory, another snapshot store), and restoring this one would commit that "
                 f"output again. {ways}"
             )
+
+    def _refuse_running(
+        self, running: str, ahead: Mapping[TP, int], latest: Manifest | None
+    ) -> None:
+        """A start refused while another runner holds the job (issue 48: the refusal offered
+        ``--start-over``, which fenced the running job mid-run): said as it is, with the ways
+        that do not break the running job."""
+        state = (
+            f"checkpoint {latest.checkpoint_id} in {self._store_url or 'its snapshot store'}"
+            if latest is not None
+            else f"no checkpoint in {self._store_url or 'its snapshot store'}"
+        )
+        group = self.claim.group if self.claim is not None else ""
+        raise JobHistoryError(
+            f"{running}; this start has {state}, behind it ({describe_offsets(ahead)} in "
+            f"consumer group {group!r}), so it was refused and the running job was left "
+            "alone. Ways on: (1) leave it running; (2) move it here: stop it with its final "
+            "checkpoint as a savepoint "
+            f"('eosflow savepoint {self.job} --stop --path URL' where both runners reach URL), "
+            "then run this one with --from-savepoint URL; (3) give this runner the same "
+            "snapshot store (--snapshot-url) and stop the other first. 'eosflow run "
+            "--start-over' would fence the running job and commit its output again: it is "
+            "refused while the job runs unless --force"
+        )
 
     # -- checkpoints -----------------------------------------------------------------------------
 
@@ -340,6 +408,7 @@ class JobIdentity:
             "checkpoint": checkpoint_id,
             "generation": self._generation,
             "store": self._store_url,
+            "interval_ms": self._interval_ms,
         }
         with self._lock:
             try:

@@ -338,8 +338,9 @@ class Runner:
             # Refuses lost or stale state, then fences every earlier runner of the job anywhere
             # (runtime.identity).
             self.identity = JobIdentity.take(
-                self.job, transport, latest, start_over=o.start_over,
+                self.job, transport, latest, start_over=o.start_over, force=o.force,
                 rewind=o.from_savepoint is not None, store_url=self.store.url, say=reporter.say,
+                interval_s=self._interval() or 0.0,
             )  # fmt: skip
             # Above every generation another runner of the job used (its channel records).
             self.store.raise_generation(self.job, self.identity.prior_generation)
@@ -357,7 +358,7 @@ class Runner:
                 self.store,
                 self.job,
                 self.plan.task_names(),
-                interval_s=self._interval(),
+                interval_s=self._interval() or 0.0,
                 timeout_s=self.options.checkpoint_timeout,
                 keep=self.options.keep_checkpoints,
                 observer=metrics.on_checkpoint,
