@@ -64,6 +64,7 @@ from connectors.config import (
     producer_config,
 )
 from connectors.errors import classify, is_fenced, retrying
+from connectors.offsets import watermarks
 from processor.errors import ConfigError, JobFencedError, KafkaClientError
 
 __all__ = [
@@ -264,16 +265,16 @@ class KafkaJobClaim:
         Raises:
             KafkaClientError: the topic could not be read within the claim's timeout.
         """
-        tp = TopicPartition(self.topic, 0)
         config = consumer_config(self.settings, group_id=f"eosflow-{self.job}-claim-reader")
+        # measured by fetch (connectors.offsets: Tansu's ListOffsets answers a wrong end)
+        low, high = watermarks(config, [(self.topic, 0)], timeout=self._timeout)[(self.topic, 0)]
         consumer = create_consumer({**config, "enable.partition.eof": True})
         try:
-            low, high = consumer.get_watermark_offsets(tp, timeout=self._timeout)
             window = 64
             deadline = time.monotonic() + self._timeout
             while high > low:
                 start = max(low, high - window)
-                found = self._newest(consumer, start, deadline)
+                found = self._newest(consumer, start, high, deadline)
                 if found is not None or start == low:
                     return found
                 window *= 16  # only aborted claims (or markers) near the end: look further
@@ -283,11 +284,16 @@ class KafkaJobClaim:
         finally:
             consumer.close()
 
-    def _newest(self, consumer: Any, start: int, deadline: float) -> dict[str, Any] | None:
+    def _newest(
+        self, consumer: Any, start: int, end: int, deadline: float
+    ) -> dict[str, Any] | None:
+        """The last claim record in ``[start, end)``: ``end`` was measured after :meth:`open`,
+        so every earlier runner's committed claim is before it. Stops at the first record from
+        ``end`` on (a running holder keeps committing: the end offset moves) or at the end."""
         consumer.assign([TopicPartition(self.topic, 0, start)])
         newest: dict[str, Any] | None = None
         while time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
+            msg = consumer.poll(0.2)
             if msg is None:
                 continue
             error = msg.error()
@@ -295,6 +301,8 @@ class KafkaJobClaim:
                 if error.code() == KafkaError._PARTITION_EOF:
                     return newest
                 raise KafkaException(error)
+            if msg.offset() >= end:
+                return newest
             try:
                 record = json.loads(msg.value() or b"null")
             except ValueError:

@@ -112,9 +112,9 @@ def test_a_second_runner_with_another_state_dir_is_refused_while_the_first_has_h
     env_b = {**env_a, "EOSFLOW_STATE_DIR": str(tmp_path / "b" / "state"),
              "OUTPUT_DIR": str(tmp_path / "b" / "out")}  # fmt: skip
     with (tmp_path / "a.err").open("w") as err:
-        first = subprocess.Popen(
+        first = subprocess.Popen(  # about 20 s of input: still running when B starts
             eosflow("run", TAGGED, "--workers", "2", "--checkpoint-interval", "300ms",
-                    "--until-idle"),
+                    "--max-rate", "150", "--until-idle"),
             env=env_a, stdout=subprocess.PIPE, stderr=err, text=True,
         )  # fmt: skip
     try:

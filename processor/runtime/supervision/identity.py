@@ -83,7 +83,7 @@ def holder_text(job: str, record: Mapping[str, Any] | None, now_s: float) -> str
     """ "job J is running now: runner on host H, pid P, checkpoint N at T (Xs ago)" when the
     claim's newest record (:meth:`JobClaim.last`) is recent enough for its runner to be
     running, else ``""``."""
-    if not record or not isinstance(record.get("at_ms"), int):
+    if not record or record.get("stopped") or not isinstance(record.get("at_ms"), int):
         return ""
     age = now_s - record["at_ms"] / 1000
     interval = float(record.get("interval_ms") or 0) / 1000
@@ -378,13 +378,25 @@ class JobIdentity:
             )
 
     def close(self) -> None:
+        """The runner stops: its last claim record says so (:func:`holder_text` then takes
+        the job for not running: a runner that finished a moment ago is not "running now"),
+        unless it was fenced; waited for at most 5 s."""
         with self._wake:
             self._closed = True
             self._wake.notify()
+            fenced = self._failure is not None
+            latest = self._latest
         if self._thread is not None:
             self._thread.join(35.0)
         if self.claim is None:
             return
+        if not fenced:
+            chk = latest[0] if latest is not None else 0
+            final = threading.Thread(
+                target=self._stopped, args=(chk,), name="job-identity-stop", daemon=True
+            )
+            final.start()
+            final.join(5.0)
         # Every claim call has a deadline, but a client library call that overstays it must
         # not hold the runner's exit: the claim is dropped with the process then.
         if not self._lock.acquire(timeout=5.0):
@@ -397,7 +409,15 @@ class JobIdentity:
 
     # -- the commit ------------------------------------------------------------------------------
 
-    def _commit(self, checkpoint_id: int, positions: Mapping[TP, int]) -> None:
+    def _stopped(self, checkpoint_id: int) -> None:
+        try:
+            self._commit(checkpoint_id, {}, stopped=True)
+        except EosflowError as exc:  # fenced meanwhile, or the broker in trouble: said once
+            log.info("job=%s: the claim's last record (stopped) not written: %s", self.job, exc)
+
+    def _commit(
+        self, checkpoint_id: int, positions: Mapping[TP, int], *, stopped: bool = False
+    ) -> None:
         assert self.claim is not None
         record = {
             "job": self.job,
@@ -409,6 +429,7 @@ class JobIdentity:
             "generation": self._generation,
             "store": self._store_url,
             "interval_ms": self._interval_ms,
+            "stopped": stopped,
         }
         with self._lock:
             try:
