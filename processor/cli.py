@@ -424,6 +424,10 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     reset.add_argument("--workers", type=int, default=8, help="sink subtasks to fence (8)")
     reset.add_argument("--snapshot-url", help="the job's --snapshot-url, if it ran with one")
+    reset.add_argument(
+        "--force", action="store_true",
+        help="even while a runner elsewhere holds the job (its claim in Kafka is recent)",
+    )  # fmt: skip
     reset.set_defaults(func=cli_jobs.reset)
 
     savepoint = sub.add_parser(

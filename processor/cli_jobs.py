@@ -172,6 +172,7 @@ def reset(args: argparse.Namespace) -> int:
         done = JobAdmin().reset(
             args.job, pipeline=args.pipeline, workers=args.workers,
             snapshot_url=args.snapshot_url, confirm=lambda plan: _confirm(plan, args.yes),
+            force=args.force,
         )  # fmt: skip
     except JobRunningError as exc:
         print(f"eosflow: refusing to reset: {exc}", file=sys.stderr)

@@ -250,6 +250,7 @@ class JobAdmin:
         workers: int = 8,
         snapshot_url: str | None = None,
         confirm: Callable[[ResetPlan], bool] | None = None,
+        force: bool = False,
     ) -> ResetResult | None:
         """Deletes a stopped job's checkpoints, job files, internal topics, consumer group (its
         committed source offsets), dedup IDs and state directory; given its ``pipeline``,
@@ -261,9 +262,18 @@ class JobAdmin:
         and returns ``None``.
 
         Raises:
-            JobRunningError: the job is running.
+            JobRunningError: the job is running: here (its lease), or elsewhere by its claim in
+                Kafka (another host or state directory; unless ``force``).
         """
         with self.holding(job, snapshot_url) as store:
+            running = "" if force else self.running_elsewhere(job)
+            if running:
+                raise JobRunningError(
+                    f"{running}. A reset now would delete the channel topics and the consumer "
+                    "group it works with, under it; stop it first (Ctrl-C or SIGTERM where it "
+                    f"runs, or 'eosflow savepoint {job} --stop' on its snapshot store), or pass "
+                    "--force"
+                )
             plan = self.reset_plan(job, pipeline=pipeline, snapshot_url=store.url)
             if confirm is not None and not confirm(plan):
                 return None
@@ -384,6 +394,18 @@ class JobAdmin:
         from connectors import KafkaSettings
 
         return self._kafka if self._kafka is not None else KafkaSettings.from_env()
+
+    def running_elsewhere(self, job: str) -> str:
+        """ "job J is running now: runner on host H, pid P, ..." when the job's claim in Kafka
+        says a runner holds it (its newest record is recent and not a stop), else ``""``."""
+        import time
+
+        from connectors.claim import KafkaJobClaim, claim_topic
+        from processor.runtime.supervision.identity import holder_text
+
+        if not self._topic_admin().exists(claim_topic(job)):
+            return ""
+        return holder_text(job, KafkaJobClaim(self._settings(), job).last(), time.time())
 
     def _group(self, job: str) -> str:
         from connectors import job_group

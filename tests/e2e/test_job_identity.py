@@ -105,7 +105,8 @@ def test_a_second_runner_with_another_state_dir_is_refused_while_the_first_has_h
     anything, and the first runner ends the job exactly once. Issue 48: the refusal says the
     job is running now, where, and how to move it (it said "has history in Kafka" and offered
     ``--start-over``, which fenced the running job mid-run: both runners died); ``--start-over``
-    is refused while the first runner is live."""
+    is refused while the first runner is live, and so is ``eosflow reset`` from the other state
+    directory (it deleted the running job's topics and group under it)."""
     records = 6_000
     env_a = job_env(kafka_endpoint[0], tmp_path / "a", prefix="twice", WORK_US="1000")
     produce_clicks(kafka_endpoint[0], env_a["CLICKS_TOPIC"], records)
@@ -128,6 +129,13 @@ def test_a_second_runner_with_another_state_dir_is_refused_while_the_first_has_h
         over = _run(env_b, "--start-over", timeout=120)
         said = over.stderr[-3000:]
         assert over.returncode == 2 and "is running now" in said and "--force" in said, said
+        reset = subprocess.run(
+            eosflow("reset", env_a["JOB_NAME"], "--yes"),
+            env=env_b, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        said = reset.stderr[-3000:]
+        assert reset.returncode == 1 and "refusing to reset" in said, (reset.stdout, said)
+        assert "is running now" in said and "--force" in said, said
         first.communicate(timeout=240)
     finally:
         if first.poll() is None:
