@@ -265,3 +265,50 @@ def test_two_runners_without_state_on_a_two_stage_pipeline_leave_one_exact_outpu
     )
     loser_env = env_b if winners == ["a"] else env_a
     assert not Path(loser_env["OUTPUT_DIR"]).exists() or not committed_output(loser_env)
+
+
+def test_a_running_job_moves_to_another_state_dir_through_a_savepoint_exactly_once(
+    kafka_endpoint: tuple[str, str], tmp_path: Path
+) -> None:
+    """Issue 48 item 3, the documented way to move or upgrade a running job (docs/deployment.md,
+    "Moving a running job"): on the old runner's side, ``eosflow savepoint J --stop --path P``
+    (its final checkpoint, sinks committed, runner stopped); on the new one, with another state
+    directory, ``eosflow run ... --from-savepoint P``. The new runner is not refused (the old
+    one's last claim record says it stopped) and goes on from the savepoint: the two runners'
+    committed outputs together are every click's running total once, through a shuffle."""
+    brokers = kafka_endpoint[0]
+    records, seed = 4_000, chaos_seed()
+    env_a = job_env(brokers, tmp_path / "a", prefix="move", WORK_US="0")
+    produce_clicks(brokers, env_a["CLICKS_TOPIC"], records, seed=seed)
+    env_b = {**env_a, "EOSFLOW_STATE_DIR": str(tmp_path / "b" / "state"),
+             "OUTPUT_DIR": str(tmp_path / "b" / "out")}  # fmt: skip
+    total = str(PIPELINES / "running_total_work.py")
+    shared = tmp_path / "shared" / "savepoint"  # a path both runners reach (S3 in production)
+    with (tmp_path / "a.err").open("w") as err:
+        first = subprocess.Popen(  # about 10 s of input
+            eosflow("run", total, "--workers", "2", "--checkpoint-interval", "500ms",
+                    "--max-rate", "200", "--until-idle"),
+            env=env_a, stdout=subprocess.PIPE, stderr=err, text=True,
+        )  # fmt: skip
+    try:
+        wait_status(env_a, lambda st: st["checkpoint"]["last_completed"] >= 2, timeout=120)
+        saved = subprocess.run(
+            eosflow("savepoint", env_a["JOB_NAME"], "--stop", "--path", str(shared)),
+            env=env_a, capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+        assert saved.returncode == 0, saved.stdout + saved.stderr[-3000:]
+        path = saved.stdout.strip().splitlines()[-1]
+        first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 0, (tmp_path / "a.err").read_text()[-3000:]
+    moved = subprocess.run(
+        eosflow("run", total, "--workers", "2", "--checkpoint-interval", "500ms",
+                "--until-idle", "--from-savepoint", path),
+        env=env_b, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert moved.returncode == 0, moved.stderr[-3000:]
+    before, after = committed_output(env_a), committed_output(env_b)
+    assert sum(before.values()) < records, "the first runner read everything: nothing moved"
+    assert_exactly_once(expected(expected_running_totals, records, seed), before + after, seed=seed)
