@@ -271,7 +271,7 @@ def test_a_running_job_moves_to_another_state_dir_through_a_savepoint_exactly_on
     kafka_endpoint: tuple[str, str], tmp_path: Path
 ) -> None:
     """Issue 48 item 3, the documented way to move or upgrade a running job (docs/deployment.md,
-    "Moving a running job"): on the old runner's side, ``eosflow savepoint J --stop --path P``
+    "One runner per job"): on the old runner's side, ``eosflow savepoint J --stop --path P``
     (its final checkpoint, sinks committed, runner stopped); on the new one, with another state
     directory, ``eosflow run ... --from-savepoint P``. The new runner is not refused (the old
     one's last claim record says it stopped) and goes on from the savepoint: the two runners'
