@@ -301,7 +301,9 @@ def build_base(rebuild: bool) -> None:
 
 def repository_files() -> list[Path]:
     """The repository's files a clone has (tracked, and untracked but not ignored)."""
-    out = run("git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard")
+    out = run(
+        "git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"
+    )
     return sorted(
         p
         for p in (Path(name) for name in out.split("\0") if name)
@@ -363,7 +365,12 @@ def build_image(image: Image, base_id: str, rebuild: bool) -> str:
         if image_id(tag) and not rebuild:
             say(f"{tag} exists (same Dockerfile, context and base): kept")
         else:
-            build_args = [a for k, v in args.items() if k != "BASE_IMAGE_ID" for a in ("--build-arg", f"{k}={v}")]
+            build_args = [
+                a
+                for k, v in args.items()
+                if k != "BASE_IMAGE_ID"
+                for a in ("--build-arg", f"{k}={v}")
+            ]
             with step(f"docker build {tag}"):
                 run(
                     "docker", "build", "--network", "host", "--force-rm", "-f", str(dockerfile),
@@ -378,7 +385,11 @@ def exports(tags: dict[str, str]) -> list[str]:
     lines = [f"export {images()[name].variable}={tag}" for name, tag in tags.items()]
     # No bridge on this engine: containers on the host network, 127.0.0.1; no Ryuk (it needs a
     # published port), processor.testing removes its containers itself.
-    return [*lines, "export EOSFLOW_DOCKER_NETWORK=host", "export TESTCONTAINERS_RYUK_DISABLED=true"]
+    return [
+        *lines,
+        "export EOSFLOW_DOCKER_NETWORK=host",
+        "export TESTCONTAINERS_RYUK_DISABLED=true",
+    ]
 
 
 def build_all(only: list[str], rebuild: bool, rebuild_base: bool) -> dict[str, str]:
@@ -398,9 +409,13 @@ def existing() -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", nargs="?", default="setup", choices=["setup", "build", "env", "stop"])
+    parser.add_argument(
+        "command", nargs="?", default="setup", choices=["setup", "build", "env", "stop"]
+    )
     parser.add_argument("--only", default=",".join(images()), help="images to build (default: all)")
-    parser.add_argument("--rebuild", action="store_true", help="build even when the hash tag exists")
+    parser.add_argument(
+        "--rebuild", action="store_true", help="build even when the hash tag exists"
+    )
     parser.add_argument("--rebuild-base", action="store_true", help="debootstrap the base again")
     parser.add_argument("--env-file", type=Path, help="also write the export lines there")
     args = parser.parse_args(argv)
@@ -418,7 +433,11 @@ def main(argv: list[str] | None = None) -> int:
                 ensure_engine()
         elif not engine_answers():
             raise SetupError("no Docker engine answers 'docker info': run the 'setup' command")
-        tags = existing() if args.command == "env" else build_all(only, args.rebuild, args.rebuild_base)
+        tags = (
+            existing()
+            if args.command == "env"
+            else build_all(only, args.rebuild, args.rebuild_base)
+        )
     except SetupError as exc:
         print(f"docker_images: {exc}", file=sys.stderr)
         return 1

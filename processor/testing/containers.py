@@ -212,7 +212,7 @@ def _remove_owned() -> None:
 atexit.register(_remove_owned)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _prepare_engine(network: str) -> None:
     """Once per process and network mode: orphans removed, Ryuk on or off (module docstring)."""
     client = _docker().from_env(timeout=60)
@@ -305,7 +305,9 @@ def _running(
                     f"({container.image}) started; its log ends:\n{_logs_tail(container)}"
                 )
             time.sleep(0.25)
-        log.info("%s ready in container %s (%s, %s network)", what, cid[:12], container.image, network)
+        log.info(
+            "%s ready in container %s (%s, %s network)", what, cid[:12], container.image, network
+        )
         yield
     finally:
         with _OWNED_LOCK:
@@ -362,15 +364,39 @@ def _kafka_env(
     }
 
 
-def _kafka_answers(bootstrap: str) -> bool:
-    from confluent_kafka import KafkaException
+def _kafka_ready(bootstrap: str) -> Callable[[], bool]:
+    """A check: the broker answers Metadata and its group coordinator has loaded.
 
-    from connectors import KafkaSettings, TopicAdmin
+    The second part makes the broker create ``__consumer_offsets`` and waits until a consumer's
+    offset fetch succeeds: until then a fresh broker answers a job's first group-offset lookup
+    with ``COORDINATOR_LOAD_IN_PROGRESS``, which an admin client's ListConsumerGroupOffsets does
+    not survive in librdkafka 2.16 (a NULL dereference in ``rd_kafka_cgrp_op``: SIGSEGV). A
+    consumer has a group handle and retries the fetch itself.
+    """
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-    try:
-        return TopicAdmin(KafkaSettings(bootstrap), timeout=2.0, shared=False).broker_count() > 0
-    except KafkaException:
-        return False
+    def ready() -> bool:
+        consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": "eosflow-testing-ready",
+                "enable.auto.commit": False,
+                "socket.timeout.ms": 3000,
+                "log_level": 0,
+            }
+        )
+        try:
+            if not consumer.list_topics(timeout=2.0).brokers:
+                return False
+            consumer.committed([TopicPartition("eosflow-testing-ready", 0)], timeout=5.0)
+            return True
+        except KafkaException as exc:
+            log.debug("Kafka at %s not ready: %s", bootstrap, exc)
+            return False
+        finally:
+            consumer.close()
+
+    return ready
 
 
 @contextlib.contextmanager
@@ -403,7 +429,7 @@ def kafka_container(
         )
         container = _container(image, network).with_envs(**env)
         bootstrap = f"127.0.0.1:{port}"
-        with _running(container, "Kafka", lambda: _kafka_answers(bootstrap), network, timeout):
+        with _running(container, "Kafka", _kafka_ready(bootstrap), network, timeout):
             yield bootstrap
         return
     # Bridge: the host port is known only once the container runs, so the container waits for
@@ -417,7 +443,9 @@ def kafka_container(
         protocols="PLAINTEXT:PLAINTEXT,BROKER:PLAINTEXT,CONTROLLER:PLAINTEXT",
     )
     del env["KAFKA_ADVERTISED_LISTENERS"]
-    wait = f"while [ ! -f {_KAFKA_START_SCRIPT} ]; do sleep 0.1; done; exec sh {_KAFKA_START_SCRIPT}"
+    wait = (
+        f"while [ ! -f {_KAFKA_START_SCRIPT} ]; do sleep 0.1; done; exec sh {_KAFKA_START_SCRIPT}"
+    )
     container = (
         _container(image, network, entrypoint=["sh", "-c"])
         .with_envs(**env)
@@ -425,6 +453,7 @@ def kafka_container(
         .with_command([wait])
     )
     found: list[str] = []
+    checks: list[Callable[[], bool]] = []
 
     def advertise() -> None:
         host, port = container.get_container_host_ip(), container.get_exposed_port(9092)
@@ -434,10 +463,9 @@ def kafka_container(
             "exec /etc/kafka/docker/run\n"
         ).encode()
         _put_file(container, _KAFKA_START_SCRIPT, script)
+        checks.append(_kafka_ready(found[0]))
 
-    with _running(
-        container, "Kafka", lambda: _kafka_answers(found[0]), network, timeout, advertise
-    ):
+    with _running(container, "Kafka", lambda: checks[0](), network, timeout, advertise):
         yield found[0]
 
 
@@ -496,9 +524,7 @@ def redis_container(
     def address() -> None:
         found.append((container.get_container_host_ip(), int(container.get_exposed_port(6379))))
 
-    with _running(
-        container, "Redis", lambda: _redis_answers(*found[0]), network, timeout, address
-    ):
+    with _running(container, "Redis", lambda: _redis_answers(*found[0]), network, timeout, address):
         yield f"redis://{found[0][0]}:{found[0][1]}/0"
 
 
