@@ -55,6 +55,7 @@ __all__ = [
     "kafka_container",
     "postgres_container",
     "redis_container",
+    "wait_for_kafka",
 ]
 
 log = logging.getLogger(__name__)
@@ -397,6 +398,24 @@ def _kafka_ready(bootstrap: str) -> Callable[[], bool]:
             consumer.close()
 
     return ready
+
+
+def wait_for_kafka(bootstrap: str, timeout: float = START_TIMEOUT) -> float:
+    """Waits until the broker at ``bootstrap`` answers Metadata and its group coordinator has
+    loaded (what :func:`kafka_container` waits for); returns the seconds it took.
+
+    Raises:
+        InfrastructureError: not ready within ``timeout`` seconds.
+    """
+    ready, started = _kafka_ready(bootstrap), time.monotonic()
+    while not ready():
+        if time.monotonic() - started > timeout:
+            raise InfrastructureError(
+                f"Kafka at {bootstrap}: no Metadata answer or no group coordinator after "
+                f"{timeout:g}s"
+            )
+        time.sleep(0.25)
+    return time.monotonic() - started
 
 
 @contextlib.contextmanager
