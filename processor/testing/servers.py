@@ -8,8 +8,9 @@ Four modes (``--eosflow-servers``, see :mod:`processor.testing.plugin`):
 * ``embedded``: always an embedded server started for the session (Tansu, Redis, PostgreSQL on
   loopback), whatever the environment says.
 * ``env``: only the servers the ``EOSFLOW_*`` variables name; a missing variable is an error.
-* ``containers``: Apache Kafka, Redis and PostgreSQL in containers (testcontainers). Without a
-  Docker engine the service is unavailable (:class:`ServerNotFoundError`: the fixtures skip).
+* ``containers``: Apache Kafka, Redis and PostgreSQL in containers (testcontainers; images,
+  network and clean-up in :mod:`processor.testing.containers`). Without a Docker engine the
+  service is unavailable (:class:`ServerNotFoundError`: the fixtures skip).
   ``EOSFLOW_TESTCONTAINERS=1`` selects this mode when no option does.
 
 :class:`SessionServers` starts nothing until a service is asked for, then keeps it for the rest

@@ -127,9 +127,9 @@ def test_a_job_runs_to_completion_exactly_once_when_deployed_next_to_kafka_with_
         assert job.returncode == 0, output[-5000:]
         # The app used the compose deployment's servers, from the environment the file gives it.
         assert f"kafka: 127.0.0.1:{kafka_port} (env)" in job.stdout, output[-5000:]
-        assert f"OK: every output record exactly once ({RECORDS:,} expected)" in job.stdout, (
-            output[-5000:]
-        )
+        assert f"OK: every output record exactly once ({RECORDS:,} expected)" in job.stdout, output[
+            -5000:
+        ]
         ids = subprocess.run(
             [*compose, "exec", "-T", "redis", "redis-cli", "-p", str(redis_port), "dbsize"],
             env=env, capture_output=True, text=True,

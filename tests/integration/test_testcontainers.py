@@ -21,6 +21,8 @@ from connectors import KafkaSettings, PartitionReader, TopicAdmin, create_produc
 from connectors.config import producer_config
 from processor.testing.containers import (
     OWNER_LABEL,
+    _remove_orphans,
+    container_image,
     docker_network,
     kafka_container,
     redis_container,
@@ -86,6 +88,33 @@ def test_servers_listen_on_loopback_only_when_containers_share_the_host_network(
         capture_output=True, text=True, check=True,
     ).stdout.split()  # fmt: skip
     assert gone == [], f"containers left behind: {gone}"
+
+
+def test_containers_of_an_ended_process_are_removed_when_a_session_prepares_the_engine() -> None:
+    """Without Ryuk, what a killed test session left behind goes at the next session's start;
+    a live process's containers stay."""
+    import docker
+
+    image = container_image("redis")
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    host = socket.gethostname()
+
+    def leave(owner: str) -> str:
+        return subprocess.run(
+            ["docker", "create", "--network", "none", "--label", f"{OWNER_LABEL}={owner}", image],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+
+    orphan, alive = leave(f"{host}:{ended.pid}"), leave(f"{host}:{os.getpid()}")
+    client = docker.from_env()
+    try:
+        _remove_orphans(client)
+        left = {c.id for c in client.containers.list(all=True, filters={"label": OWNER_LABEL})}
+        assert orphan not in left and alive in left
+    finally:
+        subprocess.run(["docker", "rm", "-f", orphan, alive], capture_output=True)
+        client.close()
 
 
 # A user's project: a pipeline with a slow step (so that a kill lands while output is still
