@@ -72,6 +72,7 @@ def _listening(port: int) -> set[str]:
 def test_servers_listen_on_loopback_only_when_containers_share_the_host_network() -> None:
     # 127.0.0.1 as /proc/net shows it: IPv4, and IPv4-mapped IPv6 (a JVM's sockets)
     loopback = {"0100007F", "0000000000000000FFFF00000100007F"}
+    owner = f"{socket.gethostname()}:{os.getpid()}"  # this process (xdist: this worker)
     with kafka_container() as bootstrap, redis_container() as url:
         kafka_port = int(bootstrap.rsplit(":", 1)[1])
         redis_port = int(url.rsplit(":", 1)[1].split("/")[0])
@@ -82,9 +83,9 @@ def test_servers_listen_on_loopback_only_when_containers_share_the_host_network(
              + OWNER_LABEL + "\"}}"],
             capture_output=True, text=True, check=True,
         ).stdout.split()  # fmt: skip
-        assert labelled.count(f"{socket.gethostname()}:{os.getpid()}") == 2, labelled
+        assert labelled.count(owner) == 2, labelled
     gone = subprocess.run(
-        ["docker", "ps", "-a", "--filter", f"label={OWNER_LABEL}", "-q"],
+        ["docker", "ps", "-a", "--filter", f"label={OWNER_LABEL}={owner}", "-q"],
         capture_output=True, text=True, check=True,
     ).stdout.split()  # fmt: skip
     assert gone == [], f"containers left behind: {gone}"
