@@ -17,7 +17,7 @@ registry (only Debian's package mirror and PyPI).
    from the Debian mirror apt already uses, imported with ``docker import``. Built once; kept.
 3. The images, ``FROM`` that base (docker/images/*/Dockerfile, ``docker build --network host`` so
    that apt and pip inside the build reach the mirror and PyPI): Kafka (Apache Kafka from
-   ``$EOSFLOW_KAFKA_DIST``, default ../shared/kafka/4.3.1 beside the repository), Redis,
+   ``$EOSFLOW_KAFKA_DIST/4.3.1``, default ../shared/kafka/4.3.1 beside the repository), Redis,
    PostgreSQL and the eosflow app. Each build context is assembled in a temporary directory and
    hashed with its Dockerfile, build arguments and the base image's ID; an image whose hash tag
    exists is not built again.
@@ -312,13 +312,15 @@ def repository_files() -> list[Path]:
 
 
 def kafka_dist() -> Path:
-    default = ROOT.parent / "shared" / "kafka" / KAFKA_VERSION
-    dist = Path(os.environ.get("EOSFLOW_KAFKA_DIST", default))
+    """Apache Kafka's broker: ``$EOSFLOW_KAFKA_DIST/<version>`` (as .ci/run and
+    scripts/release_check.py read that variable), default ../shared/kafka beside the clone."""
+    brokers = Path(os.environ.get("EOSFLOW_KAFKA_DIST") or ROOT.parent / "shared" / "kafka")
+    dist = brokers / KAFKA_VERSION
     if not (dist / "libs").is_dir():
         raise SetupError(
             f"no Kafka distribution at {dist} (a folder with libs/*.jar and config/): set "
-            f"EOSFLOW_KAFKA_DIST to one (Apache Kafka {KAFKA_VERSION}'s binary release), or "
-            "leave the Kafka image out with --only redis,postgres,app"
+            f"EOSFLOW_KAFKA_DIST to the folder that holds {KAFKA_VERSION}/, or leave the Kafka "
+            "image out with --only redis,postgres,app"
         )
     return dist
 
