@@ -5,7 +5,9 @@ under faults too (docs/testing.md). The pytest plugin (:mod:`processor.testing.p
 registered by the package) gives the servers, topics and jobs as ``eosflow_*`` fixtures.
 
 * Servers: :class:`SessionServers` (embedded, ``EOSFLOW_*``, ``eosflow dev up`` or
-  testcontainers), :func:`docker_engine_available`.
+  testcontainers), :func:`docker_engine_available`; :func:`kafka_container`,
+  :func:`redis_container`, :func:`postgres_container` (one server in a container, official or
+  local images, bridge or host network: docs/containers.md), :func:`wait_for_kafka`.
 * Input: :func:`create_topic`, :func:`produce` (Python values), :func:`produce_jsonl` (a JSON
   lines file), :func:`unique_name`.
 * Runs: :func:`run_pipeline` (in this process), :func:`run_pipeline_subprocess` (``eosflow
@@ -48,17 +50,21 @@ _WHERE = {
     "docker_engine_available": "processor.testing.servers",
     "hold_final": "processor.testing.chaos",
     "kafka_behind_proxy": "processor.testing.kafka",
+    "kafka_container": "processor.testing.containers",
     "logs_tail": "processor.testing.run",
     "new_job": "processor.testing.run",
     "on_driver_thread": "processor.testing.chaos",
     "order_diff": "processor.testing.compare",
+    "postgres_container": "processor.testing.containers",
     "produce": "processor.testing.topics",
     "produce_jsonl": "processor.testing.topics",
     "read_output": "processor.testing.outputs",
+    "redis_container": "processor.testing.containers",
     "run_pipeline": "processor.testing.run",
     "run_pipeline_subprocess": "processor.testing.run",
     "scan_topic": "processor.testing.outputs",
     "unique_name": "processor.testing.topics",
+    "wait_for_kafka": "processor.testing.containers",
 }
 
 if TYPE_CHECKING:
@@ -76,6 +82,12 @@ if TYPE_CHECKING:
         canonical,
         diff,
         order_diff,
+    )
+    from processor.testing.containers import (
+        kafka_container,
+        postgres_container,
+        redis_container,
+        wait_for_kafka,
     )
     from processor.testing.kafka import (
         BrokerBehindProxy,
@@ -127,17 +139,21 @@ __all__ = [
     "docker_engine_available",
     "hold_final",
     "kafka_behind_proxy",
+    "kafka_container",
     "logs_tail",
     "new_job",
     "on_driver_thread",
     "order_diff",
+    "postgres_container",
     "produce",
     "produce_jsonl",
     "read_output",
+    "redis_container",
     "run_pipeline",
     "run_pipeline_subprocess",
     "scan_topic",
     "unique_name",
+    "wait_for_kafka",
 ]
 
 __getattr__, __dir__ = lazy_exports(__name__, _WHERE)

@@ -8,8 +8,9 @@ Four modes (``--eosflow-servers``, see :mod:`processor.testing.plugin`):
 * ``embedded``: always an embedded server started for the session (Tansu, Redis, PostgreSQL on
   loopback), whatever the environment says.
 * ``env``: only the servers the ``EOSFLOW_*`` variables name; a missing variable is an error.
-* ``containers``: Apache Kafka, Redis and PostgreSQL in containers (testcontainers). Without a
-  Docker engine the service is unavailable (:class:`ServerNotFoundError`: the fixtures skip).
+* ``containers``: Apache Kafka, Redis and PostgreSQL in containers (testcontainers; images,
+  network and clean-up in :mod:`processor.testing.containers`). Without a Docker engine the
+  service is unavailable (:class:`ServerNotFoundError`: the fixtures skip).
   ``EOSFLOW_TESTCONTAINERS=1`` selects this mode when no option does.
 
 :class:`SessionServers` starts nothing until a service is asked for, then keeps it for the rest
@@ -19,18 +20,23 @@ of the session: a run of unit tests starts no server at all.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
 import os
-import shutil
-import subprocess
-import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from types import TracebackType
-from typing import Any
 
 from processor.embedded import ENV_VARS, SERVICES, DevCluster, servers
 from processor.errors import ConfigError, ServerNotFoundError
+from processor.testing.containers import (
+    KAFKA_IMAGE,
+    NO_DOCKER,
+    POSTGRES_IMAGE,
+    REDIS_IMAGE,
+    docker_engine_available,
+    kafka_container,
+    postgres_container,
+    redis_container,
+)
 
 __all__ = [
     "KAFKA_IMAGE",
@@ -49,14 +55,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 MODES = ("auto", "embedded", "env", "containers")
-#: testcontainers' own default: Confluent's build of Apache Kafka 3.6 (transactions, KIP-447).
-KAFKA_IMAGE = "confluentinc/cp-kafka:7.6.0"
-REDIS_IMAGE = "redis:7"
-POSTGRES_IMAGE = "postgres:16"
-NO_DOCKER = (
-    "no Docker engine answers 'docker info' (the docker CLI alone is not enough): start one, "
-    "or choose other servers with --eosflow-servers=auto|embedded|env"
-)
 
 
 def selected_mode(option: str | None, environ: Mapping[str, str] | None = None) -> str:
@@ -72,77 +70,6 @@ def selected_mode(option: str | None, environ: Mapping[str, str] | None = None) 
     if option not in MODES:
         raise ConfigError(f"--eosflow-servers={option!r}: choose one of {', '.join(MODES)}")
     return option
-
-
-def docker_engine_available() -> bool:
-    """Whether a Docker engine answers: ``docker info`` succeeds, or (no CLI) the Docker SDK
-    that testcontainers uses reaches the engine (``DOCKER_HOST`` or the default socket)."""
-    if shutil.which("docker") is not None:
-        try:
-            result = subprocess.run(["docker", "info"], capture_output=True, timeout=20)
-        except subprocess.TimeoutExpired:
-            return False
-        return result.returncode == 0
-    try:
-        # testcontainers' own dependency (by name: the repository's docker/ folder would shadow
-        # it for mypy)
-        docker: Any = importlib.import_module("docker")
-    except ImportError:
-        return False
-    try:
-        client = docker.from_env(timeout=10)
-        try:
-            return bool(client.ping())
-        finally:
-            client.close()
-    except (docker.errors.DockerException, OSError):  # requests' errors are OSErrors
-        return False
-
-
-def _testcontainers(module: str, name: str) -> Any:
-    """``name`` from ``testcontainers.community.<module>`` (4.10+) or ``testcontainers.<module>``
-    (older 4.x), with a fix when testcontainers is not installed."""
-    with warnings.catch_warnings():
-        # testcontainers.<module> warns that it moved; the import below prefers the new place
-        warnings.simplefilter("ignore", DeprecationWarning)
-        for path in (f"testcontainers.community.{module}", f"testcontainers.{module}"):
-            try:
-                return getattr(importlib.import_module(path), name)
-            except ImportError:
-                continue
-    raise ConfigError(
-        f"--eosflow-servers=containers needs testcontainers' {module} module, which is not "
-        "installed: pip install 'testcontainers>=4' (or pip install 'eosflow[testing]')"
-    )
-
-
-@contextlib.contextmanager
-def kafka_container(image: str = KAFKA_IMAGE) -> Iterator[str]:
-    """An Apache Kafka broker in a container; yields its bootstrap servers."""
-    kafka = _testcontainers("kafka", "KafkaContainer")
-    with kafka(image) as container:
-        yield container.get_bootstrap_server()
-
-
-@contextlib.contextmanager
-def redis_container(image: str = REDIS_IMAGE) -> Iterator[str]:
-    """Redis in a container; yields a ``redis://`` URL."""
-    redis = _testcontainers("redis", "RedisContainer")
-    with redis(image) as container:
-        host, port = container.get_container_host_ip(), container.get_exposed_port(6379)
-        yield f"redis://{host}:{port}/0"
-
-
-@contextlib.contextmanager
-def postgres_container(image: str = POSTGRES_IMAGE) -> Iterator[str]:
-    """PostgreSQL in a container, with prepared transactions on (the PostgreSQL sink's two-phase
-    commit needs ``max_prepared_transactions`` above zero); yields a libpq DSN."""
-    postgres = _testcontainers("postgres", "PostgresContainer")
-    container = postgres(image, driver=None).with_command(
-        "postgres -c max_prepared_transactions=64 -c max_connections=200"
-    )
-    with container:
-        yield container.get_connection_url()
 
 
 _CONTAINERS = {"kafka": kafka_container, "redis": redis_container, "postgres": postgres_container}
