@@ -107,6 +107,7 @@ def job_group_offsets(settings: KafkaSettings, job: str, *, timeout: float = 10.
     --describe``; empty when the group has none or does not exist). Stable: offsets of a
     transaction still completing are waited for (``require_stable``, KIP-447)."""
     group = job_group(job)
+    _wait_for_coordinator(settings, group, timeout)
     admin = admin_client(settings)
 
     def fetch(t: float) -> dict[TP, int]:
@@ -125,6 +126,26 @@ def job_group_offsets(settings: KafkaSettings, job: str, *, timeout: float = 10.
         }
 
     return retrying(fetch, f"listing the offsets of consumer group {group!r}", deadline_s=timeout)
+
+
+def _wait_for_coordinator(settings: KafkaSettings, group: str, timeout: float) -> None:
+    """Returns once the group's coordinator answers an offset fetch (a consumer's, which waits
+    out ``COORDINATOR_LOAD_IN_PROGRESS`` itself). On a broker that just created
+    ``__consumer_offsets`` (a fresh container, a fresh CI broker) the admin client's
+    ListConsumerGroupOffsets met a loading coordinator and librdkafka 2.16.1 crashed the process
+    with SIGSEGV in ``rd_kafka_cgrp_op`` (core dump; about every second try on a new Kafka 4.3.1)
+    or answered the error as final. Offset fetches do not join or change the group."""
+    consumer = create_consumer(
+        {**consumer_config(settings, group_id=group), "socket.timeout.ms": 10000}
+    )
+    try:
+        retrying(
+            lambda t: consumer.committed([TopicPartition(f"{group}-probe", 0)], timeout=t),
+            f"waiting for the coordinator of consumer group {group!r}",
+            deadline_s=timeout,
+        )
+    finally:
+        consumer.close()
 
 
 def commit_job_group(

@@ -41,7 +41,10 @@ _T = TypeVar("_T")
 #: moving or not yet in place) but that librdkafka returns from its synchronous calls
 #: (``get_watermark_offsets``, ``offsets_for_times``, admin results) without its retriable
 #: flag. A topic created a moment ago answers NOT_LEADER_OR_FOLLOWER on KRaft until its leader
-#: has applied the new metadata (issue 41: 3 of 5 rescale starts exited on it).
+#: has applied the new metadata (issue 41: 3 of 5 rescale starts exited on it). The group
+#: coordinator's codes too: a broker that just created ``__consumer_offsets`` answers
+#: COORDINATOR_LOAD_IN_PROGRESS while it loads (issue 47: a job's first start on a fresh Kafka
+#: container exited on it).
 _LEADERSHIP_CODES = frozenset(
     {
         KafkaError.NOT_LEADER_FOR_PARTITION,
@@ -51,6 +54,9 @@ _LEADERSHIP_CODES = frozenset(
         KafkaError.FENCED_LEADER_EPOCH,
         KafkaError.UNKNOWN_LEADER_EPOCH,
         KafkaError.OFFSET_NOT_AVAILABLE,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.NOT_COORDINATOR,
     }
 )
 
