@@ -107,15 +107,15 @@ def test_a_second_runner_with_another_state_dir_is_refused_while_the_first_has_h
     ``--start-over``, which fenced the running job mid-run: both runners died); ``--start-over``
     is refused while the first runner is live, and so is ``eosflow reset`` from the other state
     directory (it deleted the running job's topics and group under it)."""
-    records = 6_000
+    records = 4_000
     env_a = job_env(kafka_endpoint[0], tmp_path / "a", prefix="twice", WORK_US="1000")
     produce_clicks(kafka_endpoint[0], env_a["CLICKS_TOPIC"], records)
     env_b = {**env_a, "EOSFLOW_STATE_DIR": str(tmp_path / "b" / "state"),
              "OUTPUT_DIR": str(tmp_path / "b" / "out")}  # fmt: skip
     with (tmp_path / "a.err").open("w") as err:
-        first = subprocess.Popen(  # about 20 s of input: still running when B starts
+        first = subprocess.Popen(  # about 50 s of input: running through B's three tries
             eosflow("run", TAGGED, "--workers", "2", "--checkpoint-interval", "300ms",
-                    "--max-rate", "150", "--until-idle"),
+                    "--max-rate", "40", "--until-idle"),
             env=env_a, stdout=subprocess.PIPE, stderr=err, text=True,
         )  # fmt: skip
     try:
