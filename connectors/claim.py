@@ -134,7 +134,10 @@ def _wait_for_coordinator(settings: KafkaSettings, group: str, timeout: float) -
     ``__consumer_offsets`` (a fresh container, a fresh CI broker) the admin client's
     ListConsumerGroupOffsets met a loading coordinator and librdkafka 2.16.1 crashed the process
     with SIGSEGV in ``rd_kafka_cgrp_op`` (core dump; about every second try on a new Kafka 4.3.1)
-    or answered the error as final. Offset fetches do not join or change the group."""
+    or answered the error as final. Offset fetches do not join or change the group. Once per
+    process and group: a loaded coordinator stays loaded while its broker lives."""
+    if (settings.brokers, group) in _coordinators_seen:
+        return
     consumer = create_consumer(
         {**consumer_config(settings, group_id=group), "socket.timeout.ms": 10000}
     )
@@ -146,6 +149,10 @@ def _wait_for_coordinator(settings: KafkaSettings, group: str, timeout: float) -
         )
     finally:
         consumer.close()
+    _coordinators_seen.add((settings.brokers, group))
+
+
+_coordinators_seen: set[tuple[str, str]] = set()
 
 
 def commit_job_group(
