@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterator, Mapping
 from io import BytesIO
 from typing import Any
 
+from processor.admin.jobs import pid_alive
 from processor.errors import ConfigError, InfrastructureError
 
 __all__ = [
@@ -179,23 +180,13 @@ def _owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _remove_orphans(client: Any) -> None:
     """Removes the containers labelled by a process of this host that no longer runs (a test
     session killed before its clean-up ran)."""
     host = socket.gethostname()
     for container in client.containers.list(all=True, filters={"label": OWNER_LABEL}):
         owner_host, _, pid = container.labels.get(OWNER_LABEL, "").rpartition(":")
-        if owner_host == host and pid.isdigit() and not _pid_alive(int(pid)):
+        if owner_host == host and pid.isdigit() and not pid_alive(int(pid)):
             log.info("removing container %s of ended process %s", container.short_id, pid)
             with contextlib.suppress(_docker().errors.APIError):
                 container.remove(force=True, v=True)
