@@ -247,13 +247,21 @@ def minutes(seconds: float) -> str:
     return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
 
 
-def write_summary(results: list[BrokerResult], workers: int, out: Path) -> str:
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    commit = subprocess.run(
+def head_commit() -> str:
+    """The commit the tests run at (read at the start: the tree may move during a long run)."""
+    done = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
+    )
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=ROOT).returncode != 0
+    return (done.stdout.strip() or "unknown commit") + (" with local changes" if dirty else "")
+
+
+def write_summary(
+    results: list[BrokerResult], workers: int, out: Path, commit: str, started: datetime
+) -> str:
+    stamp = started.strftime("%Y-%m-%d %H:%M UTC")
     lines = [
-        f"### {stamp}, `{commit or 'unknown commit'}`, {os.cpu_count()} cores, `-n {workers}`",
+        f"### {stamp}, `{commit}`, {os.cpu_count()} cores, `-n {workers}`",
         "",
         "| broker | tier | result | passed | failed | skipped | time |",
         "|---|---|---|---|---|---|---|",
@@ -339,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         targets = [(f"Apache Kafka {v}", v) for v in versions]
 
+    commit, started = head_commit(), datetime.now(timezone.utc)
     work = Path(tempfile.mkdtemp(prefix="eosflow-release-check-"))
     say(f"logs and reports in {work}")
     results: list[BrokerResult] = []
@@ -367,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
                 result.certify = certify(result.brokers, work)
                 say(f"certify: {result.certify}")
 
-    text = write_summary(results, args.workers, args.out)
+    text = write_summary(results, args.workers, args.out, commit, started)
     print(text, flush=True)
     say(f"summary written to {args.out}")
     if any(r.error for r in results):
