@@ -334,11 +334,7 @@ class JobIdentity:
         """
         if self.claim is None:
             return
-        with self._wake:
-            if self._failure is not None:
-                raise self._failure
-            latest = self._latest
-            self._queued = None
+        latest = self._latest_unless_fenced(drop_queued=True)
         chk, positions = latest if latest is not None else (0, {})
         try:
             self._commit(chk, positions)
@@ -353,6 +349,18 @@ class JobIdentity:
             with self._wake:
                 self._done.append(chk)
 
+    def _latest_unless_fenced(
+        self, *, drop_queued: bool = False
+    ) -> tuple[int, dict[TP, int]] | None:
+        """The newest completed checkpoint and its positions; raises the background commit's
+        fencing if there was one. ``drop_queued``: the caller commits now, in its place."""
+        with self._wake:
+            if self._failure is not None:
+                raise self._failure
+            if drop_queued:
+                self._queued = None
+            return self._latest
+
     def announce(self, generation: int) -> None:
         """Before generation ``generation``'s workers start (or a worker restarted alone with
         that incarnation): record it in the claim, synchronously, so that a later runner of the
@@ -364,10 +372,7 @@ class JobIdentity:
         self._generation = max(self._generation, generation)
         if self.claim is None:
             return
-        with self._wake:
-            if self._failure is not None:
-                raise self._failure
-            latest = self._latest
+        latest = self._latest_unless_fenced()
         try:
             self._commit(latest[0] if latest is not None else 0, {})
         except JobFencedError:
