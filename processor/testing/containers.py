@@ -182,14 +182,15 @@ def _owner() -> str:
 
 def _remove_orphans(client: Any) -> None:
     """Removes the containers labelled by a process of this host that no longer runs (a test
-    session killed before its clean-up ran)."""
+    session killed before its clean-up ran). The low-level listing: ``containers.list`` fetches
+    each container again and fails when another session removes one in between."""
     host = socket.gethostname()
-    for container in client.containers.list(all=True, filters={"label": OWNER_LABEL}):
-        owner_host, _, pid = container.labels.get(OWNER_LABEL, "").rpartition(":")
+    for listed in client.api.containers(all=True, filters={"label": OWNER_LABEL}):
+        owner_host, _, pid = (listed.get("Labels") or {}).get(OWNER_LABEL, "").rpartition(":")
         if owner_host == host and pid.isdigit() and not pid_alive(int(pid)):
-            log.info("removing container %s of ended process %s", container.short_id, pid)
+            log.info("removing container %s of ended process %s", listed["Id"][:12], pid)
             with contextlib.suppress(_docker().errors.APIError):
-                container.remove(force=True, v=True)
+                client.api.remove_container(listed["Id"], force=True, v=True)
 
 
 def _remove_owned() -> None:

@@ -111,7 +111,7 @@ def test_containers_of_an_ended_process_are_removed_when_a_session_prepares_the_
     client = docker.from_env()
     try:
         _remove_orphans(client)
-        left = {c.id for c in client.containers.list(all=True, filters={"label": OWNER_LABEL})}
+        left = {c["Id"] for c in client.api.containers(all=True, filters={"label": OWNER_LABEL})}
         assert orphan not in left and alive in left
     finally:
         subprocess.run(["docker", "rm", "-f", orphan, alive], capture_output=True)
