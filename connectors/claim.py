@@ -288,16 +288,26 @@ class KafkaJobClaim:
         """The newest committed claim record, read back from the end of the claim topic
         (``read_committed``: up to the last stable offset, so a newer runner's transaction
         still open is not waited for). Called after :meth:`open`: every earlier runner's claim
-        transaction has committed or aborted by then.
+        transaction has committed or aborted by then; before it (who holds the job now), the
+        newest committed record so far, ``None`` when the job never ran.
 
         Raises:
             KafkaClientError: the topic could not be read within the claim's timeout.
         """
         config = consumer_config(self.settings, group_id=f"eosflow-{self.job}-claim-reader")
-        # measured by fetch (connectors.offsets: Tansu's ListOffsets answers a wrong end)
-        low, high = watermarks(config, [(self.topic, 0)], timeout=self._timeout)[(self.topic, 0)]
         consumer = create_consumer({**config, "enable.partition.eof": True})
         try:
+            # before open(), a job that never ran has no claim topic: no record
+            # (``--takeover``, ``--start-over``)
+            listed = consumer.list_topics(self.topic, timeout=self._timeout).topics.get(self.topic)
+            if listed is None or (
+                listed.error is not None and listed.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+            ):
+                return None
+            # measured by fetch (connectors.offsets: Tansu's ListOffsets answers a wrong end)
+            low, high = watermarks(config, [(self.topic, 0)], timeout=self._timeout)[
+                (self.topic, 0)
+            ]
             window = 64
             deadline = time.monotonic() + self._timeout
             while high > low:

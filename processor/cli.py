@@ -183,6 +183,8 @@ def _run(args: argparse.Namespace) -> int:
             allow_dropped_state=args.allow_dropped_state,
             start_over=args.start_over,
             force=args.force,
+            takeover=args.takeover,
+            takeover_timeout=args.takeover_timeout,
             environ={**endpoints.as_env(), **environ},
             progress=sys.stderr,
             log_level="DEBUG" if args.verbose > 1 else "INFO",
@@ -388,6 +390,17 @@ def _parser() -> argparse.ArgumentParser:
         "--force", action="store_true",
         help="with --start-over: even while another runner holds the job (it is fenced: it "
         "stops at its next checkpoint, committing nothing more)",
+    )  # fmt: skip
+    run.add_argument(
+        "--takeover", action="store_true",
+        help="a rolling deploy: ask the runner that holds the job now (wherever it runs) to stop "
+        "at a savepoint, wait for it, and start from it; nothing is processed twice. Its "
+        "snapshot store must be reachable from here (the same --snapshot-url, or a shared one)",
+    )  # fmt: skip
+    run.add_argument(
+        "--takeover-timeout", type=parse_duration, default=120.0, metavar="DURATION",
+        help="with --takeover: how long to wait for the holder to stop (default 120s); past it "
+        "the holder is left running and this start fails",
     )  # fmt: skip
     run.add_argument("--explain", action="store_true", help="print the compiled stages and exit")
     run.set_defaults(func=_run)

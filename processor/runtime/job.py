@@ -183,6 +183,11 @@ class RunOptions:
     start_over: bool = False
     #: ``--force``: ``--start-over`` even while another runner holds the job (fencing it).
     force: bool = False
+    #: ``--takeover``: a runner that holds the job now is asked to stop at a savepoint, and
+    #: this run starts from it (:mod:`processor.runtime.supervision.takeover`), waiting at most
+    #: ``takeover_timeout`` seconds.
+    takeover: bool = False
+    takeover_timeout: float = 120.0
 
     def watermark_drift_ms(self) -> int | None:
         """:attr:`watermark_alignment` in ms, ``None`` when off."""
@@ -255,6 +260,13 @@ class RunOptions:
             )
         if self.stop_timeout <= 0:
             raise ConfigError(f"--stop-timeout must be positive, got {self.stop_timeout}s")
+        if self.takeover and (self.start_over or self.from_savepoint):
+            raise ConfigError(
+                "--takeover starts from the running job's own savepoint: drop --start-over and "
+                "--from-savepoint (or drop --takeover)"
+            )
+        if self.takeover_timeout <= 0:
+            raise ConfigError(f"--takeover-timeout must be positive, got {self.takeover_timeout}s")
         if self.tolerable_failed_checkpoints < 0:
             raise ConfigError(
                 "tolerable failed checkpoints must be 0 or more, got "

@@ -88,8 +88,10 @@ class JobLease:
         return JobRunningError(
             f"job {self.job!r} is already running: {describe(holder)} holds its lease in "
             f"{self.store.url} ({why}). Two runners of one job would mix their generations, "
-            "channels and transactions. Stop that runner first (Ctrl-C or SIGTERM to its pid; "
-            "'eosflow status' shows it), or give this job another name"
+            "channels and transactions. To replace it (a rolling deploy), run this one with "
+            "--takeover: that runner stops at a savepoint and this one starts from it. Or stop "
+            "it first (Ctrl-C or SIGTERM to its pid; 'eosflow status' shows it), or give this "
+            "job another name"
         )
 
     def acquire(self) -> None:

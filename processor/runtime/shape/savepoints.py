@@ -320,22 +320,40 @@ def request_savepoint(
     Raises:
         ConfigError: the runner answered with an error, or did not answer within ``timeout``.
     """
-    request_id = uuid.uuid4().hex
-    body = {"id": request_id, "stop": stop, "path": path, "requested_ms": int(time.time() * 1000)}
-    store.write_job_file(job, REQUEST, json.dumps(body).encode())
+    request_id = post_savepoint_request(store, job, stop=stop, path=path)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        raw = store.read_job_file(job, RESULT)
-        answer = json.loads(raw) if raw else {}
-        if answer.get("id") == request_id:
-            if answer.get("error"):
-                raise ConfigError(f"savepoint of job {job!r} failed: {answer['error']}")
-            return str(answer["path"])
+        answer = savepoint_answer(store, job, request_id)
+        if answer is not None:
+            return answer
         time.sleep(0.2)
     raise ConfigError(
         f"job {job!r} did not answer the savepoint request within {timeout:g}s (is it "
         "running, and does it use this snapshot store? `eosflow status` shows it)"
     )
+
+
+def post_savepoint_request(store: SnapshotStore, job: str, *, stop: bool, path: str | None) -> str:
+    """Writes a savepoint request where the job's runner polls for it; returns its id."""
+    request_id = uuid.uuid4().hex
+    body = {"id": request_id, "stop": stop, "path": path, "requested_ms": int(time.time() * 1000)}
+    store.write_job_file(job, REQUEST, json.dumps(body).encode())
+    return request_id
+
+
+def savepoint_answer(store: SnapshotStore, job: str, request_id: str) -> str | None:
+    """The savepoint's path once the runner answered request ``request_id``, else ``None``.
+
+    Raises:
+        ConfigError: the runner answered with an error.
+    """
+    raw = store.read_job_file(job, RESULT)
+    answer = json.loads(raw) if raw else {}
+    if answer.get("id") != request_id:
+        return None
+    if answer.get("error"):
+        raise ConfigError(f"savepoint of job {job!r} failed: {answer['error']}")
+    return str(answer["path"])
 
 
 class SavepointRequests:
@@ -346,7 +364,8 @@ class SavepointRequests:
     ``stop(reason)`` after a final checkpoint, ``say(text)`` on the progress output,
     ``renew()`` the job's lease while a copy runs, ``committed(checkpoint)``: every task
     reported its sinks' commit of it (a running job's savepoint is copied once they did, so
-    that it records ``committed``), and ``redis_url`` of its dedup steps.
+    that it records ``committed``), ``redis_url`` of its dedup steps, and ``since_ms``: when
+    the run started (a request written since, while it started up, is for it: ``--takeover``).
     """
 
     def __init__(
@@ -362,8 +381,11 @@ class SavepointRequests:
         renew: Callable[[], None],
         committed: Callable[[int], bool] | None = None,
         redis_url: RedisUrls | None = None,
+        since_ms: int | None = None,
     ) -> None:
         self.store = store
+        if since_ms is None:
+            since_ms = int(time.time() * 1000)
         self._committed = committed
         self._redis_url = redis_url
         self.job = job
@@ -374,7 +396,12 @@ class SavepointRequests:
         self._seen: str | None = None
         raw = self.store.read_job_file(self.job, REQUEST)
         if raw:  # a request from before this run started is not for it
-            self._seen = json.loads(raw).get("id")
+            earlier = json.loads(raw)
+            answer = json.loads(self.store.read_job_file(self.job, RESULT) or b"{}")
+            if answer.get("id") == earlier.get("id") or (
+                int(earlier.get("requested_ms") or 0) < since_ms
+            ):  # answered (the runner this one took over from), or older than this run
+                self._seen = earlier.get("id")
         self.request: dict[str, Any] | None = None
         self.checkpoint: int | None = None
 

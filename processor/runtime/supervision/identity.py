@@ -183,8 +183,9 @@ class JobIdentity:
                 raise JobHistoryError(
                     f"{running}. --start-over now would fence it mid-run (it "
                     "stops at its next checkpoint) and read the sources again from this start's "
-                    "state. Stop it first (Ctrl-C or SIGTERM where it runs, or 'eosflow "
-                    f"savepoint {job} --stop' on its snapshot store), or add --force"
+                    "state. To move it here, run with --takeover instead; or stop it first "
+                    "(Ctrl-C or SIGTERM where it runs, or 'eosflow savepoint "
+                    f"{job} --stop' on its snapshot store), or add --force"
                 )
         claim.open()
         try:
@@ -284,11 +285,12 @@ class JobIdentity:
         raise JobHistoryError(
             f"{running}; this start has {state}, behind it ({describe_offsets(ahead)} in "
             f"consumer group {group!r}), so it was refused and the running job was left "
-            "alone. Ways on: (1) leave it running; (2) move it here: stop it with its final "
-            "checkpoint as a savepoint "
-            f"('eosflow savepoint {self.job} --stop --path URL' where both runners reach URL), "
-            "then run this one with --from-savepoint URL; (3) give this runner the same "
-            "snapshot store (--snapshot-url) and stop the other first. 'eosflow run "
+            "alone. Ways on: (1) leave it running; (2) move it here: run this one with "
+            "--takeover (the running one stops at a savepoint, this one starts from it; its "
+            "snapshot store must be reachable from here), or by hand: 'eosflow savepoint "
+            f"{self.job} --stop --path URL' where both runners reach URL, then run this one "
+            "with --from-savepoint URL; (3) give this runner the same snapshot store "
+            "(--snapshot-url) and stop the other first. 'eosflow run "
             "--start-over' would fence the running job and commit its output again: it is "
             "refused while the job runs unless --force"
         )

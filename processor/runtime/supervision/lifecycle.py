@@ -126,17 +126,31 @@ class StopController:
         self._final_completed_at: float | None = None
         #: The tasks that reported their sinks' commit, by checkpoint.
         self.committed: dict[int, set[str]] = {}
+        self._signalled = False  # a stop signal came (a second one stops at once)
+        #: The run ended (its clean-up runs): a stop signal now changes nothing (Kubernetes
+        #: sends SIGTERM to a runner that ``--takeover`` stopped, often as it exits).
+        self.ended = False
 
     # -- stop requests ---------------------------------------------------------------------------
 
     def install_signals(self) -> dict[int, Any]:
-        """SIGINT/SIGTERM: the first stops after a final checkpoint, a second at once. Returns
-        the handlers replaced, for :meth:`restore_signals`."""
+        """SIGINT/SIGTERM: the first stops after a final checkpoint (a stop for a savepoint
+        already does), a second at once; once the run :attr:`ended`, none changes anything.
+        Returns the handlers replaced, for :meth:`restore_signals`."""
 
         def stop(signum: int, _frame: Any) -> None:
             name = signal.Signals(signum).name
-            if self.stopping is None:
+            if self.ended:
+                self._say(f"{name}: the job has stopped; its runner exits")
+            elif self.stopping is None:
+                self._signalled = True
                 self.stop_for(name, f"; {name} again stops at once without it")
+            elif not self._signalled:  # stopping for a savepoint: the same final checkpoint
+                self._signalled = True
+                self._say(
+                    f"{name}: stopping already ({self.stopping}) after a final checkpoint; "
+                    f"{name} again stops at once without it"
+                )
             else:
                 self._say(f"{name} again: {self.without_final()}")
                 raise KeyboardInterrupt

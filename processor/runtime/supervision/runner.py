@@ -77,6 +77,7 @@ from processor.runtime.supervision.lifecycle import RestartBudget, StopControlle
 from processor.runtime.supervision.preflight import check_local_recovery, extra_environ, preflight
 from processor.runtime.supervision.recovery import Supervisor, WorkerLauncher
 from processor.runtime.supervision.reporting import Reporter
+from processor.runtime.supervision.takeover import Takeover
 from processor.runtime.topics import (
     check_graph,
     check_keyed_sources,
@@ -270,7 +271,12 @@ class Runner:
             sharing.enter_context(share())
         try:
             preflight(self.plan, self.options, self._interval())
-            self.lease.acquire()  # before anything writes to the job's topics or checkpoints
+            if self.options.takeover:  # the running holder stops at a savepoint first
+                self._take_over(transport)
+            else:
+                self.lease.acquire()  # before anything writes to the job's topics or checkpoints
+            # A savepoint request written since is for this run (not --takeover's own request)
+            started_ms = int(time.time() * 1000)
         except BaseException:  # refused (a second run of the job): no sharing left behind
             sharing.close()
             raise
@@ -408,6 +414,7 @@ class Runner:
                 renew=self.lease.renew,
                 committed=lambda c: self.stop.committed.get(c, set()) >= self.coordinator.tasks,
                 redis_url=redis_urls(self.plan.flow, self.options.environ),
+                since_ms=started_ms,
             )
             while True:
                 self.lease.renew()
@@ -433,20 +440,33 @@ class Runner:
                 reporter.status("failed")
             raise
         finally:
-            sharing.close()
-            if self.savepoints is not None:
-                self.savepoints.abandon("the job ended before the savepoint completed")
-            if self.web is not None:
-                self.web.close()
-            StopController.restore_signals(handlers)
-            if self.supervisor is not None:
-                self.supervisor.stop_all()
-            if hasattr(self, "server"):
-                self.server.close()
-            if hasattr(self, "coordinator"):
-                self.launcher.close()
-            self.identity.close()
-            self.lease.release()
+            self.stop.ended = True  # a stop signal during the clean-up is said, not obeyed
+            try:
+                sharing.close()
+                if self.savepoints is not None:
+                    self.savepoints.abandon("the job ended before the savepoint completed")
+                if self.web is not None:
+                    self.web.close()
+                if self.supervisor is not None:
+                    self.supervisor.stop_all()
+                if hasattr(self, "server"):
+                    self.server.close()
+                if hasattr(self, "coordinator"):
+                    self.launcher.close()
+                self.identity.close()
+                self.lease.release()
+            finally:
+                StopController.restore_signals(handlers)
+
+    def _take_over(self, transport: Any) -> None:
+        """``--takeover``: the runner holding the job stops at a savepoint, this one takes the
+        lease and starts from it (:mod:`processor.runtime.supervision.takeover`)."""
+        o = self.options
+        takeover = Takeover(self.job, self.store, timeout=o.takeover_timeout, say=self.reporter.say)
+        path = takeover.from_claim(transport)  # the runner that checkpointed last
+        takeover.acquire(self.lease)  # and one on this store that has not checkpointed yet
+        if path:
+            o.from_savepoint = path
 
     def _pump(self, timeout: float = 0.05) -> None:
         """Handle the workers' messages (waits up to ``timeout`` for the first)."""
