@@ -433,9 +433,13 @@ def _parser() -> argparse.ArgumentParser:
     reset.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     reset.add_argument(
         "--pipeline", metavar="PIPELINE.py",
-        help="also abort the open transactions of this pipeline's Kafka sinks",
+        help="also abort the open transactions of this pipeline's Kafka sinks, and clear its "
+        "sinks' own records of the job (Iceberg and Delta tables' last checkpoint, PostgreSQL "
+        "prepared transactions and markers; the rows stay)",
     )  # fmt: skip
-    reset.add_argument("--workers", type=int, default=8, help="sink subtasks to fence (8)")
+    reset.add_argument(
+        "--workers", type=int, default=8, help="sink subtasks to fence and clear (8)"
+    )
     reset.add_argument("--snapshot-url", help="the job's --snapshot-url, if it ran with one")
     reset.add_argument(
         "--force", action="store_true",

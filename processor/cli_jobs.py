@@ -188,6 +188,8 @@ def reset(args: argparse.Namespace) -> int:
         print(f"deleted {done.redis_keys} Redis keys")
     if done.group:
         print(f"deleted consumer group {done.group} (its committed source offsets)")
+    for line in done.sink_records:
+        print(f"cleared {line}")
     print(f"job {done.job!r} reset: its next run starts afresh")
     return 0
 
@@ -204,6 +206,13 @@ def _confirm(plan: ResetPlan, yes: bool) -> bool:
         print(f"  its consumer group {plan.group} (the sources' committed offsets)")
     if plan.pipeline:
         print(f"  and aborts the open transactions of {plan.pipeline}'s Kafka sinks")
+        for line in plan.sink_records:
+            print(f"  and clears {line}")
+    else:
+        print(
+            "  (not the sinks' own records of the job: a lakehouse table's last checkpoint, "
+            "PostgreSQL prepared transactions; give --pipeline FILE to clear them too)"
+        )
     if yes:
         return True
     if not sys.stdin.isatty():

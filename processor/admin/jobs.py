@@ -228,19 +228,43 @@ class JobAdmin:
         return Savepoint(job, written, None)
 
     def reset_plan(
-        self, job: str, *, pipeline: str | None = None, snapshot_url: str | None = None
+        self,
+        job: str,
+        *,
+        pipeline: str | None = None,
+        snapshot_url: str | None = None,
+        workers: int = 8,
     ) -> ResetPlan:
         """What :meth:`reset` would delete (it lists the job's internal topics)."""
         prefix = job_topic_prefix(job)
+        url = self.snapshot_url(job, snapshot_url)
+        records: list[str] = []
+        if pipeline:
+            subtasks = max(workers, self.sink_subtasks(job, workers, self.store(job, url)))
+            for step, sink in self.recording_sinks(pipeline):
+                records += sink.recorded_commits(job, step, subtasks)
         return ResetPlan(
             job=job,
-            snapshot_url=self.snapshot_url(job, snapshot_url),
+            snapshot_url=url,
             directory=job_dir(job, self._state),
             topic_prefix=prefix,
             topics=tuple(self._topic_admin().list_topics(prefix)),
             pipeline=pipeline,
             group=self._group(job),
+            sink_records=tuple(records),
         )
+
+    def recording_sinks(self, pipeline: str) -> list[tuple[str, Any]]:
+        """The sink steps of a pipeline file that keep records of the job's runs of their own
+        (``recorded_commits`` / ``forget_commits``: Iceberg, Delta, PostgreSQL), by step."""
+        from processor.runtime.pipeline import load_flow
+
+        flow = load_flow(pipeline)
+        return [
+            (s.name, s.params["sink"])
+            for s in flow.steps.values()
+            if s.kind == "sink" and hasattr(s.params["sink"], "forget_commits")
+        ]
 
     def reset(
         self,
@@ -274,15 +298,18 @@ class JobAdmin:
                     f"runs, or 'eosflow savepoint {job} --stop' on its snapshot store), or pass "
                     "--force"
                 )
-            plan = self.reset_plan(job, pipeline=pipeline, snapshot_url=store.url)
+            plan = self.reset_plan(job, pipeline=pipeline, snapshot_url=store.url, workers=workers)
             if confirm is not None and not confirm(plan):
                 return None
             fenced: tuple[FencedSink, ...] = ()
+            cleared: list[str] = []
             if pipeline:
-                from processor.runtime.shape.topology import recorded_parallelism
-
-                subtasks = max(workers, recorded_parallelism(store, job))
+                subtasks = self.sink_subtasks(job, workers, store)
                 fenced = self._fence(self.transactional_sinks(pipeline).steps, subtasks)
+                # the sinks' own records of the job's runs: its next run's checkpoint ids
+                # start again at 1 (sinks.lake.writer refuses a table ahead of them)
+                for step, sink in self.recording_sinks(pipeline):
+                    cleared += sink.forget_commits(job, step, subtasks)
             deleted = store.delete_job(job)
             if plan.topics:
                 self._topic_admin().delete_topics(plan.topics)
@@ -293,7 +320,7 @@ class JobAdmin:
             group = self._delete_group(job)
             shutil.rmtree(plan.directory, ignore_errors=True)
         store.delete_job(job)  # the lease file that the release just wrote
-        return ResetResult(job, fenced, deleted, plan.topics, keys, group)
+        return ResetResult(job, fenced, deleted, plan.topics, keys, group, tuple(cleared))
 
     def transactional_sinks(self, pipeline: str) -> TransactionalSinks:
         """The job name and the transactional Kafka sink steps of a pipeline file (it runs)."""

@@ -115,6 +115,10 @@ class ResetPlan:
     pipeline: str | None
     #: the job's consumer group (its sources' committed offsets, the job's history in Kafka)
     group: str = ""
+    #: what the pipeline's sinks keep of the job's runs (a lakehouse table's record of its
+    #: last checkpoint, PostgreSQL prepared transactions and markers), a line each; cleared
+    #: by the reset (given the pipeline)
+    sink_records: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -140,6 +144,8 @@ class ResetResult:
     topics: tuple[str, ...]
     redis_keys: int | None
     group: str | None = None
+    #: what the reset cleared in the pipeline's sinks (:attr:`ResetPlan.sink_records`)
+    sink_records: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

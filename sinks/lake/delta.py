@@ -28,7 +28,13 @@ import pyarrow.parquet as pq
 from processor.contracts import SinkContext
 from processor.errors import ConfigError
 from sinks.lake.records import check_schema
-from sinks.lake.writer import LOCAL_RECOVERY_UNSUPPORTED, CommitConflict, LakeWriter
+from sinks.lake.writer import (
+    LOCAL_RECOVERY_UNSUPPORTED,
+    CommitConflict,
+    LakeWriter,
+    forget_commits,
+    recorded_commits,
+)
 
 __all__ = ["DeltaSink", "read_delta"]
 
@@ -156,6 +162,15 @@ class DeltaSink:
         """A writer for subtask ``ctx.subtask``."""
         return LakeWriter(_DeltaTable(self, ctx), ctx, schema=self.schema, to_record=self.to_record)
 
+    def recorded_commits(self, job: str, step: str, subtasks: int = 1) -> list[str]:
+        """What ``eosflow reset`` clears here (:func:`~sinks.lake.writer.recorded_commits`;
+        one record per step, whatever the ``subtasks``)."""
+        return recorded_commits(_DeltaTable(self, SinkContext(job, step, 0, 1, 0)))
+
+    def forget_commits(self, job: str, step: str, subtasks: int = 1) -> list[str]:
+        """``eosflow reset``: the table forgets the job's commits of ``step`` (rows stay)."""
+        return forget_commits(_DeltaTable(self, SinkContext(job, step, 0, 1, 0)))
+
     def certify_redirect(self, rewrite: Any, step: str) -> DeltaSink:
         """``eosflow certify``: a copy writing a table of the run's own, under the run's
         outputs directory (local, removed with certify's work directory)."""
@@ -182,9 +197,9 @@ class _DeltaTable:
         self.describe = f"Delta table {sink.uri}"
         self.app_id = f"eosflow:{ctx.job}:{ctx.step}"
         self.forget_hint = (
-            f"wait until Delta expires the application transaction {self.app_id!r} "
-            "(delta.setTransactionRetentionDuration, checkpoints of the table's log): a Delta "
-            "table cannot forget it otherwise"
+            f"reset the job with its pipeline ('eosflow reset {ctx.job} --pipeline FILE' "
+            f"sets the table's application transaction {self.app_id!r} back to 0; the rows "
+            "stay)"
         )
         self.fs, self.root = fsspec.core.url_to_fs(
             self.uri, **_fsspec_options(sink.storage_options)
@@ -291,6 +306,26 @@ class _DeltaTable:
             return 0
         version = self._table.transaction_version(self.app_id)
         return int(version) if version is not None else 0
+
+    def forget(self) -> None:
+        """An empty commit that sets the application transaction back to 0 (Delta cannot
+        remove one; a version is just the latest the application set)."""
+        dl = self.dl
+        table = self._load()
+        if table is None:
+            return
+        props = dl.CommitProperties(
+            custom_metadata={"eosflow.job": self.ctx.job, "eosflow.step": self.ctx.step,
+                             "eosflow.reset": "true"},
+            app_transactions=[dl.Transaction(self.app_id, 0)],
+        )  # fmt: skip
+        table.create_write_transaction(
+            [],
+            mode="append",
+            schema=table.schema(),
+            partition_by=list(table.metadata().partition_columns) or None,
+            commit_properties=props,
+        )
 
     def commit(self, files: list[Any], checkpoint_id: int) -> None:
         import orjson

@@ -27,7 +27,13 @@ import pyarrow as pa
 from processor.contracts import SinkContext
 from processor.errors import ConfigError
 from sinks.lake.records import check_schema
-from sinks.lake.writer import LOCAL_RECOVERY_UNSUPPORTED, CommitConflict, LakeWriter
+from sinks.lake.writer import (
+    LOCAL_RECOVERY_UNSUPPORTED,
+    CommitConflict,
+    LakeWriter,
+    forget_commits,
+    recorded_commits,
+)
 
 __all__ = ["IcebergSink", "read_iceberg"]
 
@@ -130,6 +136,15 @@ class IcebergSink:
             _IcebergTable(self, ctx), ctx, schema=self.schema, to_record=self.to_record
         )
 
+    def recorded_commits(self, job: str, step: str, subtasks: int = 1) -> list[str]:
+        """What ``eosflow reset`` clears here (:func:`~sinks.lake.writer.recorded_commits`;
+        one record per step, whatever the ``subtasks``)."""
+        return recorded_commits(_IcebergTable(self, SinkContext(job, step, 0, 1, 0)))
+
+    def forget_commits(self, job: str, step: str, subtasks: int = 1) -> list[str]:
+        """``eosflow reset``: the table forgets the job's commits of ``step`` (rows stay)."""
+        return forget_commits(_IcebergTable(self, SinkContext(job, step, 0, 1, 0)))
+
     def certify_redirect(self, rewrite: Any, step: str) -> IcebergSink:
         """``eosflow certify``: a copy writing the same table name in a catalog of the run's
         own (SQL on SQLite, warehouse under the run's outputs directory, removed with
@@ -163,8 +178,8 @@ class _IcebergTable:
         self.catalog = _catalog(sink.catalog_name, sink.catalog)
         self.property = _PROPERTY.format(job=ctx.job, step=ctx.step)
         self.forget_hint = (
-            f"remove the table property {self.property!r} (the rows stay; the run's commits "
-            "start again at its checkpoint 1)"
+            f"reset the job with its pipeline ('eosflow reset {ctx.job} --pipeline FILE' "
+            f"removes the table property {self.property!r}; the rows stay)"
         )
         self._table: Any = None
 
@@ -228,6 +243,13 @@ class _IcebergTable:
         if self._table is None:
             return 0
         return int(self._table.properties.get(self.property, "0"))
+
+    def forget(self) -> None:
+        """Removes the table property that records the (job, step)'s last checkpoint."""
+        table = self._load()
+        if table is not None:
+            with table.transaction() as txn:
+                txn.remove_properties(self.property)
 
     def commit(self, files: list[Any], checkpoint_id: int) -> None:
         from pyiceberg.io.pyarrow import parquet_file_to_data_file

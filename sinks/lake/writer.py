@@ -34,7 +34,14 @@ from processor.snapshot.store import SnapshotStore
 from sinks.lake.records import infer_schema, to_table
 from sinks.lake.staging import Manifest, Staging
 
-__all__ = ["LOCAL_RECOVERY_UNSUPPORTED", "CommitConflict", "LakeWriter", "TableOps"]
+__all__ = [
+    "LOCAL_RECOVERY_UNSUPPORTED",
+    "CommitConflict",
+    "LakeWriter",
+    "TableOps",
+    "forget_commits",
+    "recorded_commits",
+]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +65,7 @@ class TableOps(Protocol):
     """What the protocol needs of a table format (one object per writer)."""
 
     describe: str
+    ctx: SinkContext
     #: how to make the table forget a job's commits (the error of a run without snapshots)
     forget_hint: str
 
@@ -73,6 +81,10 @@ class TableOps(Protocol):
 
     def last_committed(self) -> int:
         """The newest checkpoint of this (job, step) the table has committed (0: none)."""
+
+    def forget(self) -> None:
+        """One table commit that drops the table's record of this (job, step)'s commits (no
+        row changes): ``eosflow reset``, after which the job's checkpoint ids start again."""
 
     def commit(self, files: list[Any], checkpoint_id: int) -> None:
         """One table commit adding ``files`` and recording ``checkpoint_id``, against the table
@@ -298,8 +310,29 @@ class LakeWriter:
                 f"{self.ops.describe}: the table holds job {self.ctx.job!r} step "
                 f"{self.ctx.step!r}'s commit of checkpoint {last}, but the job's newest "
                 f"completed checkpoint is {newest}: this is another run of the job (its "
-                "snapshots were deleted, e.g. by `eosflow reset`, which leaves tables alone), "
+                "snapshots were deleted, or `eosflow reset` ran without --pipeline, which "
+                "leaves the tables' records alone), "
                 "whose checkpoint ids start again and whose epochs would be skipped as "
                 f"committed. Give the job another name, write to another table, or "
                 f"{self.ops.forget_hint}"
             )
+
+
+def recorded_commits(ops: TableOps) -> list[str]:
+    """What ``eosflow reset`` clears in the table: its record of the (job, step)'s last
+    committed checkpoint (the guard of :meth:`LakeWriter._check_history` refuses a run whose
+    checkpoint ids are behind it), said in a line; ``[]`` when it has none."""
+    last = ops.last_committed()
+    if not last:
+        return []
+    return [f"{ops.describe}: the record of step {ops.ctx.step!r}'s commits (through checkpoint "
+            f"{last}; the rows stay)"]  # fmt: skip
+
+
+def forget_commits(ops: TableOps) -> list[str]:
+    """Clears what :func:`recorded_commits` lists; returns what it cleared."""
+    found = recorded_commits(ops)
+    if found:
+        ops.forget()
+        log.info("%s: forgot job=%s step=%s commits", ops.describe, ops.ctx.job, ops.ctx.step)
+    return found

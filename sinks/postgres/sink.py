@@ -3,6 +3,7 @@ enabled, and the table and the markers' table exist (created on request) and fit
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -11,7 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 from processor.contracts import SinkContext
 from processor.errors import ConfigError
-from sinks.postgres.prepared import _COMMITS_DDL, COMMITS_TABLE, _psycopg
+from sinks.postgres.prepared import (
+    _COMMITS_DDL,
+    COMMITS_TABLE,
+    _gid_prefix,
+    _psycopg,
+    _sql_with_literal,
+)
 from sinks.postgres.writer import PostgresSinkWriter
 
 if TYPE_CHECKING:
@@ -258,6 +265,72 @@ class PostgresSink:
                     f"unique column sets {[list(c) for (c,) in uniques]}. Add it: ALTER TABLE "
                     f"{name} ADD PRIMARY KEY ({', '.join(self.key)})"
                 )
+
+    def recorded_commits(self, job: str, step: str, subtasks: int = 1) -> list[str]:
+        """What ``eosflow reset`` clears here: the job's prepared transactions of ``step``
+        (subtasks ``0..subtasks-1``: they hold row locks, and a new run's checkpoint ids would
+        meet their global ids) and its marker rows, said in lines; ``[]`` when none."""
+        with self.connect(application_name=f"eosflow {job} reset") as conn:
+            gids, markers = self._job_rows(conn, job, step, subtasks)
+        name = ".".join(self.table)
+        found = [f"PostgreSQL {name}: prepared transaction {gid} (rolled back)" for gid in gids]
+        if markers:
+            found.append(
+                f"PostgreSQL {'.'.join(self.commits_table)}: {markers} marker rows of step {step!r}"
+            )
+        return found
+
+    def forget_commits(self, job: str, step: str, subtasks: int = 1) -> list[str]:
+        """``eosflow reset``: rolls back the job's prepared transactions of ``step`` and deletes
+        its marker rows; returns what it cleared (:meth:`recorded_commits`)."""
+        from psycopg import sql
+
+        found = self.recorded_commits(job, step, subtasks)
+        with self.connect(application_name=f"eosflow {job} reset") as conn:
+            conn.autocommit = True
+            gids, markers = self._job_rows(conn, job, step, subtasks)
+            for gid in gids:
+                with contextlib.suppress(_psycopg().errors.UndefinedObject):  # finished meanwhile
+                    conn.execute(_sql_with_literal("ROLLBACK PREPARED {}", gid))
+            if markers:
+                conn.execute(
+                    sql.SQL("DELETE FROM {} WHERE job = %s AND step = %s").format(
+                        sql.Identifier(*self.commits_table)
+                    ),
+                    [job, step],
+                )
+        return found
+
+    def _job_rows(
+        self, conn: psycopg.Connection[Any], job: str, step: str, subtasks: int
+    ) -> tuple[list[str], int]:
+        """The job's prepared global ids of ``step`` and the count of its marker rows."""
+        from psycopg import sql
+
+        gids: list[str] = []
+        for subtask in range(subtasks):
+            gids += [
+                str(gid)
+                for (gid,) in conn.execute(
+                    "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() "
+                    "AND starts_with(gid, %s) ORDER BY gid",
+                    [_gid_prefix(job, step, subtask)],
+                ).fetchall()
+            ]
+        commits = ".".join(self.commits_table)
+        (exists,) = conn.execute("SELECT to_regclass(%s) IS NOT NULL", [commits]).fetchone() or (
+            False,
+        )
+        markers = 0
+        if exists:
+            row = conn.execute(
+                sql.SQL("SELECT count(*) FROM {} WHERE job = %s AND step = %s").format(
+                    sql.Identifier(*self.commits_table)
+                ),
+                [job, step],
+            ).fetchone()
+            markers = int(row[0]) if row else 0
+        return gids, markers
 
     def open(self, ctx: SinkContext) -> PostgresSinkWriter:
         """A writer for subtask ``ctx.subtask``: connects, checks the server and the tables."""

@@ -297,3 +297,62 @@ def test_lake_tables_are_exactly_once_when_the_job_dies_before_commit_and_restar
     assert_exactly_once(want, got, seed=seed)
     got = Counter(canonical(r) for r in _rows(read_iceberg("lake.totals", catalog=_catalog(lake))))
     assert_exactly_once(want, got, seed=seed)
+
+
+def test_a_reset_job_runs_again_into_its_lake_tables_and_each_row_is_there_once(
+    kafka_endpoint: tuple[str, str], tmp_path: Path
+) -> None:
+    """Issue 48 item 4: ``eosflow reset`` left the tables' records of the job's last checkpoint
+    (Iceberg property, Delta ``txn``), and the next run failed on the Delta table ("holds job
+    ... commit of checkpoint N"). Given the pipeline, reset's plan lists them and ``--yes``
+    clears them: the next run (new input, checkpoint ids from 1 again) starts, and each table
+    holds both runs' rows once."""
+    import subprocess
+    import sys
+
+    from examples.clicks import click_events, produce_json
+    from tests.e2e.harness import PIPELINES
+
+    seed, records = chaos_seed(), 3_000
+    run_id = uuid.uuid4().hex[:8]
+    lake = tmp_path / "lake"
+    lake.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EOSFLOW_")}
+    env.update(
+        JOB_NAME=f"lake-reset-{run_id}",
+        EOSFLOW_KAFKA_BROKERS=kafka_endpoint[0],
+        EOSFLOW_STATE_DIR=str(tmp_path / "state"),
+        LAKE_DIR=str(lake),
+        WORK_US="0",
+    )
+    pipeline = str(PIPELINES / "running_total_lake.py")
+    cli = [sys.executable, "-m", "processor.cli"]
+    want: Counter[bytes] = Counter()
+    for run, run_seed in enumerate((seed, seed + 1)):
+        env["CLICKS_TOPIC"] = f"lake-reset-clicks-{run_id}-{run}"
+        produce_json(kafka_endpoint[0], env["CLICKS_TOPIC"],
+                     list(click_events(records, seed=run_seed)),
+                     key=lambda e: str(e["user"]))  # fmt: skip
+        done = subprocess.run(
+            [*cli, "run", pipeline, "--workers", "2", "--checkpoint-interval", "0.3",
+             "--until-idle"],
+            env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        want += expected(expected_running_totals, records, run_seed)
+        if run == 0:
+            reset = subprocess.run(
+                [*cli, "reset", env["JOB_NAME"], "--pipeline", pipeline, "--yes"],
+                env=env, capture_output=True, text=True, timeout=300,
+            )  # fmt: skip
+            assert reset.returncode == 0, reset.stdout + reset.stderr[-3000:]
+            plan = [line for line in reset.stdout.splitlines() if "and clears" in line]
+            assert any("Delta table" in line for line in plan), reset.stdout
+            assert any("Iceberg table lake.totals" in line for line in plan), reset.stdout
+            assert sum(line.startswith("cleared ") for line in reset.stdout.splitlines()) == 2, (
+                reset.stdout
+            )
+    got = Counter(canonical(r) for r in _rows(read_delta(str(lake / "delta"))))
+    assert_exactly_once(want, got, seed=seed)
+    got = Counter(canonical(r) for r in _rows(read_iceberg("lake.totals", catalog=_catalog(lake))))
+    assert_exactly_once(want, got, seed=seed)
