@@ -290,7 +290,7 @@ class JobAdmin:
                 Kafka (another host or state directory; unless ``force``).
         """
         with self.holding(job, snapshot_url) as store:
-            running = "" if force else self.running_elsewhere(job)
+            running = "" if force else self.running_elsewhere(job, leased=store.url)
             if running:
                 raise JobRunningError(
                     f"{running}. A reset now would delete the channel topics and the consumer "
@@ -422,9 +422,10 @@ class JobAdmin:
 
         return self._kafka if self._kafka is not None else KafkaSettings.from_env()
 
-    def running_elsewhere(self, job: str) -> str:
+    def running_elsewhere(self, job: str, leased: str = "") -> str:
         """ "job J is running now: runner on host H, pid P, ..." when the job's claim in Kafka
-        says a runner holds it (its newest record is recent and not a stop), else ``""``."""
+        says a runner holds it (its newest record is recent and not a stop), else ``""``;
+        ``leased``: the snapshot store whose lease the caller holds (a runner there is gone)."""
         import time
 
         from connectors.claim import KafkaJobClaim, claim_topic
@@ -432,7 +433,8 @@ class JobAdmin:
 
         if not self._topic_admin().exists(claim_topic(job)):
             return ""
-        return holder_text(job, KafkaJobClaim(self._settings(), job).last(), time.time())
+        record = KafkaJobClaim(self._settings(), job).last()
+        return holder_text(job, record, time.time(), leased=leased)
 
     def _group(self, job: str) -> str:
         from connectors import job_group

@@ -186,3 +186,86 @@ def test_postgres_output_is_exactly_once_when_workers_are_killed_often_in_a_long
     assert {point for _w, point in run.faults_fired} == {f.point for f in NAMED}
     assert len(run.random_kills) == 8, f"seed={seed}: the job ended before 8 random kills"
     _check(run, postgres_dsn, tables, records=records, seed=seed)
+
+
+def test_reset_rolls_back_a_killed_jobs_prepared_transactions_and_the_next_run_is_exact(
+    postgres_dsn: str, kafka_endpoint: tuple[str, str], tables: tuple[str, str], tmp_path: Path
+) -> None:
+    """Issue 48 item 4: the whole job is SIGKILLed while worker 0 holds a prepared transaction
+    (its epoch's rows locked in the upsert table). ``eosflow reset --pipeline`` lists and rolls
+    back the job's prepared transactions and deletes its markers; the next run (new input, the
+    same users) neither waits on those locks nor meets their global ids: its rows are there
+    exactly once and the upsert table holds its totals."""
+    from examples.clicks import produce_json
+    from tests.e2e.cli import eosflow, job_env
+    from tests.e2e.harness import PIPELINES
+
+    seed, records = chaos_seed(), 2_000
+    append, upsert = tables
+    env = job_env(kafka_endpoint[0], tmp_path, prefix="pgreset", EOSFLOW_POSTGRES_DSN=postgres_dsn,
+                  PG_APPEND_TABLE=append, PG_UPSERT_TABLE=upsert, WORK_US="0")  # fmt: skip
+    pipeline = str(PIPELINES / "running_total_postgres.py")
+    run = eosflow("run", pipeline, "--workers", "2", "--checkpoint-interval", "0.3")
+
+    def produce(run_seed: int) -> None:
+        events = list(click_events(records, seed=run_seed))
+        produce_json(kafka_endpoint[0], env["CLICKS_TOPIC"], events, key=lambda e: str(e["user"]))
+
+    produce(seed)
+    job = env["JOB_NAME"]
+    try:
+        _reset_and_run_again(env, pipeline, run, produce, seed=seed, records=records)
+    finally:  # a prepared transaction left behind would hold the tables' drop for ever
+        with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+            for gid in _prepared(postgres_dsn, job):
+                conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
+
+
+def _reset_and_run_again(
+    env: dict[str, str],
+    pipeline: str,
+    run: list[str],
+    produce: Any,
+    *,
+    seed: int,
+    records: int,
+) -> None:
+    import subprocess
+    from collections import Counter
+
+    from tests.e2e.cli import eosflow, held_then_killed
+
+    postgres_dsn, job = env["EOSFLOW_POSTGRES_DSN"], env["JOB_NAME"]
+    append, upsert = env["PG_APPEND_TABLE"], env["PG_UPSERT_TABLE"]
+    held_then_killed([*run, "--fault", "0:0:after-snapshot-before-ack:2:hold"], env,
+                     Path(env["EOSFLOW_STATE_DIR"]).parent / "holds",
+                     "after-snapshot-before-ack", 0)  # fmt: skip
+    assert _prepared(postgres_dsn, job), "the kill left no prepared transaction to clear"
+    reset = subprocess.run(
+        eosflow("reset", job, "--pipeline", pipeline, "--yes"),
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert reset.returncode == 0, reset.stdout + reset.stderr[-3000:]
+    assert "prepared transaction eosflow:" in reset.stdout, reset.stdout
+    assert _prepared(postgres_dsn, job) == []
+    before = Counter(canonical_row(r) for r in _select(postgres_dsn, append))
+    env["CLICKS_TOPIC"] += "-again"
+    produce(seed + 1)
+    done = subprocess.run([*run, "--until-idle"], env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = Counter(canonical_row(r) for r in _select(postgres_dsn, append)) - before
+    want = expected(expected_running_totals, records, seed + 1)
+    assert_exactly_once(want, got, seed=seed)
+    latest = {u: (c, a) for u, c, a in _select(postgres_dsn, upsert)}
+    totals = _expected_totals(records, seed + 1)
+    assert {u: latest.get(u) for u in totals} == totals
+    assert _prepared(postgres_dsn, job) == []
+
+
+def canonical_row(row: tuple[Any, ...]) -> bytes:
+    """An append-table row as the expectation's canonical form (``[user, [count, amount]]``)."""
+    from processor.testing.compare import canonical
+
+    user, count, amount = row
+    return canonical([user, [count, amount]])

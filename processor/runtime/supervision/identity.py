@@ -79,12 +79,23 @@ _LIVE_INTERVALS = 5
 _LIVE_MIN_S = 60.0
 
 
-def holder_text(job: str, record: Mapping[str, Any] | None, now_s: float) -> str:
+def holder_text(
+    job: str, record: Mapping[str, Any] | None, now_s: float, *, leased: str = ""
+) -> str:
     """ "job J is running now: runner on host H, pid P, checkpoint N at T (Xs ago)" when the
     claim's newest record (:meth:`JobClaim.last`) is recent enough for its runner to be
-    running, else ``""``."""
+    running, else ``""``.
+
+    ``leased``: the snapshot store whose lease the caller holds. A record of a runner on that
+    store (on this host, for a ``file://`` store: another host's path is another directory) is
+    of a runner that is gone, however recent (killed: its lease went with it), so ``""``.
+    """
     if not record or record.get("stopped") or not isinstance(record.get("at_ms"), int):
         return ""
+    if leased and record.get("store") == leased:
+        here = socket.gethostname()
+        if not leased.startswith("file:") or record.get("host") == here:
+            return ""
     age = now_s - record["at_ms"] / 1000
     interval = float(record.get("interval_ms") or 0) / 1000
     if age > max(_LIVE_MIN_S, _LIVE_INTERVALS * interval):
@@ -178,7 +189,7 @@ class JobIdentity:
         if not start_over:  # refused before fencing: the runner that holds the job goes on
             identity._check_history(claim.committed(), latest, mine, rewind=rewind)
         elif not force:
-            running = holder_text(job, claim.last(), time.time())
+            running = holder_text(job, claim.last(), time.time(), leased=store_url)
             if running:
                 raise JobHistoryError(
                     f"{running}. --start-over now would fence it mid-run (it "
@@ -232,7 +243,7 @@ class JobIdentity:
         ahead = {tp: o for tp, o in history.items() if tp in mine and o > mine[tp]}
         refused = (latest is None and history) or (latest is not None and not rewind and ahead)
         if refused and not fenced:  # the claim's newest record says who holds the job
-            running = holder_text(self.job, self.claim.last(), time.time())
+            running = holder_text(self.job, self.claim.last(), time.time(), leased=self._store_url)
             if running:
                 self._refuse_running(running, history if latest is None else ahead, latest)
         ways = (

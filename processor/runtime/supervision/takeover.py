@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from processor.errors import ConfigError, JobRunningError
+from processor.errors import ConfigError, JobNotFoundError, JobRunningError
 from processor.runtime.shape.savepoints import post_savepoint_request, savepoint_answer
 from processor.runtime.supervision.identity import holder_text
 from processor.snapshot.lease import LEASE_FILE, JobLease, describe, lease_holder
@@ -119,11 +119,12 @@ class Takeover:
                 self._await_stopped(claim)
                 return path
             if failed or time.monotonic() >= next_look:
+                # gone without an answer (SIGTERMed, killed, its final checkpoint failed): its
+                # lease is free then, and its newest checkpoint is the one to start from
                 next_look = time.monotonic() + 1.0
-                if failed or not holder_text(self.job, claim.last(), time.time()):
-                    copied = self._copy_stopped(url, failed)
-                    if copied is not None:
-                        return copied
+                copied = self._copy_stopped(url, failed)
+                if copied is not None:
+                    return copied
             time.sleep(_POLL_S)
         raise ConfigError(
             f"--takeover: the runner holding job {self.job!r} did not stop within "
@@ -140,6 +141,9 @@ class Takeover:
             copied = JobAdmin().copy_checkpoint(self.job, snapshot_url=url)
         except JobRunningError:
             return None
+        except JobNotFoundError:  # gone before its first checkpoint: nothing to go on from
+            self._say("--takeover: it stopped before its first checkpoint; starting afresh")
+            return ""
         self._say(
             f"--takeover: it stopped without answering ({why or 'stopped meanwhile'}); its "
             f"checkpoint {copied.checkpoint_id} copied as a savepoint: {copied.path}"
