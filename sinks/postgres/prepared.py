@@ -61,6 +61,7 @@ class PostgresSinkConfig(Protocol):
     mode: str
     row: Callable[[Any], Sequence[Any] | Mapping[str, Any]] | None
     lock_timeout: timedelta
+    commit_timeout: timedelta
     keep_markers: int
 
     def connect(self, *, application_name: str = "eosflow") -> psycopg.Connection[Any]: ...
@@ -257,10 +258,29 @@ class _Database:
         return self._finish_prepared("ROLLBACK PREPARED {}", gid)
 
     def _finish_prepared(self, template: str, gid: str) -> bool:
+        """Runs ``template`` for ``gid`` within the sink's ``commit_timeout`` (a session
+        setting: COMMIT PREPARED runs outside a transaction block). A server that waits for a
+        synchronous standby cancels the wait then: the transaction is done locally.
+
+        Raises:
+            EosflowError: the server did not finish it within ``commit_timeout``.
+        """
+        timeout_ms = max(1, self.sink.commit_timeout // timedelta(milliseconds=1))
+        self.conn.execute("SELECT set_config('statement_timeout', %s, false)", [f"{timeout_ms}ms"])
         try:
             self.conn.execute(_sql_with_literal(template, gid))
         except _psycopg().errors.UndefinedObject:
             return False
+        except _psycopg().errors.QueryCanceled as exc:
+            raise EosflowError(
+                f"PostgresSink {'.'.join(self.sink.table)}: {template.split()[0]} PREPARED "
+                f"{gid} did not finish within commit_timeout="
+                f"{self.sink.commit_timeout.total_seconds():g}s ({exc}); the recovery finishes "
+                "it (see pg_stat_activity)"
+            ) from exc
+        finally:
+            with contextlib.suppress(Exception):
+                self.conn.execute("RESET statement_timeout")
         return True
 
     def marker(self, checkpoint_id: int) -> str | None:

@@ -79,6 +79,10 @@ class PostgresSink:
             transaction before the writer fails (and its worker restarts).
         keep_markers: markers of a writer older than this many checkpoints are deleted (a
             restore never reaches that far back).
+        commit_timeout: the statement timeout of ``COMMIT PREPARED`` / ``ROLLBACK PREPARED``
+            (a server that does not finish one, e.g. waiting for a synchronous standby, fails
+            the writer instead of holding it, and a stop, for ever; the recovery commits the
+            transaction again). Keep it under ``--stop-timeout`` (120 s by default).
 
     Raises:
         ConfigError: a bad mode, key, column list, row function or timeout.
@@ -96,6 +100,7 @@ class PostgresSink:
         commits_table: str = COMMITS_TABLE,
         lock_timeout: timedelta = timedelta(seconds=10),
         keep_markers: int = 10_000,
+        commit_timeout: timedelta = timedelta(seconds=30),
     ) -> None:
         self.table = _identifier(table, "table")
         self.commits_table = _identifier(commits_table, "commits_table")
@@ -132,12 +137,17 @@ class PostgresSink:
             raise ConfigError(
                 f"PostgresSink lock_timeout must be a positive timedelta, got {lock_timeout!r}"
             )
+        if not isinstance(commit_timeout, timedelta) or commit_timeout <= timedelta(0):
+            raise ConfigError(
+                f"PostgresSink commit_timeout must be a positive timedelta, got {commit_timeout!r}"
+            )
         if isinstance(keep_markers, bool) or not isinstance(keep_markers, int) or keep_markers < 1:
             raise ConfigError(f"PostgresSink keep_markers must be >= 1, got {keep_markers!r}")
         self.dsn = dsn
         self.mode = mode
         self.row = row
         self.lock_timeout = lock_timeout
+        self.commit_timeout = commit_timeout
         self.keep_markers = keep_markers
 
     def __repr__(self) -> str:

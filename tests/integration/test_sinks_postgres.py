@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -591,3 +592,36 @@ def test_prepared_transactions_survive_a_sigkilled_worker_and_recover_settles_th
     assert prepared(db, job) == []
     assert visible(db, table) == [("u1", 1, 1)]
     writer.close()
+
+
+def test_commit_prepared_returns_within_commit_timeout_when_the_server_waits_for_a_standby(
+    postgres_dsn: str, db: psycopg.Connection[Any], names: tuple[str, str]
+) -> None:
+    """Issue 48 item 5: ``COMMIT PREPARED`` had no deadline. A server that waits for a
+    synchronous standby that never answers (``synchronous_standby_names`` naming none that
+    runs; the writer's session set to ``synchronous_commit=on`` for it) held the commit, and a
+    stop, for ever. With ``commit_timeout`` the server cancels the wait: the commit is done
+    locally (PostgreSQL says so in a warning) and the writer goes on."""
+    job, table = names
+    db.execute("ALTER SYSTEM SET synchronous_standby_names = 'eosflow_absent_standby'")
+    db.execute("SELECT pg_reload_conf()")
+    try:
+        time.sleep(0.5)  # the reload reaches the backends
+        writer = sink(postgres_dsn, table, commit_timeout=timedelta(seconds=1)).open(context(job))
+        writer.write(clicks(("u1", 1, 10)))
+        committable = writer.prepare(1)
+        # only the COMMIT PREPARED waits for the standby (the server's default is off)
+        writer._db.conn.execute("SET synchronous_commit = on")
+        started = time.monotonic()
+        committing = threading.Thread(target=writer.commit, args=(1, committable), daemon=True)
+        committing.start()
+        committing.join(60)  # without the deadline: still waiting (the reset below frees it)
+        took = time.monotonic() - started
+        assert not committing.is_alive(), "COMMIT PREPARED still waits after 60 s"
+        writer.close()
+    finally:
+        db.execute("ALTER SYSTEM RESET synchronous_standby_names")
+        db.execute("SELECT pg_reload_conf()")
+    print(f"COMMIT PREPARED returned after {took:.1f}s")
+    assert visible(db, table) == [("u1", 1, 10)]
+    assert prepared(db, job) == []
