@@ -246,8 +246,12 @@ class KafkaJobClaim:
 
     def commit(self, offsets: Mapping[TP, int], claim: Mapping[str, Any]) -> None:
         producer = self._producer
-        if producer is None:
-            raise RuntimeError("KafkaJobClaim.commit before open")
+        if producer is None:  # closed after a fatal error whose reopening failed: reopen
+            raise KafkaClientError(
+                f"job {self.job!r}'s claim has no producer (not open, or its reopening failed)",
+                code="_STATE",
+                fatal=True,
+            )
         if offsets:  # first: see "The order of a commit" in the module docstring
             commit_job_group(self.settings, self.job, offsets, timeout=self._timeout)
         try:

@@ -204,3 +204,64 @@ def test_a_start_from_a_stale_copy_is_refused_when_the_holder_checkpoints_while_
     message = str(refused[0])
     assert "checkpoint 1" in message and f"{source}[0]=200" in message, message
     assert job_group_offsets(settings, job) == {(source, 0): 200}, "the group was rewound"
+
+
+class _FatalOnce:
+    """A claim producer whose next ``commit_transaction`` fails as librdkafka's fatal errors
+    do (the client is unusable from then on: every later call fails too)."""
+
+    def __init__(self, producer: Any) -> None:
+        self._producer = producer
+        self.failed = False
+
+    def commit_transaction(self, *args: Any) -> Any:
+        from confluent_kafka import KafkaError, KafkaException
+
+        self.failed = True
+        raise KafkaException(KafkaError(KafkaError._FATAL, "injected fatal error", fatal=True))
+
+    def __getattr__(self, name: str) -> Any:
+        if self.failed:
+            from confluent_kafka import KafkaError, KafkaException
+
+            raise KafkaException(KafkaError(KafkaError._FATAL, "unusable", fatal=True))
+        return getattr(self._producer, name)
+
+
+def test_a_fatal_claim_producer_error_is_survived_by_a_new_producer(
+    kafka_endpoint: tuple[str, str], job: str, source: str, runners: list[JobIdentity]
+) -> None:
+    """Issue 48 item 5: after a fatal librdkafka error the claim's producer was never rebuilt:
+    no checkpoint was released again (the sinks waited for ever). Now the runner opens a new
+    producer (checking that no other runner recorded itself meanwhile) and releases the
+    checkpoint, its offsets in the group."""
+    brokers = kafka_endpoint[0]
+    a_claim = _claim(brokers, job)
+    a = JobIdentity.take(job, _Transport(a_claim), None)
+    runners.append(a)
+    a.announce(1)
+    a_claim._producer = _FatalOnce(a_claim._producer)
+    a.completed(1, [[source, 0, 100]])
+    assert _outcome(a, 1), "runner A was taken for fenced"
+    assert not isinstance(a_claim._producer, _FatalOnce), "the producer was not replaced"
+    assert job_group_offsets(KafkaSettings.from_env(brokers=brokers), job) == {(source, 0): 100}
+    a.completed(2, [[source, 0, 150]])
+    assert _outcome(a, 2)
+
+
+def test_a_runner_whose_claim_producer_failed_stops_when_another_took_the_job_meanwhile(
+    kafka_endpoint: tuple[str, str], job: str, source: str, runners: list[JobIdentity]
+) -> None:
+    """The reopening must not take the job back: runner B took it (and recorded itself)
+    between A's fatal error and A's new producer. A stops, fenced, releasing nothing."""
+    brokers = kafka_endpoint[0]
+    a_claim = _claim(brokers, job)
+    a = JobIdentity.take(job, _Transport(a_claim), None)
+    runners.append(a)
+    a.announce(1)
+    b = JobIdentity.take(job, _Transport(_claim(brokers, job)), None)
+    runners.append(b)
+    b.announce(2)
+    a_claim._producer = _FatalOnce(a_claim._producer)  # as if it failed before B fenced it
+    a.completed(1, [[source, 0, 100]])
+    assert not _outcome(a, 1), "A released a checkpoint after B took the job"

@@ -55,7 +55,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from processor.contracts import JobClaim
-from processor.errors import EosflowError, JobFencedError, JobHistoryError
+from processor.errors import EosflowError, JobFencedError, JobHistoryError, KafkaClientError
 from processor.snapshot.store import Manifest
 
 __all__ = ["JobIdentity", "describe_offsets"]
@@ -451,9 +451,52 @@ class JobIdentity:
         }
         with self._lock:
             try:
-                self.claim.commit(positions, record)
+                try:
+                    self.claim.commit(positions, record)
+                except KafkaClientError as exc:
+                    if not exc.fatal:
+                        raise
+                    self._reopen(exc)
+                    self.claim.commit(positions, record)
             except JobFencedError as exc:
                 raise JobFencedError(self._fenced_message(str(exc))) from None
+
+    def _reopen(self, cause: KafkaClientError) -> None:
+        """The claim's producer failed fatally (librdkafka: the client is unusable; before
+        issue 48 every later commit failed and the sinks waited for ever, a message every
+        10 s): a new one initializes the job's transactional id again.
+
+        That would fence a runner that took the job meanwhile, so the claim's newest record
+        must still be this runner's: a runner that takes the job records itself (its
+        generation) before any of its workers starts, and one whose record this
+        initialization aborted stops before starting any. Otherwise this runner stops, fenced
+        (and the other one, fenced by the initialization, at its next checkpoint: both stop,
+        neither commits, a restart goes on exactly once).
+
+        Raises:
+            JobFencedError: the claim's newest record is another runner's.
+            KafkaClientError: the new producer could not be initialized (retried by the caller).
+        """
+        assert self.claim is not None
+        self._say(f"the job's claim producer failed fatally ({cause}); opening a new one")
+        log.warning("job=%s: claim producer fatal error, reopening: %s", self.job, cause)
+        self.claim.close()
+        try:
+            self.claim.open()
+        except KafkaClientError as exc:  # the broker in trouble: the next commit tries again
+            self.claim.close()
+            raise KafkaClientError(
+                f"reopening the job's claim failed: {exc}", code=exc.code, fatal=True
+            ) from exc
+        newest = self.claim.last()
+        mine = newest is not None and (
+            newest.get("host") == socket.gethostname()
+            and newest.get("pid") == os.getpid()
+            and newest.get("since_ms") == self._since_ms
+        )
+        if not mine:
+            who = holder_text(self.job, newest, time.time()) or f"its newest record: {newest}"
+            raise JobFencedError(f"a newer runner recorded itself in the claim ({who})")
 
     def _fenced_message(self, detail: str) -> str:
         assert self.claim is not None
