@@ -197,14 +197,19 @@ class JobAdmin:
             JobNotFoundError: it has no completed checkpoint.
             ConfigError: that checkpoint is unaligned.
         """
-        from processor.runtime.shape.savepoints import write_savepoint
+        from processor.runtime.shape.savepoints import final_committed, write_savepoint
 
         url = self.snapshot_url(job, snapshot_url)
         with self.holding(job, url) as store:  # stopped: nothing can change its checkpoints
             latest = store.latest_completed(job)
             if latest is None:
                 raise JobNotFoundError(f"job {job!r} has no completed checkpoint in {url}")
-            written = write_savepoint(store, latest, path=_where(path), redis_url=self._redis)
+            # its sinks committed it (a clean stop's final checkpoint): a restore after a reset,
+            # whose commit markers are gone, must not publish its last epoch again
+            committed = final_committed(store, job) == latest.checkpoint_id
+            written = write_savepoint(
+                store, latest, path=_where(path), redis_url=self._redis, committed=committed
+            )
         return Savepoint(job, written, latest.checkpoint_id)
 
     def request_savepoint(

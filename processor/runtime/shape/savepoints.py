@@ -83,6 +83,8 @@ log = logging.getLogger(__name__)
 REQUEST = "_SAVEPOINT_REQUEST"
 RESULT = "_SAVEPOINT_RESULT"
 _MARKER = "_SAVEPOINT"
+#: Job file: the final checkpoint of the job's last clean stop, which every sink committed.
+FINAL_COMMITTED = "_FINAL_COMMITTED"
 _POLL_S = 0.5
 
 
@@ -468,3 +470,13 @@ class SavepointRequests:
             log.exception("savepoint of checkpoint %d failed", checkpoint_id)
             answer["error"] = f"{type(exc).__name__}: {exc}"
         self.store.write_job_file(self.job, RESULT, json.dumps(answer).encode())
+
+
+def final_committed(store: SnapshotStore, job: str) -> int:
+    """The checkpoint whose commit by every sink the job's last clean stop recorded (0: none);
+    a savepoint copied from a stopped job whose newest checkpoint it is says ``committed``."""
+    raw = store.read_job_file(job, FINAL_COMMITTED)
+    try:
+        return int(json.loads(raw)["checkpoint"]) if raw else 0
+    except (ValueError, KeyError, TypeError):
+        return 0

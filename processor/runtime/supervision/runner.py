@@ -39,6 +39,7 @@ SIGINT/SIGTERM stop the job the same way: final checkpoint, commits, then the wo
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import secrets
@@ -69,7 +70,12 @@ from processor.runtime.operators.state_map import STATE_KEY, check_state, state_
 from processor.runtime.pipeline import load_flow, load_object
 from processor.runtime.shape.rescale import prepare_shape
 from processor.runtime.shape.savepoint_state import redis_urls
-from processor.runtime.shape.savepoints import SavepointRequests, restore_savepoint, undo_restore
+from processor.runtime.shape.savepoints import (
+    FINAL_COMMITTED,
+    SavepointRequests,
+    restore_savepoint,
+    undo_restore,
+)
 from processor.runtime.shape.settle import settle_checkpoint
 from processor.runtime.supervision.alignment import SourceAlignment
 from processor.runtime.supervision.identity import JobIdentity
@@ -432,6 +438,13 @@ class Runner:
                 savepoints.tick()
                 reporter.report()
                 reporter.publish()
+            # Every sink committed the final checkpoint: a savepoint copied of it later, from
+            # the stopped job, says so (a restore after a reset, whose commit markers are gone,
+            # must not publish its last epoch again: processor.admin.jobs.copy_checkpoint).
+            if self.stop.final:
+                self.store.write_job_file(
+                    self.job, FINAL_COMMITTED, json.dumps({"checkpoint": self.stop.final}).encode()
+                )
             savepoints.finished(self.stop.final)
             reporter.status("finished")
             return reporter.result()
