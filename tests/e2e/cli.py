@@ -47,6 +47,12 @@ def job_env(brokers: str, tmp: Path, prefix: str = "life", **extra: str) -> dict
     return env
 
 
+def elsewhere(env: dict[str, str], tmp: Path) -> dict[str, str]:
+    """The same job (name, input, broker) as ``env`` with a state directory and an output
+    directory of its own under ``tmp``: a second runner on another host or volume."""
+    return {**env, "EOSFLOW_STATE_DIR": str(tmp / "state"), "OUTPUT_DIR": str(tmp / "out")}
+
+
 def eosflow(*args: str) -> list[str]:
     return [sys.executable, "-m", "processor.cli", *args]
 

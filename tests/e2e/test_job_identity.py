@@ -16,7 +16,7 @@ import pytest
 
 from connectors import KafkaSettings, TopicAdmin
 from processor.testing.outputs import scan_topic
-from tests.e2e.cli import committed_output, eosflow, job_env, wait_status
+from tests.e2e.cli import committed_output, elsewhere, eosflow, job_env, wait_status
 from tests.e2e.harness import (
     PIPELINES,
     assert_exactly_once,
@@ -110,8 +110,7 @@ def test_a_second_runner_with_another_state_dir_is_refused_while_the_first_has_h
     records = 4_000
     env_a = job_env(kafka_endpoint[0], tmp_path / "a", prefix="twice", WORK_US="1000")
     produce_clicks(kafka_endpoint[0], env_a["CLICKS_TOPIC"], records)
-    env_b = {**env_a, "EOSFLOW_STATE_DIR": str(tmp_path / "b" / "state"),
-             "OUTPUT_DIR": str(tmp_path / "b" / "out")}  # fmt: skip
+    env_b = elsewhere(env_a, tmp_path / "b")
     with (tmp_path / "a.err").open("w") as err:
         first = subprocess.Popen(  # about 50 s of input: running through B's three tries
             eosflow("run", TAGGED, "--workers", "2", "--checkpoint-interval", "300ms",
@@ -172,8 +171,7 @@ def test_a_second_runner_fences_the_first_which_stops_saying_so(
         env_a["OUTPUT_TOPIC"] = f"{env_a['JOB_NAME']}-out"
         env_a["TXN_PREFIX"] = env_a["JOB_NAME"]
         TopicAdmin(settings).ensure_topic(env_a["OUTPUT_TOPIC"], 4)
-    env_b = {**env_a, "EOSFLOW_STATE_DIR": str(tmp_path / "b" / "state"),
-             "OUTPUT_DIR": str(tmp_path / "b" / "out")}  # fmt: skip
+    env_b = elsewhere(env_a, tmp_path / "b")
     with (tmp_path / "a.err").open("w") as err:
         first = subprocess.Popen(
             eosflow("run", TAGGED, "--workers", "2", "--checkpoint-interval", "60s",
@@ -227,8 +225,7 @@ def test_two_runners_without_state_on_a_two_stage_pipeline_leave_one_exact_outpu
     records, seed = 3_000, chaos_seed()
     env_a = job_env(brokers, tmp_path / "a", prefix="two", WORK_US="0")
     produce_clicks(brokers, env_a["CLICKS_TOPIC"], records, seed=seed)
-    env_b = {**env_a, "EOSFLOW_STATE_DIR": str(tmp_path / "b" / "state"),
-             "OUTPUT_DIR": str(tmp_path / "b" / "out")}  # fmt: skip
+    env_b = elsewhere(env_a, tmp_path / "b")
     total = str(PIPELINES / "running_total_work.py")
     slow = ("--checkpoint-interval", "60s", "--max-rate", "50")  # per worker: 30 s of input
     fast = ("--checkpoint-interval", "300ms", "--max-rate", "1500")
@@ -280,8 +277,7 @@ def test_a_running_job_moves_to_another_state_dir_through_a_savepoint_exactly_on
     records, seed = 4_000, chaos_seed()
     env_a = job_env(brokers, tmp_path / "a", prefix="move", WORK_US="0")
     produce_clicks(brokers, env_a["CLICKS_TOPIC"], records, seed=seed)
-    env_b = {**env_a, "EOSFLOW_STATE_DIR": str(tmp_path / "b" / "state"),
-             "OUTPUT_DIR": str(tmp_path / "b" / "out")}  # fmt: skip
+    env_b = elsewhere(env_a, tmp_path / "b")
     total = str(PIPELINES / "running_total_work.py")
     shared = tmp_path / "shared" / "savepoint"  # a path both runners reach (S3 in production)
     with (tmp_path / "a.err").open("w") as err:

@@ -120,6 +120,19 @@ def _env(
     return env
 
 
+def _savepoint_of_a_stopped_job(env: dict[str, str]) -> str:
+    """Runs the job to the end of its input (a clean stop: its final checkpoint committed by
+    every sink), then ``eosflow savepoint JOB`` copies that checkpoint; returns its path."""
+    first = _run(env, "run", PIPELINE, "--workers", "2", "--checkpoint-interval", "300ms",
+                 "--until-idle", "--no-drain")  # fmt: skip
+    assert first.returncode == 0, first.stderr[-3000:]
+    saved = _run(env, "savepoint", env["JOB_NAME"])
+    assert saved.returncode == 0, saved.stdout + saved.stderr
+    assert "is not running: savepoint of its checkpoint" in saved.stdout, saved.stdout
+    return saved.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("taken", ["running-stop", "stopped"])
 @pytest.mark.parametrize("sink", ["file", "kafka"])
 def test_a_savepoint_restores_exactly_once_after_reset_when_new_input_repeats_old_clicks(
     kafka_endpoint: tuple[str, str],
@@ -128,7 +141,13 @@ def test_a_savepoint_restores_exactly_once_after_reset_when_new_input_repeats_ol
     redis_url: str,
     tmp_path: Path,
     sink: str,
+    taken: str,
 ) -> None:
+    """``running-stop``: ``eosflow savepoint JOB --stop`` of the running job. ``stopped``
+    (issue 48 item 5): the copy of a job that had stopped cleanly recorded its checkpoint as
+    not committed by the sinks; restored after the reset (which deleted the Kafka sink's commit
+    markers) the Kafka sink published its last epoch again. The runner now records the final
+    checkpoint its sinks committed, and the copy says ``committed``."""
     seed = chaos_seed()
     brokers = kafka_endpoint[0]
     env = _env(brokers, tmp_path, redis_url, sink, kafka_settings)
@@ -140,7 +159,10 @@ def test_a_savepoint_restores_exactly_once_after_reset_when_new_input_repeats_ol
 
     before, after = _inputs(seed)
     produce_json(brokers, env["CLICKS_TOPIC"], before, key=_key)
-    path = _stopped_with_savepoint(env, FIRST, read)
+    if taken == "stopped":
+        path = _savepoint_of_a_stopped_job(env)
+    else:
+        path = _stopped_with_savepoint(env, FIRST, read)
     first = expected_running_totals(click_events(FIRST, seed=seed))
     assert_exactly_once(first, read(), seed=seed)
 
@@ -215,47 +237,3 @@ def test_a_savepoint_whose_in_flight_channel_records_are_gone_is_refused_before_
     ]
     assert took < 30, f"refused after {took:.0f}s"
     assert sum(read().values()) == FIRST  # nothing more was written
-
-
-@pytest.mark.parametrize("sink", ["file", "kafka"])
-def test_a_savepoint_of_a_stopped_job_is_published_once_after_reset(
-    kafka_endpoint: tuple[str, str],
-    kafka_settings: KafkaSettings,
-    broker_caps: Any,
-    redis_url: str,
-    tmp_path: Path,
-    sink: str,
-) -> None:
-    """Issue 48 item 5: a savepoint copied from a job that had stopped cleanly (its final
-    checkpoint committed by every sink) recorded it as not committed; restored after a reset
-    (which deleted the Kafka sink's commit markers) the Kafka sink published that checkpoint's
-    last epoch again. The runner now records the final checkpoint its sinks committed, and the
-    copy says ``committed``."""
-    seed = chaos_seed()
-    brokers = kafka_endpoint[0]
-    env = _env(brokers, tmp_path, redis_url, sink, kafka_settings)
-    committed = broker_caps.read_committed_hides_aborted
-
-    def read() -> Counter[bytes]:
-        return _output(env, kafka_settings, committed)
-
-    before, after = _inputs(seed)
-    produce_json(brokers, env["CLICKS_TOPIC"], before, key=_key)
-    first = _run(env, "run", PIPELINE, "--workers", "2", "--checkpoint-interval", "300ms",
-                 "--until-idle", "--no-drain")  # fmt: skip
-    assert first.returncode == 0, first.stderr[-3000:]
-    assert_exactly_once(expected_running_totals(click_events(FIRST, seed=seed)), read(), seed=seed)
-    saved = _run(env, "savepoint", env["JOB_NAME"])
-    assert saved.returncode == 0, saved.stdout + saved.stderr
-    assert "is not running: savepoint of its checkpoint" in saved.stdout, saved.stdout
-    path = saved.stdout.strip().splitlines()[-1]
-    reset = _run(env, "reset", env["JOB_NAME"], "--yes", "--pipeline", PIPELINE)
-    assert reset.returncode == 0, reset.stderr
-    produce_json(brokers, env["CLICKS_TOPIC"], after, key=_key)
-    restored = _run(
-        env, "run", PIPELINE, "--workers", "2", "--checkpoint-interval", "300ms",
-        "--from-savepoint", path, "--until-idle",
-    )  # fmt: skip
-    assert restored.returncode == 0, restored.stderr[-4000:]
-    want = expected_running_totals(click_events(FIRST + LATER, seed=seed))
-    assert_exactly_once(want, read(), seed=seed)

@@ -311,25 +311,19 @@ def test_a_reset_job_runs_again_into_its_lake_tables_and_each_row_is_there_once(
     import sys
 
     from examples.clicks import click_events, produce_json
+    from tests.e2e.cli import job_env
     from tests.e2e.harness import PIPELINES
 
     seed, records = chaos_seed(), 3_000
-    run_id = uuid.uuid4().hex[:8]
     lake = tmp_path / "lake"
     lake.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EOSFLOW_")}
-    env.update(
-        JOB_NAME=f"lake-reset-{run_id}",
-        EOSFLOW_KAFKA_BROKERS=kafka_endpoint[0],
-        EOSFLOW_STATE_DIR=str(tmp_path / "state"),
-        LAKE_DIR=str(lake),
-        WORK_US="0",
-    )
+    env = job_env(kafka_endpoint[0], tmp_path, prefix="lake-reset", LAKE_DIR=str(lake), WORK_US="0")
+    topic = env["CLICKS_TOPIC"]
     pipeline = str(PIPELINES / "running_total_lake.py")
     cli = [sys.executable, "-m", "processor.cli"]
     want: Counter[bytes] = Counter()
     for run, run_seed in enumerate((seed, seed + 1)):
-        env["CLICKS_TOPIC"] = f"lake-reset-clicks-{run_id}-{run}"
+        env["CLICKS_TOPIC"] = f"{topic}-{run}"
         produce_json(kafka_endpoint[0], env["CLICKS_TOPIC"],
                      list(click_events(records, seed=run_seed)),
                      key=lambda e: str(e["user"]))  # fmt: skip

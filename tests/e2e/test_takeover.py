@@ -24,7 +24,7 @@ import pytest
 from connectors import KafkaSettings
 from connectors.claim import claim_topic
 from processor.testing.outputs import scan_topic
-from tests.e2e.cli import committed_output, eosflow, job_env, status, wait_status
+from tests.e2e.cli import committed_output, elsewhere, eosflow, job_env, status, wait_status
 from tests.e2e.harness import (
     PIPELINES,
     assert_exactly_once,
@@ -59,8 +59,7 @@ def test_a_newcomer_on_another_state_dir_takes_the_running_job_over_exactly_once
     records, seed = 8_000, chaos_seed()
     env_a = job_env(brokers, tmp_path / "a", prefix="takeover", WORK_US="0")
     produce_clicks(brokers, env_a["CLICKS_TOPIC"], records, seed=seed)
-    env_b = {**env_a, "EOSFLOW_STATE_DIR": str(tmp_path / "b" / "state"),
-             "OUTPUT_DIR": str(tmp_path / "b" / "out")}  # fmt: skip
+    env_b = elsewhere(env_a, tmp_path / "b")
     # about 20 s of input: still running when the refused start and the takeover come, on a
     # loaded machine too (at 4,000 it had finished on Kafka 4.3.1 under 4 test workers)
     first = _start(env_a, tmp_path / "a.err", "--max-rate", "200")
