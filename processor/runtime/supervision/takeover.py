@@ -32,6 +32,7 @@ running, and this start fails with what to do.
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -86,6 +87,8 @@ class Takeover:
                 return None
             assert record is not None
             theirs = str(record.get("store") or "")
+            if theirs.startswith("file:") and record.get("host") != socket.gethostname():
+                raise self._unreachable(running, theirs)  # a path of another machine's disk
             if theirs == self.store.url:  # acquire() waits for its lease
                 self._ask(self.store, running)
                 return None
@@ -98,13 +101,7 @@ class Takeover:
         SIGTERMed as the request came, or its final checkpoint failed) its newest checkpoint."""
         store = SnapshotStore(url) if url else None
         if store is None or (url.startswith("file:") and not _has_job(store, self.job)):
-            raise ConfigError(
-                f"--takeover: {running}, on snapshot store {url or '(not recorded)'}, which is not "
-                "reachable from here: the stop request and its savepoint must go through a store "
-                "both runners reach (--snapshot-url s3://... or a shared filesystem). Or move the "
-                f"job by hand: 'eosflow savepoint {self.job} --stop --path URL' where it runs, "
-                "then 'eosflow run ... --from-savepoint URL' here (docs/deployment.md)"
-            )
+            raise self._unreachable(running, url)
         request_id = self._ask(store, running)
         started, next_look = time.monotonic(), 0.0
         while self._left() > 0:
@@ -130,6 +127,15 @@ class Takeover:
             f"--takeover: the runner holding job {self.job!r} did not stop within "
             f"{self.timeout:g}s; it was left running. Raise --takeover-timeout (its final "
             "checkpoint must complete and its sinks commit), or see its log"
+        )
+
+    def _unreachable(self, running: str, url: str) -> ConfigError:
+        return ConfigError(
+            f"--takeover: {running}, on snapshot store {url or '(not recorded)'}, which is not "
+            "reachable from here: the stop request and its savepoint must go through a store "
+            "both runners reach (--snapshot-url s3://... or a shared filesystem). Or move the "
+            f"job by hand: 'eosflow savepoint {self.job} --stop --path URL' where it runs, "
+            "then 'eosflow run ... --from-savepoint URL' here (docs/deployment.md)"
         )
 
     def _copy_stopped(self, url: str, why: str) -> str | None:
