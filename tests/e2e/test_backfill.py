@@ -85,6 +85,10 @@ def _backfill(
     return first, run, seed
 
 
+#: The share of the backlog read before which the first window counts as committed while reading.
+EARLY = 0.5
+
+
 def test_a_rate_limited_backfill_commits_windows_while_it_reads_each_exactly_once(
     kafka_endpoint: tuple[str, str], tmp_path: Path
 ) -> None:
@@ -92,8 +96,10 @@ def test_a_rate_limited_backfill_commits_windows_while_it_reads_each_exactly_onc
     assert len(run.random_kills) == 1
     # 30 s of drift over 320 s of event time: the first window (10 s) can fire once the
     # slowest partition passed ~40 s, an eighth of the backlog; the checkpoint that commits it
-    # follows within a second (a sixteenth of it).
-    assert first.read_share is not None and first.read_share < 0.4, (
+    # follows within a second (a sixteenth of it). A SIGKILL's restart and a loaded machine
+    # push it later (0.41 in CI, 2026-11-28; issue 50 is about that); without alignment it
+    # comes after 0.75-0.88 (docs/engine.md), the test below.
+    assert first.read_share is not None and first.read_share < EARLY, (
         f"the first window was committed only after {first.read_share} of the backlog was read"
     )
     assert run.output == expected(expected_window_counts, RECORDS, seed)
@@ -105,7 +111,7 @@ def test_without_alignment_the_same_backfill_fires_nothing_until_most_is_read(
     """The check above fails with ``--watermark-alignment off``: the reader drains one
     partition after another, and the minimum watermark waits for the last one."""
     first, run, seed = _backfill(kafka_endpoint, tmp_path, alignment=None, kills=0)
-    assert first.read_share is None or first.read_share >= 0.4, (
+    assert first.read_share is None or first.read_share >= EARLY, (
         "without alignment a window was committed early: this backlog does not show the "
         "uneven reading the test above is about"
     )
