@@ -113,7 +113,9 @@ def held_then_killed(
 
     ``feed=(restarts, produce)``: calls ``produce`` once the job has restarted that many times,
     so that the start holding at a commit point has new input to commit whatever the machine's
-    load did to the earlier starts (which may have read everything before)."""
+    load did to the earlier starts (which may have read everything before); or once the job
+    has had nothing to read for 5 s before that (the earlier starts' commit points need new
+    output too)."""
     from processor.runtime.supervision.worker import hold_paths
 
     holds.mkdir(parents=True, exist_ok=True)
@@ -128,11 +130,20 @@ def held_then_killed(
     reached, _release = hold_paths(holds, point, worker)
     deadline = time.monotonic() + 180
     checked = 0.0
+    idle_since: float | None = None
     while not reached.exists() and proc.poll() is None and time.monotonic() < deadline:
         if feed is not None and time.monotonic() - checked > 0.5:
             checked = time.monotonic()
             now = status(env)  # this run's (a finished run's status.json may linger)
-            if now.get("pid") == proc.pid and now.get("restarts", 0) >= feed[0]:
+            ours = now.get("pid") == proc.pid
+            # Idle before the earlier faults fired (a loaded machine read everything first:
+            # their commit points wait for output that never comes; seen in CI): feed now.
+            idle = ours and now.get("source_lag") == 0 and now.get("records_in", 0) > 0
+            idle_since = (idle_since or checked) if idle else None
+            if ours and (
+                now.get("restarts", 0) >= feed[0]
+                or (idle_since is not None and checked - idle_since > 5.0)
+            ):
                 feed[1]()
                 feed = None
         time.sleep(0.05)
