@@ -123,10 +123,13 @@ class Takeover:
                 if copied is not None:
                     return copied
             time.sleep(_POLL_S)
-        raise ConfigError(
-            f"--takeover: the runner holding job {self.job!r} did not stop within "
-            f"{self.timeout:g}s; it was left running. Raise --takeover-timeout (its final "
-            "checkpoint must complete and its sinks commit), or see its log"
+        raise ConfigError(self._not_stopped(f"the runner holding job {self.job!r}"))
+
+    def _not_stopped(self, who: str) -> str:
+        return (
+            f"--takeover: {who} did not stop within {self.timeout:g}s; it was left running. "
+            "Raise --takeover-timeout (its final checkpoint must complete and its sinks "
+            "commit), or see its log"
         )
 
     def _unreachable(self, running: str, url: str) -> ConfigError:
@@ -172,11 +175,7 @@ class Takeover:
                 if self.store.url not in self._asked:
                     self._ask(self.store, f"{holder} holds job {self.job!r} in this store")
                 elif self._left() <= 0:
-                    raise JobRunningError(
-                        f"--takeover: {holder} did not stop within {self.timeout:g}s; it was "
-                        "left running. Raise --takeover-timeout (its final checkpoint must "
-                        "complete and its sinks commit), or see its log"
-                    ) from None
+                    raise JobRunningError(self._not_stopped(holder)) from None
             time.sleep(_POLL_S)
 
     def _ask(self, store: SnapshotStore, running: str) -> str:
