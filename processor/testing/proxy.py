@@ -420,9 +420,10 @@ class FaultProxy:
             if wait > 0:
                 await asyncio.sleep(wait)
             await flowing.wait()  # held, not dropped, during a partition
-            writer.write(data)
-            await writer.drain()
+            # Counted before the write: a client that has read its bytes finds them counted.
             if up:
                 self.stats.bytes_up += len(data)
             else:
                 self.stats.bytes_down += len(data)
+            writer.write(data)
+            await writer.drain()
