@@ -560,12 +560,6 @@ def main() -> int:
                     kill_after=args.kill_after,
                     victim=i % 2,
                     recovery=rec,
-                    # The clicks are 10 ms of event time apart and the job reads about 150,000
-                    # a second: a checkpoint interval spans some 1,500 s of event time, more
-                    # than the default 10 minutes within which local recovery's replay check
-                    # can tell a copy (docs/local-recovery.md, "The ID check on channel
-                    # inputs"). The input spans 20,000 s.
-                    recovery_horizon=86_400.0,
                 )
                 r["check"] = _check(sink, environ, args.records)
                 runs.append(r)

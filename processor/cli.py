@@ -33,11 +33,22 @@ from processor import __version__, cli_jobs
 from processor.embedded import ENV_VARS, SERVICES, DevCluster, servers, state_file
 from processor.embedded._process import is_running
 from processor.errors import EosflowError
-from processor.runtime.job import parse_alignment, parse_duration, parse_map_state
+from processor.runtime.job import DEFAULT_MAX_IDS, parse_alignment, parse_duration, parse_map_state
 
 __all__ = ["main"]
 
 log = logging.getLogger("eosflow")
+
+
+class _Removed(argparse.Action):
+    """``--recovery-horizon``: gone with issue 49; says what replaced it."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_args: object, **_kw: object) -> None:
+        parser.error(
+            "--recovery-horizon was removed: local recovery no longer forgets record IDs by "
+            "event time (a re-emitted copy is never passed unchecked). Drop the option; the "
+            "bound is now --recovery-max-ids N (docs/local-recovery.md)"
+        )
 
 
 def _configure_logging(verbose: int) -> None:
@@ -153,9 +164,7 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     map_state = parse_map_state(args.map_state)  # before any server starts
     environ = RunOptions.parse_env(args.env)
-    # local recovery keeps record IDs in Redis: embedded too unless EOSFLOW_REDIS_URL names one
-    wanted = ["kafka", "redis"] if args.recovery == "local" else ["kafka"]
-    with servers(wanted) as endpoints:
+    with servers(["kafka"]) as endpoints:
         options = RunOptions(
             workers=args.workers,
             checkpoint_interval=args.checkpoint_interval,
@@ -174,7 +183,7 @@ def _run(args: argparse.Namespace) -> int:
             max_restarts=args.max_restarts,
             restart_window=args.restart_window,
             recovery=args.recovery,
-            recovery_horizon=args.recovery_horizon,
+            recovery_max_ids=args.recovery_max_ids,
             metrics=args.metrics,
             from_savepoint=args.from_savepoint,
             allow_rewind=args.allow_rewind,
@@ -282,14 +291,15 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--recovery", default="global", choices=["global", "local"],
         help="after a worker failure restart every worker from the latest checkpoint (global), "
-        "or only the failed one while the others keep running (local; needs Redis for record "
-        "IDs: EOSFLOW_REDIS_URL, embedded by default)",
+        "or only the failed one while the others keep running (local)",
     )  # fmt: skip
     run.add_argument(
-        "--recovery-horizon", type=parse_duration, default=600.0, metavar="DURATION",
-        help="local recovery: how far behind the watermark (event time) a re-emitted copy is "
-        "still recognised (default 10m)",
+        "--recovery-max-ids", type=int, default=DEFAULT_MAX_IDS, metavar="N",
+        help="local recovery: the record IDs one task may keep (in memory, about 90 bytes "
+        "each) until completed checkpoints release them; more recovers the job globally "
+        f"(default {DEFAULT_MAX_IDS:,})",
     )  # fmt: skip
+    run.add_argument("--recovery-horizon", action=_Removed, help=argparse.SUPPRESS)
     run.add_argument(
         "--until-idle", action="store_true",
         help="stop once every source partition reached the end offset it had at start-up and "

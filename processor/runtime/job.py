@@ -18,8 +18,13 @@ from processor.embedded.cluster import state_dir
 from processor.errors import ConfigError, EosflowError
 from processor.runtime.control import Connection
 
+#: Local recovery: the record IDs one task's replay check holds at most, by default
+#: (``--recovery-max-ids``; processor.runtime.operators.replay).
+DEFAULT_MAX_IDS = 2_000_000
+
 __all__ = [
     "DEFAULT_ADDRESS",
+    "DEFAULT_MAX_IDS",
     "FAULT_ACTIONS",
     "FAULT_POINTS",
     "MODES",
@@ -156,11 +161,12 @@ class RunOptions:
     watermark_alignment: float | str | None = "auto"
     log_level: str = "INFO"
     #: ``global``: every worker restarts from the latest completed checkpoint; ``local``: only
-    #: the failed one (docs/local-recovery.md; needs Redis for the record IDs).
+    #: the failed one (docs/local-recovery.md).
     recovery: str = "global"
-    #: Local recovery: how far behind the watermark (event time) a re-emitted copy is still
-    #: recognised; older copies are passed, counted and logged.
-    recovery_horizon: float = 600.0
+    #: Local recovery: the record IDs one task's replay check may hold (in memory, about 90
+    #: bytes each) while checkpoints have not released them; more recovers the job globally
+    #: (processor.runtime.operators.replay).
+    recovery_max_ids: int = DEFAULT_MAX_IDS
     #: Where the runner serves the job page, ``/api/job`` and Prometheus ``/metrics``:
     #: ``HOST:PORT``, ``HOST:FIRST-LAST`` (the first free port) or ``off``; ``None``: the
     #: ``EOSFLOW_METRICS`` variable, else ``127.0.0.1:9249-9258`` (docs/observability.md).
@@ -284,8 +290,12 @@ class RunOptions:
                 f"--mode {self.mode}: a restarted worker restores the latest completed one"
             )
         self.metrics_address()
-        if self.recovery_horizon < 1:
-            raise ConfigError(f"recovery horizon must be at least 1s, got {self.recovery_horizon}s")
+        if self.recovery_max_ids < 1000:
+            raise ConfigError(
+                f"--recovery-max-ids {self.recovery_max_ids}: a task's replay check must hold at "
+                "least the records of one checkpoint interval; give 1000 or more (default "
+                f"{DEFAULT_MAX_IDS:,})"
+            )
         _check_map_state(self.map_state)
 
 

@@ -151,7 +151,7 @@ def test_step_name_dead_letters_is_reserved_when_added() -> None:
     [
         ({"recovery": "partial"}, "recovery 'partial': choose one of"),
         ({"recovery": "local", "mode": "sync"}, "--recovery local needs checkpoints"),
-        ({"recovery": "local", "recovery_horizon": 0.5}, "recovery horizon must be at least 1s"),
+        ({"recovery": "local", "recovery_max_ids": 10}, "--recovery-max-ids 10"),
     ],
 )
 def test_recovery_options_are_checked_at_start_up(options: dict[str, Any], message: str) -> None:

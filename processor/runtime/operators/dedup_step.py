@@ -39,7 +39,7 @@ from processor.dataflow import Step
 from processor.runtime.operators.core import Operator, Record
 from processor.runtime.waits import waiting
 
-__all__ = ["DedupOperator", "IdRouter", "ReplayCheck"]
+__all__ = ["DedupOperator", "IdRouter"]
 
 log = logging.getLogger(__name__)
 
@@ -155,35 +155,6 @@ class DedupOperator(Operator):
             )  # fmt: skip
         if self._client is not None:
             self._client.close()
-
-
-class ReplayCheck(DedupOperator):
-    """Local recovery: the IDs of the channel records a task processed, so that the copies a
-    restarted upstream worker re-emits are dropped (docs/local-recovery.md).
-
-    A ``dedup`` operator over the records' own IDs, with the task's operator lifecycle (open,
-    prepare, snapshot, restore, commit, watermark GC, close). It has no children: the task calls
-    :meth:`check` with the IDs the channel records carry and pushes the new ones itself, one at
-    a time. A copy older than the horizon is passed (counted and logged): dropping it could
-    lose a legitimately late record.
-    """
-
-    def __init__(self, stage: str, within_ms: int) -> None:
-        params = {
-            "id": None,
-            "within_ms": within_ms,
-            "bucket_ms": None,
-            "late": "pass",
-            "expected_ids": 100_000,
-            "fp_rate": 0.001,
-            "redis_url": None,
-        }
-        super().__init__(Step(f"~replay-{stage}", "dedup", (), True, params))
-
-    def check(self, ids: list[int], timestamps: list[int]) -> list[bool]:
-        """For each ID, ``True`` if this task has not processed it (it is recorded now)."""
-        assert self.dedup is not None, "ReplayCheck.open() was not called"
-        return self.dedup.check(ids, timestamps)
 
 
 class IdRouter(Operator):

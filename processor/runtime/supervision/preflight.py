@@ -91,7 +91,7 @@ def _check_sinks_local_recovery(plan: Plan) -> None:
 
 
 def preflight(plan: Plan, options: RunOptions, interval: float | None) -> None:
-    """Sinks check their configuration; ``dedup`` steps and local recovery check their Redis."""
+    """Sinks check their configuration; ``dedup`` steps check their Redis."""
     if not options.drain and not options.until_idle:
         raise ConfigError(
             "--no-drain only applies to a bounded run: add --until-idle, or leave --no-drain "
@@ -117,11 +117,11 @@ def preflight(plan: Plan, options: RunOptions, interval: float | None) -> None:
                 checkpoint_interval=interval,
                 checkpoint_timeout=options.checkpoint_timeout if interval is not None else None,
             )
-        _preflight_redis(plan, options)
+        _preflight_redis(plan)
 
 
-def _preflight_redis(plan: Plan, options: RunOptions) -> None:
-    """``dedup`` steps and local recovery keep record IDs in Redis: it must answer within 5 s
+def _preflight_redis(plan: Plan) -> None:
+    """``dedup`` steps keep record IDs in Redis: it must answer within 5 s
     and must not evict them, or the job fails now, with the address, instead of timing its
     checkpoints out for minutes (issue 18). Each server is checked once."""
     users: dict[str | None, tuple[str, str]] = {}  # URL (None: the variable) -> what, source
@@ -130,8 +130,6 @@ def _preflight_redis(plan: Plan, options: RunOptions) -> None:
             url = step.params.get("redis_url")
             source = f"redis_url= of step {step.name!r}" if url else "EOSFLOW_REDIS_URL"
             users.setdefault(url or None, (f"dedup step {step.name!r}", source))
-    if options.recovery == "local":
-        users.setdefault(None, ("--recovery local", "EOSFLOW_REDIS_URL"))
     if not users:  # redis-py is not imported for nothing (about 30 ms of start-up)
         return
     from dedup.server import allow_eviction, check_redis

@@ -174,9 +174,14 @@ class Supervisor:
         budget.count(cause)
         if self.metrics is not None:
             self.metrics.on_restart(cause)
+        # A task whose replay check reached --recovery-max-ids (ReplayBoundExceeded, quoted
+        # in the cause from the worker's last error line) cannot protect its inputs any more:
+        # the whole job restores instead, which needs no replay check.
         if self.options.recovery == "local" and worker is not None:
-            self._recover_local(worker, cause)
-            return
+            if "ReplayBoundExceeded" not in cause:
+                self._recover_local(worker, cause)
+                return
+            log.warning("a replay check reached --recovery-max-ids: global recovery")
         started = self.current.connected()
         self.stop_all()
         budget.check_start(cause, started)

@@ -238,7 +238,7 @@ class Runner:
             "log_path": str(self.current.log_path(worker)),
             "recovery": self.options.recovery,
             "on_deleted_records": self.options.on_deleted_records,
-            "recovery_horizon_ms": int(self.options.recovery_horizon * 1000),
+            "recovery_max_ids": self.options.recovery_max_ids,
             "stale_through": stale_through,
             "sink_generation": sink_generation,
             "map_state": self.options.map_state,

@@ -33,6 +33,7 @@ from typing import Any
 from processor.compiler import compile_flow
 from processor.errors import ConfigError
 from processor.runtime.control import ControlClient
+from processor.runtime.job import DEFAULT_MAX_IDS
 from processor.runtime.pipeline import load_flow, load_object
 from processor.runtime.supervision.alignment import others_watermark
 from processor.runtime.task import Task, TaskEnv
@@ -182,7 +183,7 @@ def run_worker(spec: dict[str, Any]) -> int:
         start_positions=starts,
         checkpoint_interval=spec.get("checkpoint_interval"),
         recovery=recovery,
-        recovery_horizon_ms=int(spec.get("recovery_horizon_ms", 600_000)),
+        recovery_max_ids=int(spec.get("recovery_max_ids", DEFAULT_MAX_IDS)),
         stale_through=int(spec.get("stale_through", 0)),
         sink_generation=spec.get("sink_generation"),
         map_state=dict(spec.get("map_state") or {}),

@@ -33,8 +33,9 @@ from processor.contracts import Message, SinkContext, SinkWriter
 from processor.dataflow import DEAD_LETTERS
 from processor.errors import UserFunctionError
 from processor.runtime.operators.core import MIN_WATERMARK, Operator, Record, SinkOp
-from processor.runtime.operators.dedup_step import DedupOperator, ReplayCheck
+from processor.runtime.operators.dedup_step import DedupOperator
 from processor.runtime.operators.registry import build_operator, build_router
+from processor.runtime.operators.replay import ReplayCheck
 from processor.runtime.operators.windows import Combiner
 from processor.runtime.task.channels import ChannelOut, Lineage, Loop, TaskEnv
 from processor.runtime.task.dead_letters import DeadLetters, Origins
@@ -111,7 +112,7 @@ class OperatorChain:
                 if parent in self.ops:  # parents in other stages arrive through channels
                     self.ops[parent].children.append(self.ops[name].input(parent))
         if self.lineage is not None and not stage.sources:  # an operator like the others
-            self.replay = ReplayCheck(stage.name, env.recovery_horizon_ms)
+            self.replay = ReplayCheck(stage.name, env.recovery_max_ids, task=self.name)
             self.replay.open(self.sink_context(self.replay.name, self.subtask, plan.parallelism))
             self.ops[self.replay.name] = self.replay
         self.dead: DeadLetters | None = None

@@ -14,6 +14,7 @@ import orjson
 from dedup.ids import derived_id
 from processor.compiler import Edge, Plan
 from processor.contracts import Reader, Writer
+from processor.runtime.job import DEFAULT_MAX_IDS
 from processor.runtime.operators.core import Operator, Record
 from processor.runtime.operators.process import wall_clock_ms
 from processor.snapshot.store import SnapshotStore
@@ -52,7 +53,7 @@ class TaskEnv:
         clock: Callable[[], float] = time.monotonic,
         checkpoint_interval: float | None = None,
         recovery: str = "global",
-        recovery_horizon_ms: int = 600_000,
+        recovery_max_ids: int = DEFAULT_MAX_IDS,
         stale_through: int = 0,
         sink_generation: int | None = None,
         now_ms: Callable[[], int] | None = None,
@@ -75,7 +76,8 @@ class TaskEnv:
         self.clock = clock
         self.checkpoint_interval = checkpoint_interval
         self.recovery = recovery  # global | local (docs/local-recovery.md)
-        self.recovery_horizon_ms = recovery_horizon_ms
+        # Local recovery: IDs one task's replay check may hold (processor.runtime.operators.replay)
+        self.recovery_max_ids = recovery_max_ids
         # Local recovery: checkpoints up to this id were triggered before this worker restarted
         # (aborted or completed); their barriers and triggers are stale here.
         self.stale_through = stale_through

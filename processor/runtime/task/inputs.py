@@ -19,7 +19,7 @@ the regular inputs stay held until every back-edge is live. The head ignores wat
 back-edges, and records carry their iteration count in loop channels (``max_iterations``).
 
 Local recovery (docs/local-recovery.md): channel records carry their IDs; the ones this task
-processed already are dropped by :class:`~processor.runtime.operators.dedup_step.ReplayCheck`, the
+processed already are dropped by :class:`~processor.runtime.operators.replay.ReplayCheck`, the
 others pushed one at a time with their ID as lineage.
 
 Zombie fencing (:mod:`processor.wire`, "Fencing"): a record written by an older incarnation
@@ -357,14 +357,20 @@ class ChannelInputs:
     def _channel_batch_ids(self, msgs: list[Message]) -> None:
         """Local recovery: channel records are ``[key, value, ts, id hex]``; the ones whose ID
         this task processed already are dropped, the others pushed one at a time."""
-        modes, loads = self.modes, orjson.loads
+        modes, loads, floor = self.modes, orjson.loads, self.fence.floor
         held: list[tuple[Message, Record, int]] = []
+        held_tp: TP | None = None  # the channel of the held records (one at a time)
+        held_inc = 0  # and their writer's incarnation
         n = 0
         for m, topic, tp, ctl in self._unstashed(msgs):
             if ctl is None:
                 if modes.get(tp) == _DROP:
                     self.stale_dropped += 1
                     continue
+                inc = floor.get(tp, 0)  # the fence admitted it: its writer's incarnation
+                if tp != held_tp or inc != held_inc:
+                    n += self._deliver(held_tp, held_inc, held)
+                    held, held_tp, held_inc = [], tp, inc
                 value: Any = m.value()
                 bundle = bundle_records(value)
                 if bundle is None:
@@ -381,10 +387,20 @@ class ChannelInputs:
                         (m, (tuple(k) if type(k) is list else k, v, t), derived_id(place, i))
                     )
                 continue
-            n += self._deliver(held)
-            held = []
+            n += self._deliver(held_tp, held_inc, held)
+            held, held_tp = [], None
+            if isinstance(ctl, (Barrier, GenerationStart)) and modes.get(tp) != _DROP:
+                # The replay check learns who writes the channel and what its barriers cover
+                # (processor.runtime.operators.replay); the fence admitted the record, so the
+                # floor is its writer's incarnation.
+                replay = self.chain.replay
+                assert replay is not None
+                if isinstance(ctl, GenerationStart):
+                    replay.incarnation(tp, max(ctl.incarnation, floor.get(tp, 0)))
+                elif ctl.generation == self.generation:
+                    replay.barrier(tp, floor.get(tp, 0), ctl.checkpoint_id)
             self._control(tp, ctl, modes.get(tp))
-        n += self._deliver(held)
+        n += self._deliver(held_tp, held_inc, held)
         self.records_in += n
 
     def _unstashed(self, msgs: list[Message]) -> Iterator[tuple[Message, Any, TP, Any]]:
@@ -480,13 +496,16 @@ class ChannelInputs:
                 " (dead letter)" if self.chain.dead is not None else "",
             )  # fmt: skip
 
-    def _deliver(self, held: list[tuple[Message, Record, int]]) -> int:
-        """Pushes the records of ``held`` whose IDs are new to this task, each on its own."""
-        if not held:
+    def _deliver(
+        self, tp: TP | None, incarnation: int, held: list[tuple[Message, Record, int]]
+    ) -> int:
+        """Pushes the records of ``held`` (read on channel ``tp``, written by ``incarnation``)
+        whose IDs are new to this task, each on its own."""
+        if not held or tp is None:
             return 0
         replay, lineage, entry = self.chain.replay, self.chain.lineage, self.chain.entry
         assert replay is not None and lineage is not None
-        fresh = replay.check([rid for _m, _r, rid in held], [r[2] for _m, r, _rid in held])
+        fresh = replay.check(tp, incarnation, [rid for _m, _r, rid in held])
         self.chain.origins = self.chain.pushing
         for (m, record, rid), new in zip(held, fresh, strict=True):
             if new:
