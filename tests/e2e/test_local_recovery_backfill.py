@@ -1,0 +1,146 @@
+"""Local recovery whatever the event time does (issue 49): the replay check forgets a record's
+ID only when a completed checkpoint makes its copy impossible, never by event time.
+
+Before, the check forgot IDs ten minutes of event time behind the watermark and passed older
+copies unchecked ("record older than the horizon passed unchecked"). A backfill reads hours of
+event time per second, so a restarted worker's copies were that old: a running aggregate took
+them twice. Here the clicks are one second of event time apart, so the job reads hours of event
+time per second, and the committed output is compared with the answer computed from the click
+generator alone.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from processor.runtime.supervision.runner import Fault
+from tests.e2e.harness import (
+    assert_exactly_once,
+    assert_faults_fired,
+    chaos_seed,
+    click_events,
+    expected_running_totals,
+    expected_two_level_counts,
+    read_two_level_output,
+    run_chaos,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.chaos]
+
+SPACING_MS = 1000  # one click per second of event time
+#: What the replay check logged when it passed a copy it could not check any more (before
+#: issue 49), and any line saying a record went through unchecked.
+UNCHECKED = re.compile(r"passed unchecked|older than the horizon")
+
+
+def spaced_clicks(records: int, seed: int) -> Iterator[dict[str, Any]]:
+    """The generator's clicks, one second of event time apart (a backfill of history)."""
+    for i, event in enumerate(click_events(records, seed=seed)):
+        yield {**event, "ts_ms": 1_700_000_000_000 + i * SPACING_MS}
+
+
+def _produce(records: int, seed: int) -> Any:
+    from tests.e2e.harness import produce_json
+
+    def produce(brokers: str, topic: str) -> object:
+        return produce_json(
+            brokers, topic, spaced_clicks(records, seed), key=lambda e: str(e["user"]),
+            total=records,
+        )  # fmt: skip
+
+    return produce
+
+
+def _copies_dropped(tmp_path: Path, job: str) -> int:
+    status = json.loads((tmp_path / "state" / "jobs" / job / "status.json").read_text())
+    return sum(int(s.get("replayed", 0)) for s in status["tasks"].values())
+
+
+def _assert_none_unchecked(logs: dict[str, str], seed: int) -> None:
+    lines = [ln for text in logs.values() for ln in text.splitlines() if UNCHECKED.search(ln)]
+    assert not lines, f"seed={seed}: {len(lines)} lines of records passed unchecked: {lines[:3]}"
+
+
+def test_the_reproduction_two_shuffles_clicks_a_second_apart_killed_mid_alignment(
+    kafka_endpoint: tuple[str, str], tmp_path: Path
+) -> None:
+    """The issue's reproduction: the two-shuffle pipeline, clicks 1 s of event time apart,
+    0.5 s checkpoints, worker 1 SIGKILLed mid-alignment of checkpoint 4. Before, the survivor
+    logged ``record older than the horizon passed unchecked`` 20-21 times."""
+    seed = chaos_seed()
+    records = 60_000
+    faults = [Fault(0, 1, "mid-alignment", 4)]
+    run = run_chaos(
+        "two_level_count.py",
+        brokers=kafka_endpoint[0],
+        tmp=tmp_path,
+        records=records,
+        seed=seed,
+        mode="aligned",
+        interval=0.5,
+        faults=faults,
+        recovery="local",
+        produce=_produce(records, seed),
+        read_output=lambda job_env: read_two_level_output(job_env["OUTPUT_DIR"]),
+    )
+    assert_faults_fired(run, faults, 0, seed=seed)
+    want = expected_two_level_counts(spaced_clicks(records, seed))
+    assert_exactly_once(want, run.output, seed=seed)
+    _assert_none_unchecked(run.logs, seed)
+    dropped = _copies_dropped(tmp_path, run.result.job)
+    print(f"seed={seed}: copies dropped={dropped} restarts={run.result.restarts}")
+    assert dropped > 0, f"seed={seed}: no copy reached a replay check: the test proved nothing"
+
+
+@pytest.mark.parametrize("mode", ["aligned", pytest.param("unaligned", marks=pytest.mark.crash)])
+def test_a_backfills_running_aggregate_after_a_shuffle_is_exactly_once_under_local_recovery(
+    kafka_endpoint: tuple[str, str], tmp_path: Path, mode: str
+) -> None:
+    """A running aggregate after a shuffle, no windows (nothing drops a late copy), reading
+    hours of event time per second, under five random SIGKILLs of either worker and two at
+    named points (mid-alignment, after-completion-before-commit)."""
+    seed = chaos_seed()
+    records = 80_000
+    random_kills = 5
+    faults = [
+        Fault(0, 1, "mid-alignment", 3),
+        Fault(1, 1, "after-completion-before-commit", 2),
+    ]
+    run = run_chaos(
+        "backlog_total.py",
+        brokers=kafka_endpoint[0],
+        tmp=tmp_path,
+        records=records,
+        seed=seed,
+        mode=mode,
+        interval=0.5,
+        faults=faults,
+        random_kills=random_kills,
+        recovery="local",
+        victims=[0, 1],
+        env={"WORK_US": "50"},
+        produce=_produce(records, seed),
+        # Paced, so that the kills land while the input is read (unpaced, the source stage read
+        # it all in a second, before any kill): still hours of event time per second.
+        run_options={"max_rate": 8_000},
+    )
+    print(f"seed={seed} random kills (s after start, worker): {run.random_kills}")
+    print(f"restarts={run.result.restarts} causes={run.result.restart_causes}")
+    assert_faults_fired(run, faults, random_kills, seed=seed)
+    hours_per_s = records * SPACING_MS / 3_600_000 / run.result.seconds
+    print(f"event time read: {hours_per_s:.1f} hours per second of the run")
+    assert hours_per_s >= 1.0, f"a backfill reads hours of event time a second: {hours_per_s}"
+    assert_exactly_once(
+        expected_running_totals(spaced_clicks(records, seed)), run.output, seed=seed
+    )
+    _assert_none_unchecked(run.logs, seed)
+    assert not any("ReplayBoundExceeded" in c for c in run.result.restart_causes)
+    dropped = _copies_dropped(tmp_path, run.result.job)
+    print(f"copies dropped by the replay checks: {dropped}")
+    assert dropped > 0, f"seed={seed}: no copy reached a replay check: the test proved nothing"
