@@ -185,6 +185,10 @@ def main() -> int:
         "--work-us", type=int, default=100, help="CPU work per click in the pipeline (WORK_US)"
     )
     parser.add_argument("--no-kill", action="store_true", help="only the runs without failure")
+    parser.add_argument(
+        "--recoveries", default="global,local",
+        help="which recoveries to run (default both; one alone: for a profiler)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=BENCH / "results")
     parser.add_argument("-v", "--verbose", action="store_true", help="the runner's progress")
     args = parser.parse_args()
@@ -206,7 +210,8 @@ def main() -> int:
                 "WORK_US": str(args.work_us),
             }
             for rep in range(args.repeats):
-                order = ["global", "local"] if rep % 2 == 0 else ["local", "global"]
+                chosen = args.recoveries.split(",")
+                order = chosen if rep % 2 == 0 else chosen[::-1]
                 for kill in (False,) if args.no_kill else (False, True):
                     for recovery in order:
                         r = _run(args, environ, work, recovery, kill)

@@ -286,6 +286,8 @@ class OperatorChain:
             "late": sum(op.late_dropped for op in self.ops.values()),
             "dups": sum(op.duplicates for op in self.ops.values()) - replayed,  # dedup steps
             "replayed": replayed,
+            "replay_ids": self.replay.size if self.replay is not None else 0,
+            "replay_peak": self.replay.peak if self.replay is not None else 0,
         }
 
     def metrics(self) -> dict[str, Any]:

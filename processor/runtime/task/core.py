@@ -243,6 +243,9 @@ class Task:
             "stale": channels.stale_dropped if channels is not None else 0,
             "fenced": channels.fence.fenced if channels is not None else 0,
             "replayed": counts["replayed"],
+            # local recovery: the IDs the replay check holds now, and at most so far
+            "replay_ids": counts["replay_ids"],
+            "replay_peak": counts["replay_peak"],
             "loop_limit": channels.loop_exhausted if channels is not None else 0,
             "lag": inputs.lag() if isinstance(inputs, SourceInputs) else 0,
             "watermark": self.chain.watermark,
