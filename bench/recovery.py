@@ -447,8 +447,14 @@ def _check(sink: str, environ: dict[str, str], records: int) -> str:
 
     from connectors import KafkaSettings
 
-    want, finals = expected_outputs(records)
     settings = KafkaSettings.from_env(environ=environ)
+    from connectors.probe import probe_broker
+
+    if not probe_broker(settings).read_committed_hides_aborted:
+        # Tansu shows aborted transactions to read_committed readers: a killed worker's
+        # aborted epoch would read as duplicates. Check the file sink on such a broker.
+        return "not checked: this broker shows aborted records to read_committed readers"
+    want, finals = expected_outputs(records)
     return check_output(settings, environ["OUTPUT_TOPIC"], want, finals)[0]
 
 
@@ -469,7 +475,13 @@ def table(runs: list[dict[str, Any]]) -> str:
                 continue
             cells = [_median_max([r.get(p, float("nan")) for r in rs]) for p in PHASES]
             reread = [float(r.get("reread", float("nan"))) for r in rs]
-            ok = "exactly once" if all(r["check"] == "ok" for r in rs) else "WRONG"
+            ok = (
+                "exactly once"
+                if all(r["check"] == "ok" for r in rs)
+                else "not checked (broker)"
+                if all(r["check"].startswith("not checked") for r in rs)
+                else "WRONG"
+            )
             reread_s = [x for x in reread if x == x]
             rr = f"{statistics.median(reread_s):,.0f} / {max(reread_s):,.0f}" if reread_s else "-"
             lines.append(
@@ -586,7 +598,8 @@ def main() -> int:
     print()
     print(worker_table(runs))
     _say(f"results: {path}")
-    return 0 if all(r["check"] == "ok" and not r["error"] for r in runs) else 1
+    checked = [r for r in runs if not r["check"].startswith("not checked")]
+    return 0 if all(r["check"] == "ok" and not r["error"] for r in checked) else 1
 
 
 if __name__ == "__main__":
