@@ -7,8 +7,8 @@ Starts the embedded broker (or uses ``EOSFLOW_KAFKA_BROKERS``), writes ``rate * 
 clicks one second of event time apart (a backfill: the job reads ``rate`` seconds of event time
 per second), and runs the running aggregate after a shuffle
 (``tests/e2e/pipelines/backlog_total.py``, no windows) under ``--recovery local`` with 2
-workers, aligned 1 s checkpoints, paced at ``rate`` records a second (``--max-rate rate/2``). Every ``--kill-every`` seconds a
-worker is SIGKILLed (1, 0, 1, ...), and only it restarts.
+workers, aligned 1 s checkpoints, paced at ``rate`` records a second (``--max-rate rate/2``).
+Every ``--kill-every`` seconds a worker is SIGKILLed (1, 0, 1, ...), and only it restarts.
 
 Every second it samples each task's ``replay_ids`` (the IDs its replay check holds) and each
 worker's resident memory. At the end it checks the committed output against the answer computed
