@@ -190,8 +190,8 @@ def main() -> int:
             for part in sorted(Path(env["OUTPUT_DIR"]).rglob("part-*.jsonl")):
                 with open(part, "rb") as f:
                     got.update(line.rstrip(b"\n") for line in f)
-            rss = _rss_mb(os.getpid())
-            _say(f"read {sum(got.values()):,} output lines (runner RSS {rss:.0f} MB)")
+            runner_mb = _rss_mb(os.getpid())
+            _say(f"read {sum(got.values()):,} output lines (runner RSS {runner_mb:.0f} MB)")
             missing, extra = compare_outputs(expected_running_totals(spaced_clicks(records)), got)
             drop_channel_topics(runner)
     finally:

@@ -22,7 +22,7 @@ def _new(check: ReplayCheck, tp: tuple[str, int], inc: int, ids: list[int]) -> l
     return [i for i, ok in zip(ids, check.check(tp, inc, ids), strict=True) if ok]
 
 
-def test_a_copy_of_a_dead_incarnations_record_is_dropped_after_a_later_checkpoint_completed() -> None:
+def test_a_dead_incarnations_copy_is_dropped_after_a_later_checkpoint_completed() -> None:
     """The case an epoch-only rule gets wrong: incarnation 1 emits records 1-3 after barrier 4
     (checkpoint 4 completed), then dies before barrier 5. Incarnation 2 restores 4, starts after
     checkpoint 5 was triggered (5 is stale for it), emits barrier 6 while still re-emitting,
@@ -115,6 +115,29 @@ def test_the_bound_fails_the_task_naming_the_option_and_the_fix() -> None:
     text = str(err.value)
     assert "task s.0" in text and "--recovery-max-ids 1,000" in text
     assert "global" in text and "nothing passes unchecked" in text
+
+
+def test_a_savepoint_keeps_a_dead_incarnations_ids_and_drops_the_channels() -> None:
+    """A savepoint restored while a restarted upstream worker was still re-emitting: the new
+    channels start empty, so the per-channel IDs go, the pinned ones stay (their copies still
+    come from the restored successor)."""
+    from processor.runtime.shape.savepoint_state import rebase
+
+    check = ReplayCheck("s")
+    _new(check, A, 1, [1, 2])
+    check.incarnation(A, 2)  # 1, 2 pinned
+    _new(check, B, 1, [7])  # B's barrier not read: kept per channel
+    check.prepare(3)
+    ops = {"~replay-s": loads(dumps(check.snapshot())), "~replay-t": {"version": 1}}
+    from processor.wire import job_topic_prefix
+
+    tp = (job_topic_prefix("j") + "edge", 0)
+    states = {"s.0": {"positions": {tp: 5}, "barrier_seen": [tp], "operators": ops}}
+    rebase("j", "sp", {"checkpoint_id": 3}, states, None, committed=False)
+    assert "~replay-t" not in ops  # an older release's check
+    restored = ReplayCheck("s")
+    restored.restore(ops["~replay-s"])
+    assert restored.held_ids() == {"open": 0, "covered": 0, "pinned": 2}
 
 
 def test_an_older_releases_state_is_not_read_as_ids() -> None:

@@ -12,8 +12,9 @@ savepoint must still restore. Two things a checkpoint leaves outside itself:
   that a restore drops anyway. So the copy-back rewrites each task's channel positions to the
   channels' current ends (every barrier seen, nothing to replay): the same channels, or new
   empty ones, start where nothing of the savepoint is left to read. A local-recovery replay
-  check (``~replay-<stage>``) describes the old channel records and is dropped, as a rescale
-  drops it. Only a snapshot that still had records *in flight* (channels still recovering
+  check (``~replay-<stage>``) keeps only the IDs of a dead upstream worker whose successor was
+  still re-emitting its records (its per-channel IDs describe the old channel records). Only a
+  snapshot that still had records *in flight* (channels still recovering
   from an earlier unaligned checkpoint, a loop's back-edge log) needs old channel records:
   if they are gone, the restore is refused at once, before any worker starts (no restart can
   bring them back).
@@ -36,6 +37,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from processor.errors import ConfigError
+from processor.runtime.operators.replay import STATE_VERSION as REPLAY_STATE_VERSION
 from processor.runtime.shape.topology import subtask_of
 from processor.snapshot.store import Manifest, SnapshotStore, decode_snapshot, encode_snapshot
 from processor.wire import job_topic_prefix
@@ -207,7 +209,15 @@ def rebase(
             state["recovering"] = {}
             ops = state.get("operators", {})
             for name in [n for n in ops if n.startswith("~replay-")]:
-                del ops[name]  # it names the old channel records: none is read again
+                # Its per-channel IDs name the old channel records (none is read again); the
+                # IDs of a dead upstream incarnation whose successor was still re-emitting at
+                # the savepoint stay: the restored successor goes on re-emitting them
+                # (processor.runtime.operators.replay). An older release's check: dropped.
+                check = ops[name]
+                if isinstance(check, dict) and check.get("version") == REPLAY_STATE_VERSION:
+                    ops[name] = {**check, "channels": []}
+                else:
+                    del ops[name]
         if committed and "sinks" in state:
             state["sinks"] = {
                 n: [(c, x) for c, x in p if c > chk] for n, p in state["sinks"].items()

@@ -294,7 +294,7 @@ class OperatorChain:
         """The chain's part of the metrics (docs/observability.md): per step, per sink, the
         dedup steps' store traffic, the transactions' headroom, the recent dead letters."""
         ops = self.ops.values()
-        dedups = [op for op in ops if isinstance(op, DedupOperator) and op is not self.replay]
+        dedups = [op for op in ops if isinstance(op, DedupOperator)]
         headroom = {}
         for name, writer in self.committers:
             probe = getattr(writer, "txn_headroom_s", None)
