@@ -108,8 +108,13 @@ class _Sampler(threading.Thread):
                 for task, s in (w.stats or {}).items()
                 if task.startswith("clicks.")
             )
+            pinned = max(
+                (int(s.get("replay_pinned", 0)) for w in workers for s in (w.stats or {}).values()),
+                default=0,
+            )
             self.samples.append(
                 {
+                    "pinned_max": pinned,
                     "t": round(t, 1),
                     "ids_max": max(held.values(), default=0),
                     "ids_total": sum(held.values()),

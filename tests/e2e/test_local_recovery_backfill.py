@@ -144,3 +144,37 @@ def test_a_backfills_running_aggregate_after_a_shuffle_is_exactly_once_under_loc
     dropped = _copies_dropped(tmp_path, run.result.job)
     print(f"copies dropped by the replay checks: {dropped}")
     assert dropped > 0, f"seed={seed}: no copy reached a replay check: the test proved nothing"
+
+
+def test_a_replay_check_past_its_bound_recovers_the_job_globally_and_stays_exactly_once(
+    kafka_endpoint: tuple[str, str], tmp_path: Path
+) -> None:
+    """Worker 0 is held before it acknowledges checkpoint 2, so no checkpoint completes while
+    worker 1 keeps reading (unaligned: its barriers do not hold its inputs back): its replay
+    check's IDs grow past ``--recovery-max-ids``. The task
+    fails naming the bound, the runner recovers every worker from the latest completed
+    checkpoint (a new generation: the held worker goes too), and the output stays exact."""
+    seed = chaos_seed()
+    records = 30_000
+    run = run_chaos(
+        "backlog_total.py",
+        brokers=kafka_endpoint[0],
+        tmp=tmp_path,
+        records=records,
+        seed=seed,
+        mode="unaligned",
+        interval=0.3,
+        faults=[Fault(0, 0, "after-snapshot-before-ack", 2, "hold")],
+        recovery="local",
+        env={"WORK_US": "0"},
+        produce=_produce(records, seed),
+        # Watermark alignment off: it would pause worker 1's source behind the held one.
+        run_options={"max_rate": 1_000, "recovery_max_ids": 3_000, "watermark_alignment": None},
+    )
+    causes = run.result.restart_causes
+    print(f"restarts={run.result.restarts} generation={run.result.generation} causes={causes}")
+    assert causes and "ReplayBoundExceeded" in causes[0], causes
+    assert "--recovery-max-ids 3,000" in causes[0] and "recovers globally" in causes[0]
+    assert run.result.generation >= 2, "the bound's failure was answered by a local recovery"
+    want = expected_running_totals(spaced_clicks(records, seed))
+    assert_exactly_once(want, run.output, seed=seed)

@@ -255,6 +255,11 @@ class ReplayCheck(Operator):
         self.size = len(self._pinned) + sum(len(s) for s in self._open.values())
         self.peak = max(self.peak, self.size)
 
+    @property
+    def pinned(self) -> int:
+        """IDs of replaced incarnations whose copies have not come."""
+        return len(self._pinned)
+
     def held_ids(self) -> dict[str, int]:
         """What the check holds now (for stats and the benchmarks)."""
         covered = sum(len(g) for groups in self._covered.values() for g in groups.values())
@@ -270,7 +275,7 @@ class ReplayCheck(Operator):
         recent = held["open"] + held["covered"]
         return (
             f"the replay check of task {self.task} holds {self.size:,} record IDs, more than "
-            f"--recovery-max-ids {self.max_ids:,} (about {mb:,.0f} MB): {recent:,} "
+            f"--recovery-max-ids {self.max_ids:,} (about {mb:,.1f} MB): {recent:,} "
             f"of records read since the last checkpoint this task saw complete, "
             f"{held['pinned']:,} of a restarted upstream worker's records whose copies have not "
             "come. Under --recovery local an ID is kept until a completed checkpoint makes its "

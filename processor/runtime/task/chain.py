@@ -288,6 +288,7 @@ class OperatorChain:
             "replayed": replayed,
             "replay_ids": self.replay.size if self.replay is not None else 0,
             "replay_peak": self.replay.peak if self.replay is not None else 0,
+            "replay_pinned": self.replay.pinned if self.replay is not None else 0,
         }
 
     def metrics(self) -> dict[str, Any]:

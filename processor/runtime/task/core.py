@@ -246,6 +246,7 @@ class Task:
             # local recovery: the IDs the replay check holds now, and at most so far
             "replay_ids": counts["replay_ids"],
             "replay_peak": counts["replay_peak"],
+            "replay_pinned": counts["replay_pinned"],
             "loop_limit": channels.loop_exhausted if channels is not None else 0,
             "lag": inputs.lag() if isinstance(inputs, SourceInputs) else 0,
             "watermark": self.chain.watermark,
