@@ -3,12 +3,11 @@ saves when a worker dies.
 
     python bench/local_recovery.py [--records 200000] [--repeats 2] [--kill-after 3]
 
-One run starts the embedded broker and Redis (or uses ``EOSFLOW_KAFKA_BROKERS`` /
-``EOSFLOW_REDIS_URL``), writes ``--records`` clicks, and runs the two-shuffle pipeline of the
-local-recovery tests (``tests/e2e/pipelines/two_level_count.py``: counts per page and 10 s
-window, then per window) on the local runner with 2 workers and aligned 1 s checkpoints, in
-four configurations per repeat, interleaved (global/local alternate, so a noisy minute hits
-both alike):
+One run starts the embedded broker (or uses ``EOSFLOW_KAFKA_BROKERS``), writes ``--records``
+clicks, and runs the two-shuffle pipeline of the local-recovery tests
+(``tests/e2e/pipelines/two_level_count.py``: counts per page and 10 s window, then per window)
+on the local runner with 2 workers and aligned 1 s checkpoints, in four configurations per
+repeat, interleaved (global/local alternate, so a noisy minute hits both alike):
 
 * ``no failure``: throughput, ``records / (seconds - ready_s)``;
 * ``one kill``: worker 1 is SIGKILLed ``--kill-after`` seconds after start-up. Measured: the
@@ -197,8 +196,8 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="eosflow-bench-local-"))
     runs: list[dict[str, Any]] = []
     try:
-        with servers(["kafka", "redis"]) as endpoints:
-            assert endpoints.kafka_brokers is not None and endpoints.redis_url is not None
+        with servers(["kafka"]) as endpoints:
+            assert endpoints.kafka_brokers is not None
             topic = f"bench-clicks-local-{uuid.uuid4().hex[:6]}"
             took = produce_clicks(endpoints.kafka_brokers, topic, args.records)
             _say(f"wrote {args.records:,} clicks in {took:.1f}s")
@@ -206,7 +205,6 @@ def main() -> int:
             environ = {
                 "CLICKS_TOPIC": topic,
                 "EOSFLOW_KAFKA_BROKERS": endpoints.kafka_brokers,
-                "EOSFLOW_REDIS_URL": endpoints.redis_url,
                 "WORK_US": str(args.work_us),
             }
             for rep in range(args.repeats):

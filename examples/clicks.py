@@ -185,7 +185,7 @@ def run_until_idle(
     from processor.embedded import servers
     from processor.runtime.supervision.local import LocalRunner, RunOptions
 
-    with servers(["kafka", "redis"] if args.recovery == "local" else ["kafka"]) as endpoints:
+    with servers(["kafka"]) as endpoints:
         assert endpoints.kafka_brokers is not None
         run_id = uuid.uuid4().hex[:8]
         work = args.work = tempfile.mkdtemp(prefix=f"eosflow-example-{run_id}-")

@@ -41,7 +41,7 @@ WORKER_START = re.compile(r"worker=(\d) generation=(\d+) pid=(\d+) .* recovery=(
 
 @pytest.mark.parametrize("mode", ["aligned", pytest.param("unaligned", marks=pytest.mark.crash)])
 def test_only_the_killed_worker_restarts_and_the_output_is_exactly_once(
-    kafka_endpoint: tuple[str, str], redis_url: str, tmp_path: Path, mode: str
+    kafka_endpoint: tuple[str, str], tmp_path: Path, mode: str
 ) -> None:
     seed = chaos_seed()
     records = 120_000
@@ -58,7 +58,7 @@ def test_only_the_killed_worker_restarts_and_the_output_is_exactly_once(
         random_kills=random_kills,
         recovery="local",
         victims=[1],
-        env={"EOSFLOW_REDIS_URL": redis_url},
+        # no Redis: the replay checks keep their IDs in the tasks (issue 49)
         read_output=lambda job_env: read_two_level_output(job_env["OUTPUT_DIR"]),
     )
     print(f"seed={seed} random kills (s after start, worker): {run.random_kills}")

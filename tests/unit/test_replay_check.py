@@ -242,3 +242,15 @@ def test_no_copy_passes_and_none_is_lost_in_random_histories(aligned: bool) -> N
                     check.barrier(ups[c].tp, inc, value)
         want = [*range(ups[0].emitted), *range(1_000_000, 1_000_000 + ups[1].emitted)]
         assert sorted(passed) == want
+
+
+def test_the_removed_horizon_option_says_what_replaced_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from processor.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", "pipeline.py", "--recovery", "local", "--recovery-horizon", "10m"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "--recovery-horizon was removed" in err and "--recovery-max-ids" in err
