@@ -14,6 +14,7 @@ events past transaction markers) because they are what a checkpoint records.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -79,6 +80,9 @@ class PartitionReader:
         self._next: dict[TP, int] = {}
         self._end_at_open: dict[TP, int] = {}
         self._paused: set[TP] = set()
+        #: when each partition was last resumed (monotonic): librdkafka fetches a resumed
+        #: partition again from its position, so its first records take a fetch round trip
+        self.resumed_at: dict[TP, float] = {}
         self._stop_at: dict[TP, int] = {}
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -284,6 +288,8 @@ class PartitionReader:
         if tps:
             self._require_open().resume([TopicPartition(t, p) for t, p in tps])
             self._paused.difference_update(tps)
+            now = time.monotonic()
+            self.resumed_at.update(dict.fromkeys(tps, now))
 
     # -- where are we ----------------------------------------------------------------------------
 

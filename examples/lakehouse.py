@@ -9,9 +9,10 @@ Each checkpoint becomes one commit per table, made when the checkpoint completes
 its id (docs/sink-lakehouse.md): whatever crashes, every click is in each table once. Needs
 the extras: ``pip install 'eosflow[iceberg,delta]'``.
 
-Run it end to end (embedded Kafka; an Iceberg SQL catalog on SQLite and a Delta table in a
-scratch directory; writes input, runs until idle, reads both tables back with pyiceberg and
-deltalake and checks them against the generated clicks)::
+Run it end to end (embedded Kafka; an Iceberg SQL catalog on SQLite and a Delta table in
+``out/lakehouse/<run>``, or under ``LAKE_DIR``; writes input, runs until idle, reads both tables
+back with pyiceberg and deltalake, checks them against the generated clicks, and leaves them
+there with the lines that open them with pyiceberg's and deltalake's defaults)::
 
     python examples/lakehouse.py [--records 100000] [--workers 2] [--keep]
 
@@ -101,9 +102,11 @@ def _main() -> None:
         took = produce_clicks(brokers, topic, args.records)
         return f"wrote {args.records:,} clicks to {topic} in {took:.1f}s"
 
-    # The tables go to the scratch directory run_until_idle makes (LAKE_DIR of the workers).
+    # The tables outlive the run (the scratch directory does not, without --keep): they are
+    # what there is to look at afterwards (issue 50). One directory per run: each has its job.
     def produce_and_place(brokers: str, run_id: str) -> str:
-        os.environ["LAKE_DIR"] = os.path.join(os.environ["OUTPUT_DIR"], "lake")
+        base = os.environ.get("LAKE_DIR") or os.path.join("out", "lakehouse")
+        os.environ["LAKE_DIR"] = os.path.abspath(os.path.join(base, run_id))
         return produce(brokers, run_id)
 
     result = run_until_idle(__file__, args, "lakehouse", produce_and_place)
@@ -124,6 +127,15 @@ def _main() -> None:
     print(
         f"lakehouse: {result.records_in:,} clicks in {result.seconds:.1f}s ({rate:,.0f}/s), "
         f"{result.checkpoints} checkpoints"
+    )
+    print(
+        f"the tables stay in {lake} (remove it when done); open them with the formats' "
+        "own defaults:\n"
+        f"  from pyiceberg.catalog.sql import SqlCatalog\n"
+        f"  SqlCatalog('default', uri='sqlite:///{lake}/catalog.db', "
+        f"warehouse='file://{lake}/warehouse').load_table('web.clicks').scan().to_arrow()\n"
+        f"  from deltalake import DeltaTable\n"
+        f"  DeltaTable('{lake}/delta/clicks').to_pyarrow_table()"
     )
     finish(args, problems, f"OK: every click exactly once in both tables ({args.records:,})")
 

@@ -30,7 +30,14 @@ from collections.abc import Sequence
 
 from dedup.errors import DedupError
 from processor import __version__, cli_jobs
-from processor.embedded import ENV_VARS, SERVICES, DevCluster, servers, state_file
+from processor.embedded import (
+    ENV_VARS,
+    SERVICES,
+    DevCluster,
+    endpoint_answers,
+    servers,
+    state_file,
+)
 from processor.embedded._process import is_running
 from processor.errors import EosflowError
 from processor.runtime.job import DEFAULT_MAX_IDS, parse_alignment, parse_duration, parse_map_state
@@ -76,11 +83,25 @@ def _dev_up(args: argparse.Namespace) -> int:
             return 0
         # Some died or more are wanted: stop what is left so ports and PIDs stay consistent.
         existing.stop()
-    configured = [s for s in wanted if os.environ.get(ENV_VARS[s])]
-    for service in configured:
-        print(f"{service}: using {ENV_VARS[service]}={os.environ[ENV_VARS[service]]} (not started)")
+    configured = []
+    for service in [s for s in wanted if os.environ.get(ENV_VARS[s])]:
+        name, value = ENV_VARS[service], os.environ[ENV_VARS[service]]
+        if endpoint_answers(service, value):
+            configured.append(service)
+            print(f"{service}: using {name}={value} (not started)")
+        else:  # issue 50: a shell that evaluated `eosflow dev env` before `dev down`
+            print(
+                f"{service}: {name}={value} does not answer (left from an earlier "
+                f'`eval "$(eosflow dev env)"`?): starting a new {service}; run '
+                '`eval "$(eosflow dev env)"` again, or unset the variable',
+                file=sys.stderr,
+            )
+    to_start = [s for s in wanted if s not in configured]
+    if not to_start:
+        print("nothing to start: every service is given by its variable, and answers")
+        return 0
     start = time.monotonic()
-    cluster = DevCluster.start([s for s in wanted if s not in configured], owned=False)
+    cluster = DevCluster.start(to_start, owned=False)
     took = time.monotonic() - start
     cluster.save(path)
     for kind, server in cluster.servers.items():

@@ -9,6 +9,7 @@ from processor.embedded.cluster import (
     SERVICES,
     DevCluster,
     Endpoints,
+    endpoint_answers,
     servers,
     state_file,
 )
@@ -20,6 +21,7 @@ __all__ = [
     "DevCluster",
     "Endpoints",
     "Server",
+    "endpoint_answers",
     "find_binary",
     "servers",
     "state_file",

@@ -27,7 +27,15 @@ from processor.embedded._process import is_running, stop
 from processor.embedded.servers import Server, start_postgres, start_redis, start_tansu
 from processor.errors import ConfigError
 
-__all__ = ["ENV_VARS", "SERVICES", "DevCluster", "Endpoints", "servers", "state_file"]
+__all__ = [
+    "ENV_VARS",
+    "SERVICES",
+    "DevCluster",
+    "Endpoints",
+    "endpoint_answers",
+    "servers",
+    "state_file",
+]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +74,41 @@ class Endpoints:
     def as_env(self) -> dict[str, str]:
         """The ``EOSFLOW_*`` variables that point another process at the same servers."""
         return {ENV_VARS[s]: v for s in SERVICES if (v := self.get(s)) is not None}
+
+
+_DEFAULT_PORTS = {"kafka": 9092, "redis": 6379, "postgres": 5432}
+
+
+def endpoint_answers(service: str, value: str, timeout: float = 1.0) -> bool:
+    """Whether something accepts connections where ``value`` (the service's variable of
+    :data:`ENV_VARS`) points: a TCP connect to any of its addresses, or a Unix socket that
+    exists. A value this cannot parse counts as answering (the job's own error names it)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    addresses: list[tuple[str, int]] = []
+    try:
+        if service == "kafka":
+            for part in value.split(","):
+                host, _, port = part.strip().split("://")[-1].rpartition(":")
+                addresses.append((host or "127.0.0.1", int(port or _DEFAULT_PORTS[service])))
+        elif "://" in value:
+            url = urlsplit(value)
+            if url.scheme == "unix" or (url.hostname or "").startswith("/"):
+                return os.path.exists(url.path or url.hostname or "")
+            addresses.append((url.hostname or "127.0.0.1", url.port or _DEFAULT_PORTS[service]))
+        else:  # libpq key=value
+            pairs = dict(p.split("=", 1) for p in value.split() if "=" in p)
+            host = pairs.get("host", "127.0.0.1")
+            if host.startswith("/"):
+                return os.path.isdir(host)
+            addresses.append((host, int(pairs.get("port", _DEFAULT_PORTS[service]))))
+    except (ValueError, KeyError):
+        return True
+    for address in addresses:
+        with contextlib.suppress(OSError), socket.create_connection(address, timeout=timeout):
+            return True
+    return False
 
 
 def state_dir() -> Path:

@@ -35,7 +35,7 @@ def load_flow(path: str | Path) -> Dataflow:
         raise
     except Exception as exc:
         raise DefinitionError(
-            f"loading pipeline {str(path)!r} failed: {type(exc).__name__}: {exc}"
+            f"loading pipeline {str(path)!r} failed: {_where(exc, file)}"
         ) from exc
     flow = namespace.get("flow")
     if not isinstance(flow, Dataflow):
@@ -48,6 +48,45 @@ def load_flow(path: str | Path) -> Dataflow:
         flow = flows[0]
     rewrite = Rewrite.from_env()  # an eosflow certify run: its own job, inputs and outputs
     return flow if rewrite is None else apply(flow, rewrite)
+
+
+def _where(exc: BaseException, file: Path) -> str:
+    """``exc`` as Python prints its last line (with its "Did you mean ...?"), after the line of
+    the pipeline file that raised it, ``FILE:LINE: code`` (issue 50: a ``NameError`` lost both)."""
+    import traceback
+
+    what = "".join(traceback.format_exception_only(exc)).strip() + _suggestion(exc)
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename) == file]
+    if not frames:
+        return what
+    last = frames[-1]
+    code = f": {last.line.strip()}" if last.line else ""
+    return f"{last.filename}:{last.lineno}{code}: {what}"
+
+
+def _suggestion(exc: BaseException) -> str:
+    """Python's "Did you mean" for a ``NameError`` or ``AttributeError``: in Python 3.11 only
+    the interpreter's own printing adds it, not the ``traceback`` module."""
+    import builtins
+    import difflib
+
+    name = getattr(exc, "name", None)
+    if not isinstance(name, str):
+        return ""
+    if isinstance(exc, NameError):
+        tb = exc.__traceback__
+        if tb is None:
+            return ""
+        while tb.tb_next is not None:
+            tb = tb.tb_next
+        frame = tb.tb_frame
+        candidates = [*frame.f_locals, *frame.f_globals, *dir(builtins)]
+    elif isinstance(exc, AttributeError) and getattr(exc, "obj", None) is not None:
+        candidates = dir(exc.obj)
+    else:
+        return ""
+    close = difflib.get_close_matches(name, [c for c in candidates if c != name], n=1)
+    return f". Did you mean: {close[0]!r}?" if close else ""
 
 
 def load_object(spec: str) -> Any:

@@ -54,6 +54,33 @@ def _catalog(name: str, properties: dict[str, str]) -> Any:
     return load_catalog(name, **properties)
 
 
+#: The catalog name IcebergSink used before issue 50. A SQL catalog stores it with each table,
+#: so a table it created is invisible to a catalog of another name (pyiceberg's default is
+#: ``"default"``, what ``load_catalog()`` and ``SqlCatalog("default", ...)`` give).
+_LEGACY_NAME = "eosflow"
+
+
+def _table_catalog(name: str | None, properties: dict[str, str], table: str) -> Any:
+    """The catalog of ``table``: named ``name``, or (``None``) pyiceberg's ``"default"``,
+    unless the table exists only under the name eosflow gave it before (then that one, so a
+    job that wrote it keeps writing it)."""
+    if name is not None:
+        return _catalog(name, properties)
+    catalog = _catalog("default", properties)
+    if properties.get("type") != "sql" or catalog.table_exists(table):
+        return catalog  # other catalogs keep no name with their tables
+    legacy = _catalog(_LEGACY_NAME, properties)
+    if legacy.table_exists(table):
+        log.warning(
+            "Iceberg table %s was created under the catalog name %r (eosflow before 0.1's "
+            "issue 50); writing it there. pyiceberg opens it with SqlCatalog(%r, ...); give "
+            "IcebergSink(catalog_name=%r) to say so and silence this",
+            table, _LEGACY_NAME, _LEGACY_NAME, _LEGACY_NAME,
+        )  # fmt: skip
+        return legacy
+    return catalog
+
+
 class IcebergSink:
     """Appends every value, as one row, to an Iceberg table, exactly once.
 
@@ -63,7 +90,10 @@ class IcebergSink:
             ``{"type": "sql", "uri": "sqlite:////path/catalog.db", "warehouse": "file:///path"}``
             (SQLite or PostgreSQL, no server), ``{"type": "rest", "uri": ...}``. S3 settings
             (``s3.endpoint``, ``s3.access-key-id``...) go here too.
-        catalog_name: the catalog's name for pyiceberg.
+        catalog_name: the catalog's name for pyiceberg. A SQL catalog stores it with each
+            table, and sees only its own name's tables. Default: pyiceberg's ``"default"`` (what
+            ``load_catalog()`` and ``SqlCatalog("default", ...)`` open), or ``"eosflow"`` for a
+            table that exists only under that name (created by eosflow before issue 50).
         schema: the rows' ``pyarrow.Schema``. ``None``: the existing table's, or (new table)
             inferred from the first batch and then kept. An existing table's schema is never
             changed: a given schema must have the table's column names and types.
@@ -86,7 +116,7 @@ class IcebergSink:
         table: str,
         *,
         catalog: dict[str, str],
-        catalog_name: str = "eosflow",
+        catalog_name: str | None = None,
         schema: pa.Schema | None = None,
         partition_by: list[tuple[str, str]] | None = None,
         to_record: Callable[[Any], Any] | None = None,
@@ -175,7 +205,7 @@ class _IcebergTable:
         self.sink = sink
         self.ctx = ctx
         self.describe = f"Iceberg table {sink.table}"
-        self.catalog = _catalog(sink.catalog_name, sink.catalog)
+        self.catalog = _table_catalog(sink.catalog_name, sink.catalog, sink.table)
         self.property = _PROPERTY.format(job=ctx.job, step=ctx.step)
         self.forget_hint = (
             f"reset the job with its pipeline ('eosflow reset {ctx.job} --pipeline FILE' "
@@ -307,6 +337,9 @@ def _plain(schema: pa.Schema) -> pa.Schema:
     return pa.schema(fields)
 
 
-def read_iceberg(table: str, *, catalog: dict[str, str], catalog_name: str = "eosflow") -> pa.Table:
-    """The committed rows of an Iceberg table (a pyiceberg scan)."""
-    return _catalog(catalog_name, catalog).load_table(table).scan().to_arrow()
+def read_iceberg(
+    table: str, *, catalog: dict[str, str], catalog_name: str | None = None
+) -> pa.Table:
+    """The committed rows of an Iceberg table (a pyiceberg scan); ``catalog_name`` as for
+    :class:`IcebergSink`."""
+    return _table_catalog(catalog_name, catalog, table).load_table(table).scan().to_arrow()

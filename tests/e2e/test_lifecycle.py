@@ -282,7 +282,8 @@ def test_jobs_lists_a_job_and_reset_refuses_while_it_runs_then_starts_it_afresh(
     assert committed_output(env) == want
     listed = subprocess.run(eosflow("jobs", "--json"), env=env, capture_output=True, text=True)
     (row,) = [r for r in json.loads(listed.stdout) if r["job"] == job]
-    assert row["state"] == "finished" and row["last_checkpoint"] != "-"
+    # Issue 50: a job a signal stopped is "stopped", not "finished" (its input may go on)
+    assert row["state"] == "stopped" and row["last_checkpoint"] != "-"
 
     admin = TopicAdmin(KafkaSettings.from_env(brokers=kafka_endpoint[0]))
     assert admin.list_topics(f"eosflow.{job}.")

@@ -185,7 +185,7 @@ def _check_commits(
 
     chk = _delta_checkpoints(delta_uri, s3)
     assert len(chk) == len(set(chk)), f"seed={seed}: a checkpoint committed twice: {sorted(chk)}"
-    table = load_catalog("eosflow", **_catalog(lake, s3, bucket)).load_table("lake.totals")
+    table = load_catalog("default", **_catalog(lake, s3, bucket)).load_table("lake.totals")
     snaps = [s.summary.additional_properties.get("eosflow.checkpoint") for s in table.snapshots()]
     ice = [int(c) for c in snaps if c is not None]
     assert len(ice) == len(set(ice)), f"seed={seed}: a checkpoint committed twice: {sorted(ice)}"

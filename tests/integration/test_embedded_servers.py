@@ -105,3 +105,36 @@ def test_dev_commands_start_report_and_stop_servers_when_run_from_the_shell(tmp_
     assert _pids_alive(pids) == []
     assert not all(is_running(s.process) for s in cluster.servers.values())
     assert eosflow("dev", "status").returncode == 1
+
+
+def test_dev_up_starts_fresh_servers_when_its_variables_point_at_dead_ones(tmp_path: Path) -> None:
+    """Issue 50: ``eosflow dev down`` then ``dev up`` in a shell that had evaluated ``eosflow
+    dev env`` reused the dead servers' variables, started nothing and said "up in 0.00s"; every
+    run after it failed with "cannot reach"."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EOSFLOW_")}
+    env["EOSFLOW_STATE_DIR"] = str(tmp_path)
+    env["EOSFLOW_REDIS_URL"] = f"redis://127.0.0.1:{dead}/0"
+
+    def eosflow(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "processor.cli", *args],
+            env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    up = eosflow("dev", "up", "--services", "redis")
+    try:
+        assert up.returncode == 0, up.stderr
+        assert f"EOSFLOW_REDIS_URL=redis://127.0.0.1:{dead}/0 does not answer" in up.stderr
+        assert "starting a new redis" in up.stderr
+        cluster = DevCluster.load(tmp_path / "dev.json")
+        assert cluster is not None and set(cluster.servers) == {"redis"}
+        assert all(is_running(s.process) for s in cluster.servers.values())
+        new = [ln for ln in up.stdout.splitlines() if ln.startswith("export EOSFLOW_REDIS_URL=")]
+        assert new and f":{dead}/" not in new[0], up.stdout
+    finally:
+        eosflow("dev", "down")

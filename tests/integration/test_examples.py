@@ -70,6 +70,20 @@ def test_the_lakehouse_example_lands_every_click_once_in_iceberg_and_delta(
     assert "iceberg: 20,000 rows read back" in result.stdout
     assert "delta: 20,000 rows read back" in result.stdout
     assert "OK: every click exactly once in both tables" in result.stdout
+    # Issue 50: the tables stay after a passing run, and open with the formats' own defaults
+    # (pyiceberg's catalog name "default"), by the lines the example prints, in a new process.
+    (lake,) = list((tmp_path / "out" / "lakehouse").iterdir())
+    lines = result.stdout.splitlines()
+    start = lines.index(next(ln for ln in lines if ln.startswith("the tables stay in")))
+    code = "\n".join(ln.strip() for ln in lines[start + 1 : start + 5])
+    for call, end in (("SqlCatalog(", ".to_arrow()"), ("DeltaTable(", ".to_pyarrow_table()")):
+        code = code.replace(call, f"print({call}", 1).replace(end, f"{end}.num_rows)", 1)
+    opened = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert opened.returncode == 0, code + opened.stderr[-3000:]
+    assert opened.stdout.split() == ["20000", "20000"], opened.stdout
+    assert str(lake) in result.stdout
 
 
 @pytest.mark.spark

@@ -163,10 +163,34 @@ def test_a_paced_worker_reads_at_most_its_rate() -> None:
     now = [0.0]
     pace = _Pace(1000.0, clock=lambda: now[0])
     assert pace.allowed(5000) == 0  # nothing is owed at the start
-    now[0] += 0.5
-    assert pace.allowed(5000) == 500
-    pace.took(400)
-    assert pace.allowed(5000) == 100  # what it did not take stays owed
+    now[0] += 0.05
+    assert pace.allowed(5000) == 50
+    pace.took(40)
+    assert pace.allowed(5000) == 10  # what it did not take stays owed
     now[0] += 10
-    assert pace.allowed(5000) == 5000  # never more than a batch at once
+    assert pace.allowed(5000) == 100  # a stall builds at most 0.1 s of credit
+    pace.took(100)
+    assert pace.allowed(5000) == 0
+    now[0] += 0.05
+    assert pace.allowed(5000) == 50
     assert _Pace(0.0).rate == 0.0  # no limit: the worker does not consult it
+
+
+def test_a_paced_worker_reads_no_second_above_1_1_times_its_rate_after_a_stall() -> None:
+    """Issue 50: after a 25 s stall, no second of reading above 2,200 records at a cap of
+    2,000/s (the average since the start allowed 13x the cap)."""
+    now = [0.0]
+    pace = _Pace(2000.0, clock=lambda: now[0])
+    read_at: list[tuple[float, int]] = []
+    while now[0] < 60:
+        if 10 <= now[0] < 35:  # a stall: the worker reads nothing
+            now[0] += 0.01
+            continue
+        n = pace.allowed(500)
+        pace.took(n)
+        read_at.append((now[0], n))
+        now[0] += 0.01
+    # every 1-second window, aligned or not
+    windows = [sum(n for t, n in read_at if s / 10 <= t < s / 10 + 1) for s in range(590)]
+    assert max(windows) <= 2200, max(windows)
+    assert sum(n for _t, n in read_at) >= 2000 * 34  # and it reads at the rate when it can

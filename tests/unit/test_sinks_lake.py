@@ -69,7 +69,7 @@ class Lake:
             )
         from pyiceberg.catalog import load_catalog
 
-        table = load_catalog("eosflow", **self.catalog).load_table("ns.t")
+        table = load_catalog("default", **self.catalog).load_table("ns.t")
         assert "commit.retry.num-retries" not in table.properties  # in memory only
         return sorted(int(s.summary["eosflow.checkpoint"]) for s in table.snapshots())
 
@@ -288,7 +288,7 @@ def test_a_run_without_the_jobs_snapshots_is_refused_when_the_table_has_newer_co
     if fmt == "iceberg":  # the way out it names works: the table forgets the job's commits
         from pyiceberg.catalog import load_catalog
 
-        table = load_catalog("eosflow", **lake.catalog).load_table("ns.t")
+        table = load_catalog("default", **lake.catalog).load_table("ns.t")
         assert "'eosflow.checkpoint.j.out'" in str(refused.value)
         with table.transaction() as txn:
             txn.remove_properties("eosflow.checkpoint.j.out")
@@ -471,3 +471,44 @@ def test_one_table_commit_covers_an_aborted_checkpoint_when_the_next_one_complet
             w.commit(chk, c)
     assert lake.commits() == [2]
     assert sum(lake.rows().values()) == 8
+
+
+def _one_commit(lake: Lake) -> None:
+    w = lake.writer(0, 1)
+    w.recover([])
+    w.write(_rows("a", 3))
+    c = w.prepare(1)
+    _complete(lake, 1)
+    w.commit(1, c)
+
+
+def test_the_tables_open_with_pyicebergs_and_deltalakes_defaults(tmp_path: Path) -> None:
+    """Issue 50: IcebergSink named its catalog "eosflow", and a SQL catalog keeps that name
+    with each table: ``SqlCatalog("default", ...)`` (pyiceberg's default) said
+    NoSuchNamespaceError. Delta needs no catalog: ``DeltaTable(path)``."""
+    import deltalake
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    iceberg, delta = Lake("iceberg", tmp_path / "i"), Lake("delta", tmp_path / "d")
+    for lake in (iceberg, delta):
+        _one_commit(lake)
+    props = {k: v for k, v in iceberg.catalog.items() if k != "type"}
+    table = SqlCatalog("default", **props).load_table("ns.t")
+    assert table.scan().to_arrow().num_rows == 3
+    assert deltalake.DeltaTable(str(tmp_path / "d" / "delta")).to_pyarrow_table().num_rows == 3
+
+
+def test_a_table_an_older_eosflow_created_under_its_catalog_name_is_written_there(
+    tmp_path: Path,
+) -> None:
+    from pyiceberg.catalog import load_catalog
+
+    lake = Lake("iceberg", tmp_path)
+    legacy = load_catalog("eosflow", **lake.catalog)
+    legacy.create_namespace("ns")
+    legacy.create_table("ns.t", schema=SCHEMA)
+    _one_commit(lake)
+    assert not load_catalog("default", **lake.catalog).table_exists("ns.t")  # no second table
+    rows = legacy.load_table("ns.t").scan().to_arrow()
+    assert rows.num_rows == 3
+    assert read_iceberg("ns.t", catalog=lake.catalog).num_rows == 3  # found there too

@@ -247,7 +247,7 @@ class JobMetrics:
     def update(self, status: dict[str, Any], workers: list[WorkerHandle], state: str) -> None:
         """Builds the snapshot scrapes and the job page read. ``status``: what ``status.json``
         holds (job, generation, checkpoint...); ``workers``: this generation's; ``state``:
-        ``starting``, ``running`` or ``finished``."""
+        ``starting``, ``running``, ``finished`` or ``stopped``."""
         snap = _Snapshot(at=time.monotonic(), status=status)
         counted = self.tally.totals()
         totals = {metric: counted[key] for key, metric in _COUNTERS.items()}

@@ -446,7 +446,9 @@ class Runner:
                     self.job, FINAL_COMMITTED, json.dumps({"checkpoint": self.stop.final}).encode()
                 )
             savepoints.finished(self.stop.final)
-            reporter.status("finished")
+            # "finished": a bounded run read its input to the end; "stopped": a stop request
+            # (a signal, savepoint --stop, --takeover) ended it, maybe with input unread.
+            reporter.status("stopped" if self.stop.stopping is not None else "finished")
             return reporter.result()
         except Exception:
             if reporter.opened:  # not "running" with no runner: the job and its page say so

@@ -32,6 +32,7 @@ Invariants:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from itertools import groupby, repeat
 from operator import itemgetter
@@ -57,6 +58,8 @@ log = logging.getLogger(__name__)
 _WATERMARK_EVERY_S = 0.2
 #: Watermark alignment: a partition over the limit this long is paused (see _align).
 _AHEAD_FOR_S = 1.0
+#: After a resume, how long an empty poll of the partition is not a wait on the broker.
+_REFETCH_S = 2.0
 #: Without a dead-letter destination, these source failures are skipped (counted and logged).
 _SKIPPABLE = (DeserializationError, KeyError, TypeError, ValueError)
 
@@ -365,8 +368,15 @@ class SourceInputs:
         when no such partition is left (paused meanwhile). The progress line shows it once it
         lasted half a second: a stalled or frozen broker."""
         paused = self.reader.paused
+        # A partition resumed a moment ago (watermark alignment) is fetched again from
+        # scratch: its first records take a fetch round trip, which is no stalled broker
+        # (issue 50: a healthy paced backfill showed "none comes" on the progress line).
+        resumed = getattr(self.reader, "resumed_at", {})
+        fresh = time.monotonic() - _REFETCH_S
         behind = [
-            (tp, n) for tp, n in self.reader.cached_lag().items() if n > 0 and tp not in paused
+            (tp, n)
+            for tp, n in self.reader.cached_lag().items()
+            if n > 0 and tp not in paused and resumed.get(tp, fresh) <= fresh
         ]
         if not behind:
             self.close()
