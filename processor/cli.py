@@ -246,6 +246,13 @@ def _run(args: argparse.Namespace) -> int:
         except JobFailed as exc:
             print(f"eosflow: job failed: {exc}", file=sys.stderr)
             return 1
+        finally:
+            # The run ended and gave the signals back; what is left (stopping the embedded
+            # servers, the summary) is clean-up, which a stop signal must not turn into an
+            # exit by SIGTERM (-15/143): Kubernetes signals a runner that --takeover stopped,
+            # often just as it exits (seen in the rolling-deploy test).
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, signal.SIG_IGN)
     print(
         f"job {result.job} finished: {result.records_in:,} records in, {result.records_out:,} "
         f"out, {result.checkpoints} checkpoints (last {result.last_checkpoint}), "
@@ -344,7 +351,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--max-rate", type=float, default=0.0, metavar="RECORDS_PER_S",
         help="records per second each worker's sources read at most, e.g. to replay or "
-        "backfill at a bounded pace (default: no limit)",
+        "backfill at a bounded pace; a cap in every second (a token bucket of 0.1 s: no "
+        "second above 1.1x it, also after a stall), not an average (default: no limit)",
     )  # fmt: skip
     run.add_argument(
         "--watermark-alignment", type=parse_alignment, default="auto",
