@@ -29,7 +29,20 @@ from pathlib import Path
 
 from processor.errors import InfrastructureError
 
-__all__ = ["ServerProcess", "free_port", "is_running", "spawn", "stop", "wait_until"]
+__all__ = [
+    "ServerExited",
+    "ServerProcess",
+    "free_port",
+    "is_running",
+    "spawn",
+    "stop",
+    "wait_until",
+]
+
+
+class ServerExited(InfrastructureError):
+    """The server process exited during start-up (not a timeout)."""
+
 
 log = logging.getLogger(__name__)
 
@@ -247,7 +260,7 @@ def wait_until(
     delay = 0.01
     while True:
         if not is_running(server):
-            raise InfrastructureError(
+            raise ServerExited(
                 f"{server.name} exited during start-up (pid {server.pid}); its log "
                 f"{server.log_path} ends with:\n{server.log_tail()}"
             )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import glob
 import importlib.util
+import logging
 import os
 import pwd
 import shutil
@@ -23,10 +24,12 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from processor.embedded._process import ServerProcess, free_port, spawn, wait_until
+from processor.embedded._process import ServerExited, ServerProcess, free_port, spawn, wait_until
 from processor.errors import InfrastructureError, ServerNotFoundError
 
 __all__ = ["Server", "find_binary", "start_postgres", "start_redis", "start_tansu"]
+
+log = logging.getLogger(__name__)
 
 _START_TIMEOUT = 30.0
 
@@ -162,7 +165,29 @@ def start_tansu(
     :mod:`processor.testing.hosts`).
     """
     binary = find_binary("tansu")
-    port = port or free_port()
+    if port is not None:
+        return _start_tansu(binary, workdir, owned, port, advertised_port, host)
+    # A port chosen here can be taken by another process before Tansu binds it (the test
+    # suite's parallel workers start theirs at once); Tansu then exits at start-up, once seen
+    # with an empty log in CI. Another free port is tried then (twice at most).
+    for attempt in range(3):
+        try:
+            return _start_tansu(binary, workdir, owned, free_port(), advertised_port, host)
+        except ServerExited as exc:
+            if attempt == 2:
+                raise
+            log.warning("kafka exited during start-up; starting it on another port: %s", exc)
+    raise AssertionError("unreachable")
+
+
+def _start_tansu(
+    binary: str,
+    workdir: Path,
+    owned: bool,
+    port: int,
+    advertised_port: int | None,
+    host: str,
+) -> Server:
     url = f"tcp://{host}:{port}"
     advertised = advertised_port or port
     argv = [

@@ -138,3 +138,38 @@ def test_dev_up_starts_fresh_servers_when_its_variables_point_at_dead_ones(tmp_p
         assert new and f":{dead}/" not in new[0], up.stdout
     finally:
         eosflow("dev", "down")
+
+
+def test_tansu_starts_on_another_port_when_the_one_it_was_given_is_taken_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A port chosen free can be taken by another process before Tansu binds it (the suite's
+    parallel workers start theirs at once): Tansu exited during start-up, and every test of
+    that xdist worker errored (CI, once). The start now tries another free port."""
+    import importlib
+    import socket
+
+    from processor.embedded import _process
+    from processor.embedded._process import stop
+
+    servers = importlib.import_module("processor.embedded.servers")
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    ports = [taken.getsockname()[1]]
+    real = _process.free_port
+
+    def first_taken() -> int:
+        return ports.pop() if ports else real()
+
+    monkeypatch.setattr(servers, "free_port", first_taken)
+    try:
+        server = servers.start_tansu(tmp_path, owned=True)
+        try:
+            assert server.port != taken.getsockname()[1]
+            assert not ports  # the taken port was tried first
+        finally:
+            stop(server.process)
+    finally:
+        taken.close()
