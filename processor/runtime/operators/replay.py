@@ -106,6 +106,7 @@ class ReplayCheck(Operator):
         self.size = 0  # IDs held
         self.peak = 0  # the most held at once (bench/local_recovery.py reports it)
         self.duplicates = 0  # copies dropped
+        self._checkpoint = 0  # the checkpoint being taken (prepare, then snapshot)
 
     # -- the data path ---------------------------------------------------------------------------
 
@@ -222,8 +223,6 @@ class ReplayCheck(Operator):
             if keep:
                 channels.append([tp[0], tp[1], inc, _pack(keep)])
         return {"version": STATE_VERSION, "pinned": _pack(self._pinned), "channels": channels}
-
-    _checkpoint = 0
 
     def prepare(self, checkpoint_id: int) -> None:
         self._checkpoint = checkpoint_id

@@ -113,7 +113,6 @@ class OperatorChain:
                     self.ops[parent].children.append(self.ops[name].input(parent))
         if self.lineage is not None and not stage.sources:  # an operator like the others
             self.replay = ReplayCheck(stage.name, env.recovery_max_ids, task=self.name)
-            self.replay.open(self.sink_context(self.replay.name, self.subtask, plan.parallelism))
             self.ops[self.replay.name] = self.replay
         self.dead: DeadLetters | None = None
         self.committers: list[tuple[str, SinkWriter]] = [(s.name, s.writer) for s in self.sinks]
