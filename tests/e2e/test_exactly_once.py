@@ -81,22 +81,32 @@ def test_unaligned_crash_loop_with_a_channel_backlog_is_exactly_once(
     snapshots are then taken while channels are still recovering; restoring one must go
     through the channel's remaining phases, not replay the dead generation's records as
     in-flight state (which counted clicks twice)."""
-    seed = chaos_seed()
     records, kills = 60_000, 4
-    run = run_chaos(
-        "backlog_total.py",
-        brokers=kafka_endpoint[0],
-        tmp=tmp_path,
-        records=records,
-        seed=seed,
-        mode="unaligned",
-        interval=0.2,
-        random_kills=kills,
-        env={"WORK_US": "60"},
-        kill_plan=[(0.0, 1)] * kills,  # at the first checkpoint of every generation
-    )
-    recovering = sum(text.count("snapshot with recovering channels") for text in run.logs.values())
-    print(f"seed={seed} kills={run.random_kills} snapshots with recovering channels={recovering}")
-    assert len(run.random_kills) == kills, f"seed={seed}: {run.random_kills}"
-    assert_exactly_once(expected(expected_running_totals, records, seed), run.output, seed=seed)
-    assert recovering > 0, f"seed={seed}: no snapshot was taken while a channel recovered"
+    # Whether a restart's first checkpoint still finds the dead generation's backlog depends on
+    # timing (CI once took none on Apache Kafka 4.3.1): a run without one is checked as well
+    # and another seed tries again, so the case this test is for is always exercised.
+    tried = []
+    for attempt in range(3):
+        seed = chaos_seed() + attempt
+        (tmp := tmp_path / f"attempt-{attempt}").mkdir()
+        run = run_chaos(
+            "backlog_total.py",
+            brokers=kafka_endpoint[0],
+            tmp=tmp,
+            records=records,
+            seed=seed,
+            mode="unaligned",
+            interval=0.2,
+            random_kills=kills,
+            env={"WORK_US": "60"},
+            kill_plan=[(0.0, 1)] * kills,  # at the first checkpoint of every generation
+        )
+        logs = run.logs.values()
+        recovering = sum(text.count("snapshot with recovering channels") for text in logs)
+        print(f"seed={seed} kills={run.random_kills} recovering snapshots={recovering}")
+        assert len(run.random_kills) == kills, f"seed={seed}: {run.random_kills}"
+        assert_exactly_once(expected(expected_running_totals, records, seed), run.output, seed=seed)
+        tried.append(seed)
+        if recovering:
+            return
+    pytest.fail(f"seeds {tried}: no snapshot was taken while a channel recovered")
