@@ -84,6 +84,10 @@ class PartitionReader:
         #: partition again from its position, so its first records take a fetch round trip
         self.resumed_at: dict[TP, float] = {}
         self._stop_at: dict[TP, int] = {}
+        #: records delivered and given back (:meth:`hold`), per paused partition, in offset
+        #: order; and the highest position an end-of-partition event gave one meanwhile
+        self._held: dict[TP, list[Message]] = {}
+        self._held_end: dict[TP, int] = {}
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -106,6 +110,8 @@ class PartitionReader:
             raise ValueError(f"start must be 'earliest' or 'latest', got {start!r}")
         self.close()
         self._paused.clear()
+        self._held.clear()
+        self._held_end.clear()
         self._end_at_open = {}
         self._next = {}
         for tp, (low, high) in watermarks(self._config, positions, timeout=self._timeout).items():
@@ -155,6 +161,10 @@ class PartitionReader:
             KafkaClientError: a non-retriable error (retriable ones are logged and skipped).
         """
         consumer = self._require_open()
+        if self._held:
+            given = self._give_held(max_records)
+            if given:  # alone: what librdkafka fetched of their partitions comes after them
+                return self._bounded(given) if self._stop_at else given
         try:
             batch = consumer.consume(max_records, timeout)
         except KafkaException as exc:
@@ -162,9 +172,60 @@ class PartitionReader:
         records = self._data_only(batch)
         if records is None:
             records = self._sorted_out(batch)
+        if self._held:
+            records = self._keep_held(records)
         if self._stop_at:
             return self._bounded(records)
         return records
+
+    def hold(self, tp: TP, records: list[Message]) -> None:
+        """Gives back ``records``: the last ones the latest :meth:`poll` delivered of ``tp``, in
+        offset order, not processed (watermark alignment: they are too far ahead in event
+        time). ``tp`` is paused and its position goes back to the first of them; once it is
+        resumed, they are delivered again before anything else of ``tp``, from memory (a
+        pause makes librdkafka drop what it prefetched, and fetch again from after them)."""
+        if not records:
+            return
+        self.pause([tp])
+        held = self._held.setdefault(tp, [])
+        held[:0] = records
+        self._next[tp] = int(held[0].offset() or 0)
+
+    def _give_held(self, most: int) -> list[Message]:
+        """Up to ``most`` held records of the partitions resumed since."""
+        given: list[Message] = []
+        for tp in [tp for tp in self._held if tp not in self._paused]:
+            held = self._held[tp]
+            take, rest = held[: most - len(given)], held[most - len(given) :]
+            given += take
+            if rest:
+                self._held[tp] = rest
+                self._next[tp] = int(rest[0].offset() or 0)
+                break
+            del self._held[tp]
+            done = int(take[-1].offset() or 0) + 1 if take else self._next[tp]
+            self._next[tp] = max(done, self._held_end.pop(tp, done))
+            if len(given) >= most:
+                break
+        return given
+
+    def _keep_held(self, records: list[Message]) -> list[Message]:
+        """``records`` without those of partitions holding records (delivered after the
+        pause: they follow the held ones, so they join them), whose positions stay at their
+        first held record."""
+        held, nxt = self._held, self._next
+        kept = []
+        for m in records:
+            tp = (m.topic(), m.partition())
+            if tp in held:
+                held[tp].append(m)
+            else:
+                kept.append(m)
+        for tp, msgs in held.items():  # an end-of-partition event may have moved it past them
+            if nxt[tp] != msgs[0].offset():
+                self._held_end[tp] = max(nxt[tp], self._held_end.get(tp, 0))
+                nxt[tp] = int(msgs[0].offset() or 0)
+        return kept
 
     def _data_only(self, batch: list[Message]) -> list[Message] | None:
         """``batch`` itself when it holds only data records (the common case), with the
@@ -272,6 +333,8 @@ class PartitionReader:
             consumer.incremental_assign([target])
             if tp in self._paused:
                 consumer.pause([TopicPartition(tp[0], tp[1])])
+        self._held.pop(tp, None)
+        self._held_end.pop(tp, None)
         self._next[tp] = offset
         if offset > self._stop_at.get(tp, offset):  # skipped past its stop: stop there
             self._stop_at[tp] = offset

@@ -30,8 +30,11 @@ class Totals:
     amount: int
 
 
-def click_events(records: int, *, users: int = 1000, seed: int = 7) -> Iterator[dict[str, object]]:
-    """``records`` click events; the same arguments always give the same events."""
+def click_events(
+    records: int, *, users: int = 1000, seed: int = 7, spacing_ms: int = 10
+) -> Iterator[dict[str, object]]:
+    """``records`` click events, ``spacing_ms`` of event time apart (each a little out of
+    order within its slot); the same arguments always give the same events."""
     rng = random.Random(seed)
     base_ms = 1_700_000_000_000
     for i in range(records):
@@ -40,7 +43,7 @@ def click_events(records: int, *, users: int = 1000, seed: int = 7) -> Iterator[
             "user": f"user-{rng.randrange(users):05d}",
             "page": PAGES[rng.randrange(len(PAGES))],
             "amount": rng.randrange(1, 100),
-            "ts_ms": base_ms + i * 10 + rng.randrange(10),
+            "ts_ms": base_ms + i * spacing_ms + rng.randrange(spacing_ms),
         }
 
 
@@ -274,12 +277,14 @@ def produce_clicks(
     users: int = 1000,
     seed: int = 7,
     duplicates: float = 0.0,
+    spacing_ms: int = 10,
 ) -> float:
     """Create ``topic`` and write the events to it, keyed by user; returns seconds taken.
 
     ``duplicates``: the share of events written twice (see :func:`with_duplicates`); the
     answer of a deduplicating job is still computed from :func:`click_events` alone."""
-    events = with_duplicates(click_events(records, users=users, seed=seed), duplicates, seed=seed)
+    clicks = click_events(records, users=users, seed=seed, spacing_ms=spacing_ms)
+    events = with_duplicates(clicks, duplicates, seed=seed)
     return produce_json(
         brokers, topic, events, key=lambda e: str(e["user"]), partitions=partitions, total=records
     )

@@ -409,6 +409,9 @@ class RunResult:
     loop_logs: list[tuple[int, int, float]] = field(default_factory=list)
     #: bytes of the largest completed checkpoint (the job's peak state as checkpoints saw it)
     peak_checkpoint_bytes: int = 0
+    #: records the sinks committed in this run: each epoch once, when its checkpoint
+    #: completed (``records_out`` also counts what restarts wrote again)
+    records_committed: int = 0
 
 
 def jobs_dir(state: str | None = None) -> Path:

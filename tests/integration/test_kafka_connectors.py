@@ -155,6 +155,50 @@ def test_paused_partition_delivers_nothing_until_resumed(
         assert collections.Counter(m.partition() for m in seen) == {0: 100, 1: 100}
 
 
+def test_held_records_come_again_in_order_once_resumed_with_positions_at_the_first_held(
+    kafka_settings: KafkaSettings, topic_name: str
+) -> None:
+    """Watermark alignment gives back the tail of a batch (``hold``): the partition's position
+    goes back to the first held record (what a checkpoint then stores), nothing of it comes
+    while it is paused, and once resumed every record comes once, in offset order; a bounded
+    run still stops at its stop offset."""
+    TopicAdmin(kafka_settings).ensure_topic(topic_name, 2)
+    _produce(kafka_settings, topic_name, [str(i).encode() for i in range(400)], partitions=2)
+    tp0, tp1 = (topic_name, 0), (topic_name, 1)
+    with PartitionReader(kafka_settings) as reader:
+        reader.open({tp0: 0, tp1: 0}, stop_at={tp0: 190, tp1: 200})
+        seen: dict[tuple[str, int], list[int]] = {tp0: [], tp1: []}
+        deadline = time.monotonic() + 20
+        batch: list[Any] = []
+        while not [m for m in batch if m.partition() == 1] and time.monotonic() < deadline:
+            batch = reader.poll(1000, 0.2)
+            for m in batch:
+                if m.partition() == 0:
+                    seen[tp0].append(m.offset())
+        ones = [m for m in batch if m.partition() == 1]
+        keep = len(ones) // 2
+        seen[tp1] += [m.offset() for m in ones[:keep]]
+        reader.hold(tp1, ones[keep:])
+        assert tp1 in reader.paused
+        assert reader.position(tp1) == ones[keep].offset()
+        for _ in range(5):
+            assert [m for m in reader.poll(1000, 0.1) if m.partition() == 1] == []
+        reader.resume([tp1])
+        again = reader.poll(3, 0.1)  # held ones first, from memory, as many as asked
+        assert [(m.partition(), m.offset()) for m in again] == [
+            (1, m.offset()) for m in ones[keep : keep + 3]
+        ]
+        rest: list[Any] = []
+        while reader.position(tp0) < 190 or reader.position(tp1) < 200:
+            assert time.monotonic() < deadline + 20, f"stuck at {reader.positions()}"
+            rest += reader.poll(1000, 0.2)
+        for m in again + rest + reader.poll(1000, 0.5):
+            seen[(topic_name, m.partition())].append(m.offset())
+    assert seen[tp1] == list(range(200)), "every record of the held partition once, in order"
+    assert seen[tp0] == list(range(190))
+    assert reader.position(tp1) == 200 and reader.position(tp0) == 190
+
+
 def test_reader_reaches_the_end_when_transaction_markers_follow_the_last_record(
     kafka_settings: KafkaSettings, topic_name: str
 ) -> None:

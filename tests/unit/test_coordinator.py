@@ -121,3 +121,34 @@ def test_timeouts_in_a_row_are_counted_until_a_checkpoint_completes(tmp_path: Pa
     assert c.expired() == 4
     c.start_generation(2)  # a restart answers them
     assert c.timed_out == []
+
+
+def test_committed_records_count_each_epoch_once_when_checkpoints_complete(
+    tmp_path: Path,
+) -> None:
+    """The committed-output figure: what the acks of a completed checkpoint report, each
+    task's epoch once (an aborted checkpoint's epoch is reported again with the next one);
+    the epochs of an aborted checkpoint never count unless a completion covers them."""
+    clock = Clock()
+    c = _coordinator(tmp_path, clock)
+    clock.now = 1.0
+    assert c.due() == 1
+    c.on_sunk(1, "a.0", [[1, 10]])
+    _ack(c, 1, "a.0")
+    clock.now = 6.1
+    assert c.expired() == 1  # b.0 never acked: nothing of checkpoint 1 counts
+    assert c.stats.committed_records == 0
+    clock.now = 7.2
+    assert c.due() == 2
+    c.on_sunk(2, "a.0", [[1, 10], [2, 4]])  # epoch 1 commits with checkpoint 2
+    _ack(c, 2, "a.0")
+    c.on_sunk(2, "b.0", [[2, 7]])
+    assert _ack(c, 2, "b.0")
+    assert c.stats.committed_records == 21
+    clock.now = 9.0
+    assert c.due() == 3
+    # a.0 had not heard of checkpoint 2's completion yet: its epoch 2 again, not counted twice
+    c.on_sunk(3, "a.0", [[2, 4], [3, 5]])
+    _ack(c, 3, "a.0")
+    assert _ack(c, 3, "b.0")
+    assert c.stats.committed_records == 26

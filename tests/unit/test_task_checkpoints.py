@@ -68,7 +68,12 @@ def _coordinator(
     )
     out = SimpleNamespace(control=sent.append)
     chain: Any = SimpleNamespace(
-        committers=[("out", writer)], ops={}, outputs=[out], dead=None, watermark=0
+        committers=[("out", writer)],
+        ops={},
+        outputs=[out],
+        dead=None,
+        watermark=0,
+        sinks=[SimpleNamespace(written=0)],
     )
     chain.flush = lambda: None
     checkpoints = SubtaskCheckpoints(env, "t.0", chain, is_source=False)
@@ -114,3 +119,22 @@ def test_a_barrier_keeps_the_mode_its_first_copy_announced_when_forwarded() -> N
     checkpoints.note_barrier(3, False)
     checkpoints.forward_barrier(3)
     assert sent == [Barrier(3, 2, True)]
+
+
+def test_the_records_of_an_aborted_epoch_are_reported_with_the_next_checkpoint_once() -> None:
+    """What the acks report for the committed-output figure (``committed=``): the records
+    the sinks got per epoch; an aborted checkpoint's epoch commits with the next one, so it
+    is reported again until a completion covers it, then never."""
+    checkpoints, _writer, _store, _faults, _sent = _coordinator(mode="sync")
+    sink = checkpoints.chain.sinks[0]
+    sink.written = 5
+    checkpoints.trigger(1, Inputs())
+    assert checkpoints.sunk_through(1) == [[1, 5]]
+    checkpoints.forget(1)  # aborted
+    sink.written = 8
+    checkpoints.trigger(2, Inputs())
+    assert checkpoints.sunk_through(2) == [[1, 5], [2, 3]]
+    checkpoints.complete(2)
+    sink.written = 8  # nothing since
+    checkpoints.trigger(3, Inputs())
+    assert checkpoints.sunk_through(3) == []

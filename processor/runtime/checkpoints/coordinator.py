@@ -48,6 +48,8 @@ class _Pending:
     drained: list[list[Any]] | None = None  # drained source tasks' positions
     undrained: bool = False  # some source task did not drain
     sources: list[list[Any]] = field(default_factory=list)  # source tasks' positions
+    #: per task, the records its sinks got in the epochs this checkpoint commits
+    sunk: dict[str, list[list[int]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -68,6 +70,12 @@ class CheckpointStats:
     #: bytes of the largest completed checkpoint's task snapshots: the job's peak state, as
     #: far as checkpoints saw it (bench/backfill.py)
     peak_size_bytes: int = 0
+    #: records the sinks committed in this run: each epoch of each task once, when a
+    #: checkpoint that covers it completed (re-writes after a restart are new epochs; what an
+    #: aborted or failed epoch wrote never counts)
+    committed_records: int = 0
+    #: per task, the newest epoch counted in :attr:`committed_records`
+    counted_through: dict[str, int] = field(default_factory=dict)
     #: aborted checkpoints by kind: ``timeout``, ``declined``, ``restart``
     failed: dict[str, int] = field(
         default_factory=lambda: {"timeout": 0, "declined": 0, "restart": 0}
@@ -172,6 +180,12 @@ class CheckpointCoordinator:
         log.debug("triggered checkpoint_id=%d generation=%d", chk, self.generation)
         return chk
 
+    def on_sunk(self, checkpoint_id: int, task: str, sunk: Any) -> None:
+        """The ``sunk`` of an ack (before :meth:`on_ack`): ``[[epoch, records]]``."""
+        pending = self.pending
+        if pending is not None and pending.checkpoint_id == checkpoint_id and sunk:
+            pending.sunk[task] = [[int(c), int(n)] for c, n in sunk]
+
     def on_ack(
         self,
         checkpoint_id: int,
@@ -237,6 +251,10 @@ class CheckpointCoordinator:
         self._next_due = self.clock() + (self.interval_s or 0.0)
         size = sum(h.size for h in pending.acks.values())
         stats.peak_size_bytes = max(stats.peak_size_bytes, size)
+        for task, epochs in pending.sunk.items():
+            through = stats.counted_through.get(task, 0)
+            stats.committed_records += sum(n for c, n in epochs if c > through)
+            stats.counted_through[task] = checkpoint_id
         log.info(
             "completed checkpoint_id=%d generation=%d duration_ms=%d loop_log=%d bytes=%d",
             checkpoint_id, self.generation, int(duration * 1000), pending.loop_log, size,

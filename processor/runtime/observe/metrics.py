@@ -51,8 +51,21 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "eosflow_generation": ("gauge", "The current generation.", ()),
     "eosflow_workers": ("gauge", "Workers of this generation.", ("state",)),
     "eosflow_uptime_seconds": ("gauge", "Seconds since the runner started.", ()),
-    "eosflow_records_in_total": ("counter", "Records read by the source tasks.", ()),
-    "eosflow_records_out_total": ("counter", "Records handed to sinks.", ()),
+    "eosflow_records_in_total": (
+        "counter",
+        "Records read by the source tasks (re-reads after restarts included).",
+        (),
+    ),
+    "eosflow_records_out_total": (
+        "counter",
+        "Records handed to sinks (re-writes after restarts included).",
+        (),
+    ),
+    "eosflow_records_committed_total": (
+        "counter",
+        "Records the sinks committed in this run (each epoch once, when its checkpoint completed).",
+        (),
+    ),
     "eosflow_step_records_in_total": ("counter", "Records that entered a step.", ("step",)),
     "eosflow_step_records_out_total": ("counter", "Records a step emitted.", ("step",)),
     "eosflow_sink_records_total": ("counter", "Records a sink step wrote.", ("sink",)),
@@ -319,6 +332,7 @@ class JobMetrics:
             "records": {
                 "in": rin,
                 "out": rout,
+                "committed": status.get("records_committed"),
                 "in_per_s": per_s(rin, rin0),
                 "out_per_s": per_s(rout, rout0),
             },
@@ -407,6 +421,7 @@ class _Collector(Collector):
             ("eosflow_generation", status.get("generation", 0)),
             ("eosflow_uptime_seconds", status.get("uptime_s", 0.0)),
             ("eosflow_last_checkpoint", status.get("checkpoint", {}).get("last_completed", 0)),
+            ("eosflow_records_committed_total", status.get("records_committed", 0)),
         ):
             g = family(name)
             g.add_metric([job], float(value or 0))

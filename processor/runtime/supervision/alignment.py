@@ -1,10 +1,10 @@
 """Watermark alignment across source tasks (Flink's FLIP-182): the coordinator's part.
 
-Every source task's worker reports, at most every 200 ms when it changed (and every second
+Every source task's worker reports, at most every 20 ms when it changed (and every second
 anyway), the task's lowest watermark among its partitions that still have records to read
 (``None`` when all are idle): ``{"t": "align_wm", "tasks": {task: watermark}}``. The runner keeps
 the latest of each task and sends every worker the whole map when it changed (at most every
-100 ms, and every second anyway, so a restarted worker learns it too). Each source task aligns
+20 ms, and every second anyway, so a restarted worker learns it too). Each source task aligns
 on the lowest watermark of the *other* source tasks and its own current one (its own reported
 value is older than what it knows), pausing the partitions more than ``--watermark-alignment``
 ahead (:mod:`processor.runtime.task.sources`). The others' values are a few hundred ms old, so
@@ -22,7 +22,7 @@ __all__ = ["SourceAlignment", "others_watermark"]
 
 #: The map unchanged is sent again this often; a changed one at most this often.
 _RESEND_S = 1.0
-_MIN_GAP_S = 0.1
+_MIN_GAP_S = 0.02
 
 
 def others_watermark(marks: Mapping[str, int | None], task: str) -> int | None:
@@ -55,7 +55,7 @@ class SourceAlignment:
         self.send()
 
     def send(self) -> None:
-        """The map to every worker, if it changed (and the last send is 100 ms old) or a
+        """The map to every worker, if it changed (and the last send is 20 ms old) or a
         second passed; called on each report and by the runner's loop."""
         now = self._clock()
         gap = now - self._sent_at

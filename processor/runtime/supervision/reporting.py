@@ -167,19 +167,25 @@ class Reporter:
         rate = self._rate_now(now, rin)
         rate_text = f"{self.average_rate(rin):,.0f}/s average" if final else f"{rate:,.0f}/s"
         st = self.coordinator.stats
-        lag_text = f" lag={lag:,}"
+        lag_text = f" lag={lag:,}" if self._lag_known() else " lag=?"
         dead, bad, dups, over = self._bad_counts()
         lag_text += (f" dead={dead:,}" if dead else "") + (f" skipped={bad:,}" if bad else "")
-        lag_text += f" duplicates={dups:,}" if dups else ""
+        lag_text += f" dups_dropped={dups:,}" if dups else ""
         lag_text += f" over_max_iterations={over:,}" if over else ""
         loop_text = f", loop log {st.last_loop_log:,}" if self.plan.cyclic else ""
         self.say(
-            f"gen={self.current.number} in={rin:,} ({rate_text}) out={out:,}{lag_text} "
+            f"gen={self.current.number} read={rin:,} ({rate_text}) to_sinks={out:,} "
+            f"committed={st.committed_records:,}{lag_text} "
             f"checkpoint={st.last_completed} ({st.last_duration_s * 1000:.0f} ms{loop_text}) "
             f"restarts={self.budget.restarts}{watermarks.progress_text(self._watermarks())}"
             f"{_waiting_text(self.waits())}{self._pending_text()}"
         )
         self.status("running")
+
+    def _lag_known(self) -> bool:
+        """Every worker of this generation reported its readers' lag: right after a start or
+        a restart none did yet, and the lag is unknown, not 0."""
+        return all(w.stats for w in self.current.workers)
 
     def _pending_text(self) -> str:
         """`` pending=7 for 12 s (no ack from totals.0, totals.1)`` when a checkpoint has been
@@ -264,8 +270,11 @@ class Reporter:
                 "pending_s": round(pending[1], 1) if pending else None,
                 "pending_missing": pending[2] if pending else [],
             },
+            # read by the sources and handed to the sinks, re-reads and re-writes after
+            # restarts included; committed: each epoch once, when its checkpoint completed
             "records_in": rin,
             "records_out": out,
+            "records_committed": st.committed_records,
             "source_lag": lag,
             "waiting": self.waits(),
             "dead_letters": dead,
@@ -291,6 +300,7 @@ class Reporter:
             last_checkpoint=st.last_completed,
             records_in=rin,
             records_out=out,
+            records_committed=st.committed_records,
             seconds=self._clock() - self._started,
             restart_causes=list(self.budget.causes),
             checkpoint_durations=list(st.durations),

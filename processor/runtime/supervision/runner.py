@@ -536,6 +536,7 @@ class Runner:
             drained = msg.get("drained", False)  # False: not a source task (runtime.drain)
             chk_id, task_name = int(msg["chk"]), str(msg["task"])
             sources = msg.get("sources")
+            self.coordinator.on_sunk(chk_id, task_name, msg.get("sunk") or ())
             if self.coordinator.on_ack(chk_id, task_name, handle, log_n, align, drained, sources):
                 # its completion notice once the job's group has its offsets (runtime.identity)
                 self.identity.completed(chk_id, self.coordinator.stats.last_sources)

@@ -96,6 +96,11 @@ class SubtaskCheckpoints:
         self.declined: list[tuple[int, str]] = []  # (checkpoint, reason) for the coordinator
         self._upload_failures = 0  # in a row
         self.sink_pending: dict[str, list[tuple[int, Any]]] = {n: [] for n, _w in chain.committers}
+        #: records handed to the sinks in each epoch not known committed yet (checkpoint id ->
+        #: records since the previous snapshot): sent with the acks, the coordinator adds up
+        #: the committed output (``committed`` on the progress line) once per epoch
+        self.epoch_sunk: dict[int, int] = {}
+        self._sunk_at_snapshot = 0
         self.halted = False  # sync mode: a source stops between trigger and completion
 
     def restore(
@@ -182,6 +187,9 @@ class SubtaskCheckpoints:
                 self.sink_pending[name].append((checkpoint_id, committable))
         for op in chain.ops.values():
             op.prepare(checkpoint_id)  # dedup: IDs into the store before the snapshot
+        sunk = sum(s.written for s in chain.sinks)
+        self.epoch_sunk[checkpoint_id] = sunk - self._sunk_at_snapshot
+        self._sunk_at_snapshot = sunk
         part = inputs.snapshot(checkpoint_id)
         steps = self.plan.flow.steps
         pos = inputs.pos
@@ -295,6 +303,14 @@ class SubtaskCheckpoints:
             op.commit(checkpoint_id)
         for chk in [c for c in self.uploaded if c <= checkpoint_id]:
             del self.uploaded[chk]
+        for chk in [c for c in self.epoch_sunk if c <= checkpoint_id]:
+            del self.epoch_sunk[chk]
+
+    def sunk_through(self, checkpoint_id: int) -> list[list[int]]:
+        """``[[checkpoint, records]]`` handed to the sinks in the epochs up to
+        ``checkpoint_id`` not known committed (an aborted checkpoint's epoch commits with
+        the next one): what the ack of ``checkpoint_id`` reports."""
+        return [[c, n] for c, n in sorted(self.epoch_sunk.items()) if c <= checkpoint_id and n]
 
     def take_commit_times(self) -> list[list[Any]]:
         """The sinks' commit durations since the last call (metrics)."""

@@ -178,7 +178,7 @@ class Task:
         """Source tasks: the lowest watermark of the other source tasks, as the coordinator
         last heard (watermark alignment, :mod:`.sources`)."""
         if isinstance(self.inputs, SourceInputs):
-            self.inputs.others_wm = others
+            self.inputs.align(others)
 
     def local_watermark(self) -> int | None:
         """Source tasks: the lowest watermark of the partitions with records to read."""
@@ -259,8 +259,10 @@ class Task:
         chain = self.chain.metrics()
         lag = self.reader.cached_lag()
         inputs = self.inputs
+        others = None
         if isinstance(inputs, SourceInputs):
             wm_parts, local = inputs.watermark_parts(lag), inputs.local_watermark(lag)
+            others = inputs.others_wm
         else:
             wm_parts, local = inputs.watermark_parts(), None
         return {
@@ -268,6 +270,8 @@ class Task:
             # a source task's watermark for the coordinator's alignment (None: all idle)
             "wm_parts": wm_parts,
             "align_wm": local,
+            # the other source tasks' lowest, as the coordinator last told (alignment's floor)
+            "align_others": others,
             "steps": chain["steps"],
             "sinks": chain["sinks"],
             "parts": [[t, p, n] for (t, p), n in lag.items()],

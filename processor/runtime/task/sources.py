@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from itertools import groupby, repeat
 from operator import itemgetter
 from typing import Any
@@ -58,6 +58,8 @@ log = logging.getLogger(__name__)
 _WATERMARK_EVERY_S = 0.2
 #: Watermark alignment: a partition over the limit this long is paused (see _align).
 _AHEAD_FOR_S = 1.0
+#: Partitions holding records back are checked this often (after polls) for going on.
+_HELD_EVERY_S = 0.02
 #: After a resume, how long an empty poll of the partition is not a wait on the broker.
 _REFETCH_S = 2.0
 #: Without a dead-letter destination, these source failures are skipped (counted and logged).
@@ -89,6 +91,10 @@ class SourceInputs:
         self.drift = env.watermark_drift_ms
         self.others_wm: int | None = None
         self.ahead: set[TP] = set()
+        #: partitions whose next records were given back to the reader unprocessed (over the
+        #: limit in the middle of a batch): the event time the first of them gives
+        self.held_next: dict[TP, int] = {}
+        self._held_checked = 0.0
         self._over_since: dict[TP, float] = {}  # over the limit since (not paused yet)
         #: a wait on the broker (:mod:`processor.runtime.waits`): polls give nothing while a
         #: partition being read has records, as the last fetches said (a stalled broker)
@@ -169,6 +175,10 @@ class SourceInputs:
         elif self._starved is not None:
             WAITS.end(self._starved)
             self._starved = None
+        if self.held_next and self.env.clock() - self._held_checked >= _HELD_EVERY_S:
+            # held partitions go on as soon as the slowest caught up, not at the next tick
+            self._held_checked = self.env.clock()
+            self._align(self.reader.cached_lag())
         self._source_watermark()
         if self.chain.dead is not None:
             self.chain.dead.flush()
@@ -201,8 +211,9 @@ class SourceInputs:
         max_ts = self.max_ts
         tables = self.table_topics
         failed: set[int] = set()  # id() of the messages that did not enter the operators
+        decoded: list[Any] = []  # (key, value, ts) or the exception, per message
         for m in msgs:
-            topic: Any = m.topic()
+            topic = m.topic()
             decode, ts_fn, lag_ms, key_of = params[topic]
             try:
                 key = None if key_of is None else key_of(m)
@@ -218,11 +229,28 @@ class SourceInputs:
                     exc = exc.located(topic, m.partition(), m.offset())
                 if self.chain.dead is None and not isinstance(exc, _SKIPPABLE):
                     raise
+                decoded.append(exc)
+                continue
+            decoded.append((key, value, ts))
+        if self.drift is not None:
+            kept = self._cut(
+                [(m.topic(), m.partition()) for m in msgs],
+                [None if isinstance(d, Exception) else d[2] for d in decoded],
+                msgs,
+                None,
+            )
+            if kept is not None:
+                msgs, decoded = _pick(msgs, kept), _pick(decoded, kept)
+        for m, outcome in zip(msgs, decoded, strict=True):
+            topic = m.topic()
+            if isinstance(outcome, Exception):
                 failed.add(id(m))
                 self.chain.entry[topic].n_in += 1  # read, and not emitted (metrics)
-                self._bad_record(m, exc)
+                self._bad_record(m, outcome)
                 continue
+            key, value, ts = outcome
             tp = (topic, m.partition())
+            lag_ms = params[topic][2]
             if ts - lag_ms > max_ts[tp]:
                 max_ts[tp] = ts - lag_ms
             if lineage is not None:
@@ -278,6 +306,14 @@ class SourceInputs:
                 keys = key_many(keys)
         except Exception:
             return False
+        if self.drift is not None:
+            kept = self._cut([(topic, m.partition()) for m in msgs], stamps, msgs, lag_ms)
+            if kept is not None:
+                msgs, values, stamps = _pick(msgs, kept), _pick(values, kept), _pick(stamps, kept)
+                keys = None if keys is None else _pick(keys, kept)
+                if not msgs:
+                    self.pos = self.reader.positions()
+                    return True
         max_ts = self.max_ts
         for partition, run in groupby(
             zip([m.partition() for m in msgs], stamps, strict=True), _first
@@ -301,6 +337,65 @@ class SourceInputs:
         self.chain.origins = None
         self.pos = self.reader.positions()
         return True
+
+    def _lead(self, tp: TP) -> int:
+        """How far ``tp`` is in event time, for watermark alignment: its watermark, or what the
+        first of its held records would make it (they are read next)."""
+        held = self.held_next.get(tp)
+        return self.max_ts[tp] if held is None else held
+
+    def _cut(
+        self, tps: list[TP], stamps: Sequence[int | None], msgs: list[Message], lag_ms: int | None
+    ) -> list[int] | None:
+        """Watermark alignment inside a polled batch (librdkafka hands out a partition's whole
+        fetch, thousands of records, hours of a backfill's event time): the indices of the
+        records to process now, ``None`` for all. The limit is the slowest busy partition's
+        lead after the batch (this task's, or the other source tasks') plus the drift; from
+        its first record over the limit, the rest of a partition's records go back to the
+        reader (:meth:`Reader.hold`), which gives them again once :meth:`_align` resumes it.
+        The slowest partition is never cut: all its records are at or below its lead.
+        ``stamps``: event times (``None``: a bad record); ``lag_ms``: the topic's, ``None``
+        when the batch mixes topics."""
+        hold = getattr(self.reader, "hold", None)
+        if hold is None:
+            return None
+        params = self.source_params
+        top: dict[TP, int] = {}
+        for tp, ts in zip(tps, stamps, strict=True):
+            if ts is not None:
+                wm = ts - (params[tp[0]][2] if lag_ms is None else lag_ms)
+                if wm > top.get(tp, MIN_WATERMARK):
+                    top[tp] = wm
+        busy = self._busy(self.reader.cached_lag())
+        if not busy:
+            return None
+        lead = {tp: self._lead(tp) for tp in busy}
+        for tp, wm in top.items():
+            if tp in lead and wm > lead[tp]:
+                lead[tp] = wm
+        slowest = min(lead.values())
+        if self.others_wm is not None:
+            slowest = min(slowest, self.others_wm)
+        # A busy partition that gave nothing yet (this task's, or another task's as reported)
+        # may be far behind: nothing goes on until it gave its first record.
+        limit = slowest + self.drift  # type: ignore[operator]
+        if all(wm <= limit for wm in top.values()):
+            return None
+        kept: list[int] = []
+        cut: dict[TP, int] = {}  # partition -> index of its first record held back
+        for i, (tp, ts) in enumerate(zip(tps, stamps, strict=True)):
+            if tp in cut:
+                continue
+            if ts is not None and ts - (params[tp[0]][2] if lag_ms is None else lag_ms) > limit:
+                cut[tp] = i
+                continue
+            kept.append(i)
+        for tp, first in cut.items():
+            lag = params[tp[0]][2] if lag_ms is None else lag_ms
+            self.held_next[tp] = int(stamps[first]) - lag  # type: ignore[arg-type]
+            self.ahead.add(tp)
+            hold(tp, [m for i, m in enumerate(msgs) if i >= first and tps[i] == tp])
+        return kept
 
     def _bad_record(self, m: Message, exc: Exception) -> None:
         """A source record that did not decode, or whose ``timestamp`` function raised."""
@@ -408,7 +503,16 @@ class SourceInputs:
         """The lowest watermark among this task's partitions with records to read (``None``:
         all idle): what the coordinator aligns the source tasks on."""
         busy = self._busy(self.reader.cached_lag() if lag is None else lag)
-        return min(self.max_ts[tp] for tp in busy) if busy else None
+        return min(self._lead(tp) for tp in busy) if busy else None
+
+    def align(self, others: int | None) -> None:
+        """The coordinator's latest lowest watermark of the other source tasks: partitions
+        waiting on them go on at once (a backfill's pace under alignment is one exchange of
+        watermarks per drift of event time)."""
+        changed = others != self.others_wm
+        self.others_wm = others
+        if changed and self.drift is not None and self.ahead:
+            self._align(self.reader.cached_lag())
 
     def _align(self, lag: dict[TP, int]) -> None:
         """Pauses the partitions more than :attr:`drift` ahead of the slowest one (this task's
@@ -418,10 +522,10 @@ class SourceInputs:
         over: set[TP] = set()
         slowest = MIN_WATERMARK  # all idle: nothing is over
         if busy:
-            local = min(self.max_ts[tp] for tp in busy)
+            local = min(self._lead(tp) for tp in busy)
             slowest = local if self.others_wm is None else min(local, self.others_wm)
             limit = slowest + self.drift
-            over = {tp for tp in busy if self.max_ts[tp] > limit}
+            over = {tp for tp in busy if self._lead(tp) > limit}
         # Paused once over the limit for _AHEAD_FOR_S: reading as fast as it can, a task
         # evens out its partitions within a few fetches (librdkafka hands out one partition's
         # fetched records, then the next one's), and a pause drops what was fetched. At once
@@ -441,7 +545,9 @@ class SourceInputs:
         if paused:  # librdkafka drops what it fetched of them, and fetches it again on resume
             self.reader.pause(paused)
         if resumed:  # a bounded partition at its stop stays paused (PartitionReader._bounded)
-            self.reader.resume(resumed)
+            self.reader.resume(resumed)  # held records come first, from memory
+            for tp in resumed:
+                self.held_next.pop(tp, None)
         log.debug(
             "watermark alignment task=%s paused=%s resumed=%s others=%s",
             self.name, sorted(paused), sorted(resumed), self.others_wm,
@@ -513,6 +619,10 @@ def _utf8_many(keys: list[bytes]) -> list[str]:
 
 _first = itemgetter(0)
 _second = itemgetter(1)
+
+
+def _pick(items: list[Any], indices: list[int]) -> list[Any]:
+    return [items[i] for i in indices]
 
 
 def _utf8(data: bytes) -> str:

@@ -142,6 +142,7 @@
     const rec = job.records || {};
     setText("job-records-in", `${fmtInt(rec.in)}  (${fmtCompact(rec.in_per_s)}/s)`);
     setText("job-records-out", `${fmtInt(rec.out)}  (${fmtCompact(rec.out_per_s)}/s)`);
+    setText("job-records-committed", rec.committed == null ? "\u2013" : fmtInt(rec.committed));
     setText("job-updated", fmtTime(job.updated_ms));
   }
 
@@ -247,7 +248,8 @@
       // A step leaves room for its rates; a source topic (no step of its own) has none.
       svgText(r, x, y + 15, fit(row.name, !row.step ? 29 : row.tag ? 16 : 22), "step-name");
       if (row.step) {
-        svgText(r, box.w - 12, y + 15, "", "step-rate", { "text-anchor": "end", "data-step": row.name });
+        svgText(r, box.w - 12, y + 15, "", "step-rate",
+          { "text-anchor": "end", "data-step": row.name, "data-sink": row.tag === "sink" ? "1" : "0" });
       }
     });
   }
@@ -280,7 +282,9 @@
     }
     svg("path", { d: d, class: "edge-line", "marker-end": `url(#arrow-${kind})` }, g);
     svgText(g, lx, ly - 13, back ? "back \u00b7 " + how : how, "edge-kind", { "text-anchor": "middle" });
-    svgText(g, lx, ly, fit(edge.topic ?? "", 28), "edge-topic", { "text-anchor": "middle" });
+    // the channel's own part (its step names): every channel topic starts with eosflow.<job>.
+    const label = (edge.topic ?? "").replace(/^eosflow\.[^.]+\./, "");
+    svgText(g, lx, ly, fit(label, 34), "edge-topic", { "text-anchor": "middle" });
   }
 
   function renderGraph(job) {
@@ -310,7 +314,9 @@
     for (const node of host.querySelectorAll("text.step-rate")) {
       const name = node.getAttribute("data-step");
       const s = steps[name];
-      node.textContent = s ? `${fmtCompact(s.in_per_s)} \u2192 ${fmtCompact(s.out_per_s)} /s` : "";
+      const sink = node.getAttribute("data-sink") === "1"; // writes, emits nothing downstream
+      node.textContent = !s ? "" : sink ? `${fmtCompact(s.in_per_s)} /s written`
+        : `${fmtCompact(s.in_per_s)} \u2192 ${fmtCompact(s.out_per_s)} /s`;
       node.parentNode.querySelector("title").textContent = s
         ? `step ${name}: in ${fmtInt(s.in)} (${fmtCompact(s.in_per_s)}/s), ` +
           `out ${fmtInt(s.out)} (${fmtCompact(s.out_per_s)}/s)`
