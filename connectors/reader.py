@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 TP = tuple[str, int]
 _EOF = KafkaError._PARTITION_EOF
 _OFFSET_RESET = KafkaError._AUTO_OFFSET_RESET
+#: Records a partition may hold (:meth:`PartitionReader.hold`) before librdkafka is paused too.
+HOLD_MAX = 20_000
 #: What a reader does when records it must read were deleted (retention).
 DELETED_POLICIES = ("fail", "skip")
 
@@ -88,6 +90,8 @@ class PartitionReader:
         #: order; and the highest position an end-of-partition event gave one meanwhile
         self._held: dict[TP, list[Message]] = {}
         self._held_end: dict[TP, int] = {}
+        #: partitions holding records and not resumed since (librdkafka still fetches them)
+        self._holding: set[TP] = set()
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -112,6 +116,7 @@ class PartitionReader:
         self._paused.clear()
         self._held.clear()
         self._held_end.clear()
+        self._holding.clear()
         self._end_at_open = {}
         self._next = {}
         for tp, (low, high) in watermarks(self._config, positions, timeout=self._timeout).items():
@@ -181,12 +186,17 @@ class PartitionReader:
     def hold(self, tp: TP, records: list[Message]) -> None:
         """Gives back ``records``: the last ones the latest :meth:`poll` delivered of ``tp``, in
         offset order, not processed (watermark alignment: they are too far ahead in event
-        time). ``tp`` is paused and its position goes back to the first of them; once it is
-        resumed, they are delivered again before anything else of ``tp``, from memory (a
-        pause makes librdkafka drop what it prefetched, and fetch again from after them)."""
+        time). ``tp`` counts as paused and its position goes back to the first of them; once
+        it is resumed, they are delivered again before anything else of ``tp``, from memory.
+
+        librdkafka is not paused: a resumed partition's first fetch waits for its broker
+        thread's next wake-up, up to a second (measured: bench/RESULTS.md, "Backfills"),
+        which would make each hold a second's stall. What it fetches of ``tp`` meanwhile joins
+        the held records, up to :data:`HOLD_MAX` of them; then ``tp`` is paused in librdkafka
+        too (what is held covers the stall of its resume)."""
         if not records:
             return
-        self.pause([tp])
+        self._holding.add(tp)
         held = self._held.setdefault(tp, [])
         held[:0] = records
         self._next[tp] = int(held[0].offset() or 0)
@@ -194,7 +204,7 @@ class PartitionReader:
     def _give_held(self, most: int) -> list[Message]:
         """Up to ``most`` held records of the partitions resumed since."""
         given: list[Message] = []
-        for tp in [tp for tp in self._held if tp not in self._paused]:
+        for tp in [tp for tp in self._held if tp not in self._paused and tp not in self._holding]:
             held = self._held[tp]
             take, rest = held[: most - len(given)], held[most - len(given) :]
             given += take
@@ -221,10 +231,16 @@ class PartitionReader:
                 held[tp].append(m)
             else:
                 kept.append(m)
+        full = []
         for tp, msgs in held.items():  # an end-of-partition event may have moved it past them
             if nxt[tp] != msgs[0].offset():
                 self._held_end[tp] = max(nxt[tp], self._held_end.get(tp, 0))
                 nxt[tp] = int(msgs[0].offset() or 0)
+            if len(msgs) >= HOLD_MAX and tp not in self._paused:
+                full.append(tp)
+        if full:
+            self._require_open().pause([TopicPartition(t, p) for t, p in full])
+            self._paused.update(full)
         return kept
 
     def _data_only(self, batch: list[Message]) -> list[Message] | None:
@@ -335,6 +351,7 @@ class PartitionReader:
                 consumer.pause([TopicPartition(tp[0], tp[1])])
         self._held.pop(tp, None)
         self._held_end.pop(tp, None)
+        self._holding.discard(tp)
         self._next[tp] = offset
         if offset > self._stop_at.get(tp, offset):  # skipped past its stop: stop there
             self._stop_at[tp] = offset
@@ -347,6 +364,8 @@ class PartitionReader:
             self._paused.update(tps)
 
     def resume(self, tps: Iterable[TP]) -> None:
+        tps = list(tps)
+        self._holding.difference_update(tps)
         tps = [tp for tp in tps if tp in self._paused]
         if tps:
             self._require_open().resume([TopicPartition(t, p) for t, p in tps])
@@ -358,7 +377,8 @@ class PartitionReader:
 
     @property
     def paused(self) -> frozenset[TP]:
-        return frozenset(self._paused)
+        """Paused partitions, those holding records (:meth:`hold`) included."""
+        return frozenset(self._paused | self._holding)
 
     def position(self, tp: TP) -> int:
         return self._next[tp]

@@ -438,6 +438,8 @@ class WorkerHandle:
     conn: Connection | None = None
     drained: bool = False
     stats: dict[str, Any] = field(default_factory=dict)
+    #: the worker's clock (epoch seconds) when it took :attr:`stats`
+    stats_at: float = 0.0
     last_seen: float = 0.0  # monotonic time of its last message (heartbeats included)
     #: What it waits on, from its last heartbeat (:mod:`processor.runtime.waits`), and when
     #: that heartbeat came (monotonic).

@@ -547,7 +547,7 @@ class Runner:
         elif kind == "committed":
             self.stop.on_committed(int(msg["chk"]), str(msg["task"]))
         elif kind == "stats":
-            sender.stats = msg["tasks"]
+            sender.stats, sender.stats_at = msg["tasks"], float(msg.get("at") or 0.0)
             sender.drained = bool(msg["drained"])
             if self.metrics is not None:
                 self.metrics.on_stats(sender, self.current.number, sender.stats)

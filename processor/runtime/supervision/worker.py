@@ -246,16 +246,15 @@ def run_worker(spec: dict[str, Any]) -> int:
         next_stats = 0.0
         drained = False
         while True:
-            stop = _serve(client, tasks, sources, worker, purger)
-            if stop is not None:
-                if stop == 0:
-                    with waiting("the broker (the last channel records' delivery)"):
-                        writer.flush()
-                    client.send(_stats(worker, tasks, sources))  # the final counts
-                return stop
             read = 0
             timeout = 0.005 if idle else 0.0
+            stop = None
             for task in tasks:
+                # before each task: under watermark alignment a backfill's pace is one exchange
+                # of watermarks per drift of event time, so none waits for a whole loop
+                stop = _serve(client, tasks, sources, worker, purger)
+                if stop is not None:
+                    break
                 if task.is_source and pace.rate:
                     allowed = pace.allowed(max_records)
                     if allowed:
@@ -263,6 +262,16 @@ def run_worker(spec: dict[str, Any]) -> int:
                         read += n
                 else:
                     read += task.step(timeout, max_records)
+                if aligning is not None and task.is_source:
+                    aligning.report(time.monotonic())
+            if stop is None and not tasks:
+                stop = _serve(client, tasks, sources, worker, purger)
+            if stop is not None:
+                if stop == 0:
+                    with waiting("the broker (the last channel records' delivery)"):
+                        writer.flush()
+                    client.send(_stats(worker, tasks, sources))  # the final counts
+                return stop
             idle = read == 0
             writer.poll()
             send_acks(client, tasks, env.fault)
@@ -274,8 +283,6 @@ def run_worker(spec: dict[str, Any]) -> int:
             if now >= next_stats:
                 next_stats = now + _STATS_EVERY_S
                 client.send(_stats(worker, tasks, sources))
-            if aligning is not None:
-                aligning.report(now)
     finally:
         beat.stop.set()
         if purger is not None:
@@ -417,6 +424,7 @@ def _stats(worker: int, tasks: list[Task], sources: list[Task]) -> dict[str, Any
     return {
         "t": "stats",
         "worker": worker,
+        "at": time.time(),  # when the counts were taken (rates between two messages)
         "tasks": {t.name: t.stats() for t in tasks},
         "drained": bool(sources) and all(t.drained for t in sources),
     }

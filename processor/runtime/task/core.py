@@ -132,11 +132,13 @@ class Task:
         clock = time.perf_counter
         start = clock()
         total = 0
+        source = isinstance(inputs, SourceInputs)
         while True:
             size = min(self.batch_size, limit - total) if limit else self.batch_size
             msgs = self.reader.poll(size, timeout if total == 0 else 0.0)
             if msgs:
                 began = clock()
+                before = inputs.records_in if source else 0
                 inputs.read(msgs)
                 chain.flush()
                 if chain.dead is not None:
@@ -144,7 +146,9 @@ class Task:
                 per_record = (clock() - began) / len(msgs)
                 target = int(budget_s / 4 / per_record) if per_record > 0 else max_records
                 self.batch_size = max(16, min(max_records, target))
-                total += len(msgs)
+                # a source's records given back unread (watermark alignment) are not counted:
+                # --max-rate paces what is read, and they come again
+                total += inputs.records_in - before if source else len(msgs)
             if isinstance(inputs, SourceInputs):
                 inputs.polled(msgs)
             if not msgs or checkpoints.halted or clock() - start >= budget_s:
