@@ -17,6 +17,7 @@ import signal
 import sys
 import threading
 import time
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -189,3 +190,106 @@ def test_a_run_with_a_restart_reports_the_records_of_every_generation(
     assert (status["records_in"], status["records_out"]) == (result.records_in, result.records_out)
     last = [line for line in progress.getvalue().splitlines() if " gen=" in line][-1]
     assert f"in={result.records_in:,} (" in last and "/s average)" in last, last
+
+
+#: --max-rate of the paced run below (one worker), and its token bucket's burst (0.1 s of it).
+RATE, BURST = 2_000, 200
+
+
+class PacedFreeze(Freeze):
+    """The ``during=`` hook of the paced run: every stats message of the worker (what its
+    source tasks had read, and when: the worker's clock) from the start, and Redis frozen for
+    20 s once a third of the input was read."""
+
+    def __init__(self, server: Any, progress: _Progress, records: int) -> None:
+        super().__init__(server, progress)
+        self.records = records
+        self.samples: list[tuple[float, int]] = []
+        self.thawed_at: float | None = None
+
+    def __call__(self, runner: Runner) -> None:
+        sampler = threading.Thread(target=self._sample, args=(runner,), daemon=True)
+        sampler.start()
+        while not self.stop.is_set():
+            read = input_read(runner, self.records)
+            if read is not None and read >= 0.3:
+                break
+            time.sleep(0.02)
+        else:
+            return
+        os.kill(self.server.process.pid, signal.SIGSTOP)
+        self.frozen_at = time.time()
+        try:
+            self.stop.wait(20.0)
+        finally:
+            os.kill(self.server.process.pid, signal.SIGCONT)
+            self.thawed_at = time.time()
+        final = runner.final_chk
+        self.resumed_unfinished = final is None or runner.coordinator.stats.last_completed < final
+        self.stop.wait(900)
+
+    def _sample(self, runner: Runner) -> None:
+        sources = {s.name for s in runner.plan.stages if s.sources}
+        last = None
+        while not self.stop.wait(0.01):
+            for w in list(getattr(runner, "workers", [])):
+                if w.stats is last or not w.stats_at:
+                    continue
+                last = w.stats
+                read = sum(
+                    int(st.get("in", 0))
+                    for task, st in w.stats.items()
+                    if task.rsplit(".", 1)[0] in sources
+                )
+                self.samples.append((w.stats_at, read))
+
+
+@pytest.mark.crash
+def test_a_paced_job_reads_no_faster_than_its_rate_after_a_20_s_redis_freeze(
+    kafka_endpoint: tuple[str, str], tmp_path: Path
+) -> None:
+    """Issue 50: ``--max-rate`` limited the average since the start, so a stall built burst
+    credit: after a 25 s Redis freeze a job capped at 2,000/s read about 52,000 records in
+    2 s. The cap is a token bucket holding 0.1 s of the rate: between any two of the worker's
+    stats messages (counts taken on its clock) it read at most ``RATE * seconds + BURST``,
+    so no second of reading exceeds 2,200 records, right after the freeze included."""
+    seed = chaos_seed()
+    records = 40_000  # 20 s at the rate, the freeze after a third of it
+    server = private_redis(tmp_path / "redis")
+    freeze = PacedFreeze(server, _Progress(), records)
+    try:
+        run = run_chaos(
+            "dedup_window_count.py",
+            brokers=kafka_endpoint[0],
+            tmp=tmp_path,
+            records=records,
+            seed=seed,
+            mode="aligned",
+            interval=0.5,
+            workers=1,
+            duplicates=0.10,
+            env={"EOSFLOW_REDIS_URL": server.url, **ENV},
+            during=freeze,
+            run_options={"max_rate": float(RATE)},
+        )
+    finally:
+        freeze.stop.set()
+        os.kill(server.process.pid, signal.SIGCONT)
+        kill_redis(server, clean=True)
+    assert freeze.frozen_at is not None and freeze.resumed_unfinished, "the freeze missed the job"
+    assert freeze.thawed_at is not None
+    samples = sorted(freeze.samples)
+    after = [(t, n) for t, n in samples if t >= freeze.thawed_at]
+    assert len(after) >= 3, f"the job read too little after the freeze to tell: {samples}"
+    over = [
+        (round(t1 - t0, 3), n1 - n0)
+        for (t0, n0), (t1, n1) in pairwise(samples)
+        if n1 - n0 > RATE * (t1 - t0) + BURST
+    ]
+    worst = max((n1 - n0) / max(t1 - t0, 1e-3) for (t0, n0), (t1, n1) in pairwise(after))
+    print(f"seed={seed} samples={len(samples)} after the freeze: {worst:,.0f}/s at most")
+    assert not over, f"read faster than {RATE}/s + a burst of {BURST}: (seconds, records) {over}"
+    # the freeze did stall reading (else this proves nothing): no records for most of it
+    frozen = [n for t, n in samples if freeze.frozen_at + 2 <= t <= freeze.thawed_at - 1]
+    assert frozen and max(frozen) - min(frozen) <= BURST, frozen
+    assert_exactly_once(expected(expected_window_counts, records, seed), run.output, seed=seed)
