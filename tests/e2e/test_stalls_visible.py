@@ -189,7 +189,11 @@ def test_a_run_with_a_restart_reports_the_records_of_every_generation(
     assert result.records_in > last_in and result.records_out > last_out
     assert (status["records_in"], status["records_out"]) == (result.records_in, result.records_out)
     last = [line for line in progress.getvalue().splitlines() if " gen=" in line][-1]
-    assert f"in={result.records_in:,} (" in last and "/s average)" in last, last
+    assert f"read={result.records_in:,} (" in last and "/s average)" in last, last
+    # What the sinks committed counts each epoch once, the killed generation's included (its
+    # completed checkpoints were committed), unlike the counters above: the output, exactly.
+    assert result.records_committed == sum(want.values()) == status["records_committed"]
+    assert f"committed={result.records_committed:,} " in last, last
 
 
 #: --max-rate of the paced run below (one worker), and its token bucket's burst (0.1 s of it).
@@ -289,7 +293,8 @@ def test_a_paced_job_reads_no_faster_than_its_rate_after_a_20_s_redis_freeze(
     worst = max((n1 - n0) / max(t1 - t0, 1e-3) for (t0, n0), (t1, n1) in pairwise(after))
     print(f"seed={seed} samples={len(samples)} after the freeze: {worst:,.0f}/s at most")
     assert not over, f"read faster than {RATE}/s + a burst of {BURST}: (seconds, records) {over}"
-    # the freeze did stall reading (else this proves nothing): no records for most of it
-    frozen = [n for t, n in samples if freeze.frozen_at + 2 <= t <= freeze.thawed_at - 1]
-    assert frozen and max(frozen) - min(frozen) <= BURST, frozen
+    # The freeze did stall the worker (else this proves nothing): blocked on Redis, it sent
+    # no stats for most of it; the old average-since-start cap read ~13x the rate after it.
+    gap = max(t1 - t0 for (t0, _), (t1, _) in pairwise(samples))
+    assert gap >= 15.0, f"no stall of the worker during the 20 s freeze: {samples}"
     assert_exactly_once(expected(expected_window_counts, records, seed), run.output, seed=seed)
