@@ -69,6 +69,9 @@ def test_metrics_scraped_during_a_run_agree_with_its_result_and_its_input(
     assert value(final, "eosflow_records_in_total", **job) == result.records_in == copies
     assert value(final, "eosflow_records_out_total", **job) == result.records_out
     assert value(final, "eosflow_sink_records_total", sink="out") == result.records_out
+    # committed: each epoch once; no restart, so what was handed to the sink, the output's rows
+    assert value(final, "eosflow_records_committed_total", **job) == result.records_committed
+    assert result.records_committed == result.records_out == sum(run.output.values())
     # The source step counts what it read and emitted (no bad records here).
     assert value(final, "eosflow_step_records_in_total", step="clicks") == copies
     assert value(final, "eosflow_step_records_out_total", step="clicks") == copies

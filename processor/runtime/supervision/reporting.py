@@ -118,10 +118,15 @@ class Reporter:
 
     def counters(self) -> tuple[int, int, int]:
         """Records read by source tasks (re-reads after restarts included) and handed to
-        sinks over every generation of the run, and the source lag now
+        sinks (at least those committed) over every generation of the run, and the source lag
+        now
         (:class:`~processor.runtime.observe.tally.Tally`)."""
         totals = self.tally.totals()
-        return totals["in"], totals["sunk"], self.tally.source_lag(self.current.workers)
+        # The counters come once a second (and a killed worker's last second never), the
+        # committed records with each completed checkpoint: what was committed was handed to
+        # the sinks, so that is the lower bound shown (never committed > to_sinks).
+        sunk = max(totals["sunk"], self.coordinator.stats.committed_records)
+        return totals["in"], sunk, self.tally.source_lag(self.current.workers)
 
     def _bad_counts(self) -> tuple[int, int, int, int]:
         """Dead letters routed, bad records skipped, duplicates dropped (``dedup`` steps) and
