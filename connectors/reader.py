@@ -190,7 +190,7 @@ class PartitionReader:
         it is resumed, they are delivered again before anything else of ``tp``, from memory.
 
         librdkafka is not paused: a resumed partition's first fetch waits for its broker
-        thread's next wake-up, up to a second (measured: bench/RESULTS.md, "Backfills"),
+        thread's next wake-up, up to a second (measured: bench/RESULTS.md, "Issue 50"),
         which would make each hold a second's stall. What it fetches of ``tp`` meanwhile joins
         the held records, up to :data:`HOLD_MAX` of them; then ``tp`` is paused in librdkafka
         too (what is held covers the stall of its resume)."""

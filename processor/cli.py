@@ -254,8 +254,9 @@ def _run(args: argparse.Namespace) -> int:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, signal.SIG_IGN)
     print(
-        f"job {result.job} finished: {result.records_in:,} records in, {result.records_out:,} "
-        f"out, {result.checkpoints} checkpoints (last {result.last_checkpoint}), "
+        f"job {result.job} finished: {result.records_in:,} records read, "
+        f"{result.records_out:,} to sinks, {result.records_committed:,} committed, "
+        f"{result.checkpoints} checkpoints (last {result.last_checkpoint}), "
         f"{result.restarts} restarts, {result.seconds:.1f}s"
     )
     return 0

@@ -55,8 +55,10 @@ def status(args: argparse.Namespace) -> int:
         )
     )
     print(
-        f"records    in {st['records_in']:,}  out {st['records_out']:,}  "
-        f"source lag {st['source_lag']:,}  (every generation; in counts re-reads after restarts)"
+        f"records    read {st['records_in']:,}  to sinks {st['records_out']:,}  "
+        f"committed {st.get('records_committed', 0):,}  source lag {st['source_lag']:,}  "
+        "(every generation: read and to sinks count re-reads and re-writes after restarts, "
+        "committed each checkpoint's epoch once)"
     )
     _print_waits(st, alive)
     if st.get("dead_letters") or st.get("bad_records_skipped"):

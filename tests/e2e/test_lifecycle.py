@@ -94,7 +94,7 @@ def test_until_idle_ends_on_an_input_written_in_transactions(
         env=env, capture_output=True, text=True, timeout=180,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    assert f"finished: {records:,} records in" in result.stdout, result.stdout
+    assert f"finished: {records:,} records read" in result.stdout, result.stdout
     assert committed_output(env) == expected_running_totals(events)
     assert time.monotonic() - started < 120
 

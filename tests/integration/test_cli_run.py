@@ -44,7 +44,7 @@ def test_run_until_idle_commits_everything_and_status_reports_it(
         env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    assert f"job {env['JOB_NAME']} finished: {RECORDS:,} records in" in result.stdout
+    assert f"job {env['JOB_NAME']} finished: {RECORDS:,} records read" in result.stdout
     assert "stage 'clicks'" in result.stderr and "checkpoint=" in result.stderr
     assert committed_output(env) == expected_running_totals(click_events(RECORDS))
     text = subprocess.run(

@@ -151,7 +151,7 @@ def test_progress_text_and_status_lines_say_watermark_lag_and_holder() -> None:
     )
     lines = status_lines(wm, limit=2)
     assert lines[0] == (
-        "watermark  22:13:29Z  (59m51s behind now, 3m16s behind newest)  "
+        "watermark  22:13:29Z  (3m16s behind newest, 59m51s behind now)  "
         "held by clicks-topic[3] idle"
     )
     assert any(
@@ -284,3 +284,11 @@ def test_status_web_refuses_an_address_it_cannot_serve_on(
     monkeypatch.setenv("EOSFLOW_STATE_DIR", str(tmp_path))
     assert main(["status", "wm-job", "--web", "--address", "off"]) == 2
     assert "--address 'off': give HOST:PORT" in capsys.readouterr().err
+
+
+def test_a_backfill_of_old_events_says_historical_instead_of_days_behind_now() -> None:
+    """Issue 50: "1109d12h behind now" dominated the page and ``status`` for historical data:
+    a constant, while how far the job trails what it read is what moves."""
+    wm = summarize(_plan(), _tasks(), NOW + 1109 * 86_400_000)
+    line = status_lines(wm, limit=2)[0]
+    assert "3m16s behind newest; historical event time" in line and "behind now" not in line

@@ -267,6 +267,11 @@ def progress_text(summary: Mapping[str, Any] | None) -> str:
     return f" wm={format_time(wm, now)}" + (f" ({', '.join(notes)})" if notes else "")
 
 
+#: A watermark this far behind now is historical event time (a backfill): ``eosflow status``
+#: and the job page say so instead of "behind now", which would dominate with a constant.
+_HISTORICAL_S = 86_400
+
+
 def status_lines(summary: Mapping[str, Any] | None, limit: int = 8) -> list[str]:
     """``eosflow status``'s lines: the job's watermark, each stage's, the source partitions'
     (the first ``limit``, the holding one always among them)."""
@@ -280,10 +285,11 @@ def status_lines(summary: Mapping[str, Any] | None, limit: int = 8) -> list[str]
         text = format_time(item.get("watermark_ms"), now)
         if item.get("watermark_ms") is None:
             return text
-        return (
-            f"{text}  ({format_span(item.get('lag_s'))} behind now, "
-            f"{format_span(item.get('behind_newest_s'))} behind newest)"
-        )
+        newest = f"{format_span(item.get('behind_newest_s'))} behind newest"
+        lag = item.get("lag_s")
+        if lag is not None and lag >= _HISTORICAL_S:  # a backfill of old events: not news
+            return f"{text}  ({newest}; historical event time)"
+        return f"{text}  ({newest}, {format_span(lag)} behind now)"
 
     held = _where(summary.get("held_by"))
     lines = [f"watermark  {wm_of(summary)}" + (f"  held by {held}" if held else "")]

@@ -79,6 +79,8 @@
     return s.end ? "end of input" : fmtEventTime(s.watermark_ms, nowMs);
   }
 
+  const HISTORICAL_S = 86400; // a watermark a day or more behind now: historical event time
+
   function renderWatermarks(job) {
     const wm = job.watermarks || {};
     const now = wm.now_ms;
@@ -89,7 +91,10 @@
     else {
       const parts = [`job watermark ${fmtEventTime(wm.watermark_ms, now)} UTC`];
       if (num(wm.watermark_ms) !== null) {
-        parts.push(`${fmtSpan(wm.lag_s)} behind now`, `${fmtSpan(wm.behind_newest_s)} behind newest`);
+        // Historical data (a backfill of last year's events): how far the job trails what it
+        // read is what matters; "behind now" would dominate the line with a constant.
+        parts.push(`${fmtSpan(wm.behind_newest_s)} behind newest`);
+        if (num(wm.lag_s) !== null && wm.lag_s < HISTORICAL_S) parts.push(`${fmtSpan(wm.lag_s)} behind now`);
       }
       if (held) parts.push(`held by ${held}`);
       const n = wm.paused_ahead;
