@@ -436,7 +436,7 @@ def child_eosflow(
 
     options = RunOptions(
         workers=workers,
-        checkpoint_interval=1.0,
+        checkpoint_interval=float(os.environ.get("BENCH_CHECKPOINT_S", "1.0")),  # issue 51
         mode="aligned",
         until_idle=True,
         environ={

@@ -50,7 +50,7 @@ def test_run_until_idle_commits_everything_and_status_reports_it(
     text = subprocess.run(
         eosflow("status", env["JOB_NAME"]), env=env, capture_output=True, text=True
     ).stdout
-    assert "finished" in text and f"in {RECORDS:,}" in text
+    assert "finished" in text and f"read {RECORDS:,}" in text
     assert f"runner {runner}" in text
 
 

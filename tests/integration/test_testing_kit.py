@@ -211,7 +211,7 @@ def test_a_pipeline_run_as_eosflow_run_commits_each_record_once_when_its_input_i
         Path(orders_job.env["OUTPUT_DIR"]).parent / "pipeline.py", "--mode", "unaligned"
     )
     assert run.returncode == 0
-    assert f"job {orders_job.name} finished: 200 records in" in run.stdout
+    assert f"job {orders_job.name} finished: 200 records read" in run.stdout
     assert_exactly_once(read_jsonl(orders_job.env["OUTPUT_DIR"]), _running_totals(orders))
 
 
