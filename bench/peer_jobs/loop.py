@@ -16,6 +16,7 @@ job": the librdkafka default of 1000 ms caps one consumer).
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -24,7 +25,10 @@ import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
 _BATCH = 10_000
-_COMMIT_S = 1.0
+#: A transaction (or a flush and a commit) this often; bench/latency.py sets it.
+_COMMIT_S = float(os.environ.get("LOOP_COMMIT_S", "1.0"))
+#: ``LOOP_FOREVER=1`` (bench/latency.py): read until SIGTERM, not to the partitions' end.
+_FOREVER = os.environ.get("LOOP_FOREVER") == "1"
 
 
 def main() -> None:
@@ -96,7 +100,10 @@ def main() -> None:
             if offsets:
                 consumer.commit(offsets=offsets, asynchronous=True)
 
-    while len(at_end) < len(parts):
+    stopping: list[int] = []
+    if _FOREVER:
+        signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+    while (len(at_end) < len(parts) or _FOREVER) and not stopping:
         for msg in consumer.consume(_BATCH, 0.1):
             err = msg.error()
             if err is not None:

@@ -1,0 +1,249 @@
+"""End-to-end latency of the reference job, eosflow against the hand-written transactional loop
+(issue 51): how long a click takes from its produce call to the moment an independent
+``read_committed`` reader sees its output.
+
+    EOSFLOW_KAFKA_BROKERS=127.0.0.1:39092 python bench/latency.py [--rate 10000] [--seconds 60]
+        [--systems loop-0.1,loop-1,keyed-0.1,keyed-1,shuffled-0.1,shuffled-1,...]
+
+Needs a real Kafka (``EOSFLOW_KAFKA_BROKERS``): Tansu shows a transaction's records to a
+``read_committed`` reader before the commit is complete, which is no latency to report.
+
+The job is the reference job (bench/README.md, "The reference job"; ``pipelines/keyed_count.py``:
+parse, keep ``amount > 0`` (all clicks), key by user, running (count, amount) per user, one
+output per input, transactional ``KafkaSink``). For each system, one after the other:
+
+1. an input topic (8 partitions) and an output topic of its own; the system is started on them
+   and given 8 s to start (its start-up is not latency);
+2. clicks (``examples/clicks.py``'s generator, keyed by user) are produced at ``--rate`` per
+   second for ``--seconds``, in 10 ms slices; the produce call's time is each click's start;
+3. a ``read_committed`` consumer in this process reads the output topic: an output ``(user,
+   [count, amount])`` is the ``count``-th click of ``user``, so its latency is the time it was
+   read minus that click's produce time. Every output must come exactly once (the multiset of
+   ``(user, count, amount)`` equals the generator's), else the system is reported wrong;
+4. the system is stopped (SIGTERM), its topics deleted.
+
+Systems: ``keyed-X`` / ``shuffled-X``: eosflow, 1 worker, keyed source (no shuffle) or a
+``key_by`` shuffle through Kafka, aligned checkpoints every X s (``eosflow run``);
+``loop-X``: ``peer_jobs/loop.py transactional`` with a transaction every X s (what Kafka
+Streams' exactly-once does). Prints a Markdown table (p50, p99, max, the records/s the system
+kept up with) and writes ``results/latency-<date>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path.insert(0, str(ROOT / "examples"))
+
+from clicks import click_events  # noqa: E402
+
+from connectors.admin import TopicAdmin  # noqa: E402
+from connectors.config import KafkaSettings  # noqa: E402
+
+PARTITIONS = 8
+START_S = 8.0
+
+
+def _say(text: str) -> None:
+    print(f"[{datetime.now():%H:%M:%S}] {text}", file=sys.stderr, flush=True)
+
+
+def _command(system: str, env: dict[str, str]) -> list[str]:
+    kind, interval = system.rsplit("-", 1)
+    if kind == "loop":
+        env["LOOP_COMMIT_S"] = interval
+        env["LOOP_FOREVER"] = "1"
+        return [sys.executable, str(BENCH / "peer_jobs" / "loop.py"), "transactional"]
+    if kind == "keyed":
+        env["KEYED_SOURCE"] = "1"
+    return [
+        sys.executable, "-m", "processor.cli", "run", str(BENCH / "pipelines" / "keyed_count.py"),
+        "--workers", "1", "--checkpoint-interval", interval, "--metrics", "off",
+    ]  # fmt: skip
+
+
+class _Reader(threading.Thread):
+    """Reads the output topic ``read_committed`` from the start; each output's read time."""
+
+    def __init__(self, brokers: str, topic: str) -> None:
+        super().__init__(name="latency-reader", daemon=True)
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": brokers,
+                "group.id": f"latency-{uuid.uuid4().hex[:6]}",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+                "fetch.wait.max.ms": 10,
+                "fetch.queue.backoff.ms": 1,
+            }
+        )
+        self.consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+        self.seen: list[tuple[str, int, int, float]] = []  # (user, count, amount, read at)
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            for m in self.consumer.consume(10_000, 0.01):
+                if m.error() is None:
+                    count, amount = orjson.loads(m.value())  # type: ignore[arg-type]
+                    key = m.key()
+                    assert key is not None
+                    self.seen.append((key.decode(), count, amount, time.time()))
+        self.consumer.close()
+
+
+def _produce(brokers: str, topic: str, rate: int, seconds: float) -> dict[tuple[str, int], Any]:
+    """Produces ``rate * seconds`` clicks at ``rate`` per second; (user, n) -> [time, amount]."""
+    producer = Producer({"bootstrap.servers": brokers, "linger.ms": 1, "enable.idempotence": True})
+    events = click_events(int(rate * seconds), spacing_ms=1)
+    sent: dict[tuple[str, int], Any] = {}
+    per_user: Counter[str] = Counter()
+    per_slice = rate / 100
+    began = time.time()
+    due = 0.0
+    n = 0
+    for click in events:
+        due += 1
+        if due > per_slice:  # the next 10 ms slice
+            due -= per_slice
+            n += 1
+            wait = began + n * 0.01 - time.time()
+            if wait > 0:
+                time.sleep(wait)
+            producer.poll(0)
+        user = str(click["user"])
+        per_user[user] += 1
+        producer.produce(topic, orjson.dumps(click), user.encode())
+        sent[(user, per_user[user])] = [time.time(), click["amount"]]
+    producer.flush(30)
+    return sent
+
+
+def _percentile(xs: list[float], p: float) -> float:
+    return xs[min(len(xs) - 1, int(p * len(xs)))]
+
+
+def _run(system: str, brokers: str, rate: int, seconds: float) -> dict[str, Any]:
+    run = uuid.uuid4().hex[:6]
+    inp, out = f"lat-in-{run}", f"lat-out-{run}"
+    admin = TopicAdmin(KafkaSettings(brokers=brokers))
+    admin.ensure_topic(inp, PARTITIONS)
+    admin.ensure_topic(out, PARTITIONS)
+    env = {
+        **os.environ,
+        "EOSFLOW_KAFKA_BROKERS": brokers,
+        "BROKERS": brokers,
+        "JOB_NAME": f"lat-{system.replace('.', '')}-{run}",
+        "CLICKS_TOPIC": inp,
+        "INPUT_TOPIC": inp,
+        "OUTPUT_TOPIC": out,
+        "TXN_PREFIX": f"lat-{run}",
+        "RUN_ID": run,
+        "EOSFLOW_STATE_DIR": str(Path(os.environ.get("TMPDIR", "/tmp")) / f"lat-{run}"),
+    }
+    cmd = _command(system, env)
+    log = open(Path(env["EOSFLOW_STATE_DIR"] + ".log"), "w")  # noqa: SIM115
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    reader = _Reader(brokers, out)
+    reader.start()
+    try:
+        time.sleep(START_S)
+        if proc.poll() is not None:
+            raise RuntimeError(f"{system} exited at start (code {proc.returncode}): {log.name}")
+        began = time.time()
+        sent = _produce(brokers, inp, rate, seconds)
+        produced_s = time.time() - began
+        deadline = time.time() + 60
+        while len(reader.seen) < len(sent) and time.time() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)  # anything extra (a duplicate) shows in the count
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        reader.stop.set()
+        reader.join(10)
+        log.close()
+    got = Counter((u, c, a) for u, c, a, _t in reader.seen)
+    want = Counter((u, c, a) for (u, c), (_t, a) in sent.items())
+    missing, extra = sum((want - got).values()), sum((got - want).values())
+    lat = sorted(t - sent[(u, c)][0] for u, c, _a, t in reader.seen if (u, c) in sent)
+    result = {
+        "system": system,
+        "rate": rate,
+        "seconds": seconds,
+        "produced_per_s": len(sent) / produced_s,
+        "outputs": len(reader.seen),
+        "missing": missing,
+        "extra": extra,
+        "p50_ms": 1000 * _percentile(lat, 0.50) if lat else None,
+        "p99_ms": 1000 * _percentile(lat, 0.99) if lat else None,
+        "max_ms": 1000 * lat[-1] if lat else None,
+        "mean_ms": 1000 * statistics.fmean(lat) if lat else None,
+    }
+    try:
+        admin.delete_topics([inp, out])
+    except Exception as exc:  # a bench leaves a topic behind, no more
+        _say(f"could not delete {inp}, {out}: {exc}")
+    _say(json.dumps(result))
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rate", type=int, default=10_000)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument(
+        "--systems",
+        default="loop-0.1,loop-1,keyed-0.1,keyed-0.25,keyed-1,shuffled-0.1,shuffled-0.25,shuffled-1",
+    )
+    parser.add_argument("--out", type=Path, default=BENCH / "results")
+    args = parser.parse_args()
+    brokers = os.environ.get("EOSFLOW_KAFKA_BROKERS")
+    if not brokers:
+        parser.error("set EOSFLOW_KAFKA_BROKERS to a real Kafka (../shared/kafka/4.3.1/start.sh)")
+    started = datetime.now()
+    runs = [_run(s, brokers, args.rate, args.seconds) for s in args.systems.split(",")]
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"latency-{started:%Y%m%d-%H%M%S}.json"
+    config = {k: str(v) for k, v in vars(args).items()}
+    path.write_text(json.dumps({"config": config, "runs": runs}, indent=1))
+    print("| system | p50 ms | p99 ms | max ms | kept up (records/s) | output |")
+    print("|---|---:|---:|---:|---:|---|")
+    for r in runs:
+        ok = (
+            "exactly once"
+            if r["missing"] == r["extra"] == 0
+            else (f"WRONG: {r['missing']} missing, {r['extra']} extra")
+        )
+        print(
+            f"| {r['system']} | {r['p50_ms'] or float('nan'):,.0f} | "
+            f"{r['p99_ms'] or float('nan'):,.0f} | {r['max_ms'] or float('nan'):,.0f} | "
+            f"{r['produced_per_s']:,.0f} | {ok} |"
+        )
+    print(f"\nresults: {path}")
+    return 0 if all(r["missing"] == r["extra"] == 0 for r in runs) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
