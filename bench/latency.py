@@ -111,11 +111,13 @@ class _Reader(threading.Thread):
 
 
 def _produce(brokers: str, topic: str, rate: int, seconds: float) -> dict[tuple[str, int], Any]:
-    """Produces ``rate * seconds`` clicks at ``rate`` per second; (user, n) -> [time, amount]."""
+    """Produces ``rate * seconds`` clicks at ``rate`` per second; ``(user, n)`` -> ``[produce
+    time, the user's amount sum after its n-th click]`` (what the n-th output must say)."""
     producer = Producer({"bootstrap.servers": brokers, "linger.ms": 1, "enable.idempotence": True})
     events = click_events(int(rate * seconds), spacing_ms=1)
     sent: dict[tuple[str, int], Any] = {}
     per_user: Counter[str] = Counter()
+    sums: Counter[str] = Counter()
     per_slice = rate / 100
     began = time.time()
     due = 0.0
@@ -132,7 +134,8 @@ def _produce(brokers: str, topic: str, rate: int, seconds: float) -> dict[tuple[
         user = str(click["user"])
         per_user[user] += 1
         producer.produce(topic, orjson.dumps(click), user.encode())
-        sent[(user, per_user[user])] = [time.time(), click["amount"]]
+        sums[user] += int(str(click["amount"]))
+        sent[(user, per_user[user])] = [time.time(), sums[user]]  # the output: [count, sum]
     producer.flush(30)
     return sent
 
