@@ -105,48 +105,56 @@ def test_a_backfills_running_aggregate_after_a_shuffle_is_exactly_once_under_loc
     """A running aggregate after a shuffle, no windows (nothing drops a late copy), reading
     hours of event time per second, under five random SIGKILLs of either worker and two at
     named points (mid-alignment, after-completion-before-commit)."""
-    seed = chaos_seed()
-    records = 80_000
-    random_kills = 5
-    faults = [
-        Fault(0, 1, "mid-alignment", 3),
-        Fault(1, 1, "after-completion-before-commit", 2),
-    ]
-    run = run_chaos(
-        "backlog_total.py",
-        brokers=kafka_endpoint[0],
-        tmp=tmp_path,
-        records=records,
-        seed=seed,
-        mode=mode,
-        interval=0.5,
-        faults=faults,
-        random_kills=random_kills,
-        recovery="local",
-        victims=[0, 1],
-        env={"WORK_US": "50"},
-        produce=_produce(records, seed),
-        # Paced, so that the kills land while the input is read (unpaced, the source stage read
-        # it all in a second, before any kill): still hours of event time per second. Watermark
-        # alignment off (--max-rate turns it on): it holds each source task within 30 s of event
-        # time of the others, one exchange of watermarks per 30 s (under the suite's load and
-        # a killed worker's restart, 0.16 hours per second: no backfill's pace).
-        run_options={"max_rate": 8_000, "watermark_alignment": None},
-    )
-    print(f"seed={seed} random kills (s after start, worker): {run.random_kills}")
-    print(f"restarts={run.result.restarts} causes={run.result.restart_causes}")
-    assert_faults_fired(run, faults, random_kills, seed=seed)
-    hours_per_s = records * SPACING_MS / 3_600_000 / run.result.seconds
-    print(f"event time read: {hours_per_s:.1f} hours per second of the run")
-    assert hours_per_s >= 1.0, f"a backfill reads hours of event time a second: {hours_per_s}"
-    assert_exactly_once(
-        expected_running_totals(spaced_clicks(records, seed)), run.output, seed=seed
-    )
-    _assert_none_unchecked(run.logs, seed)
-    assert not any("ReplayBoundExceeded" in c for c in run.result.restart_causes)
-    dropped = _copies_dropped(tmp_path, run.result.job)
-    print(f"copies dropped by the replay checks: {dropped}")
-    assert dropped > 0, f"seed={seed}: no copy reached a replay check: the test proved nothing"
+    # Whether a killed worker's copies reach a survivor's replay check is timing (CI's crash
+    # tier once had none, unaligned): such a run is checked all the same, then another seed.
+    tried = []
+    for attempt in range(3):
+        (tmp := tmp_path / f"attempt-{attempt}").mkdir()
+        seed = chaos_seed() + attempt
+        records = 80_000
+        random_kills = 5
+        faults = [
+            Fault(0, 1, "mid-alignment", 3),
+            Fault(1, 1, "after-completion-before-commit", 2),
+        ]
+        run = run_chaos(
+            "backlog_total.py",
+            brokers=kafka_endpoint[0],
+            tmp=tmp,
+            records=records,
+            seed=seed,
+            mode=mode,
+            interval=0.5,
+            faults=faults,
+            random_kills=random_kills,
+            recovery="local",
+            victims=[0, 1],
+            env={"WORK_US": "50"},
+            produce=_produce(records, seed),
+            # Paced, so that the kills land while the input is read (unpaced, the source stage read
+            # it all in a second, before any kill): still hours of event time per second. Watermark
+            # alignment off (--max-rate turns it on): it holds each source task within 30 s of event
+            # time of the others, one exchange of watermarks per 30 s (under the suite's load and
+            # a killed worker's restart, 0.16 hours per second: no backfill's pace).
+            run_options={"max_rate": 8_000, "watermark_alignment": None},
+        )
+        print(f"seed={seed} random kills (s after start, worker): {run.random_kills}")
+        print(f"restarts={run.result.restarts} causes={run.result.restart_causes}")
+        assert_faults_fired(run, faults, random_kills, seed=seed)
+        hours_per_s = records * SPACING_MS / 3_600_000 / run.result.seconds
+        print(f"event time read: {hours_per_s:.1f} hours per second of the run")
+        assert hours_per_s >= 1.0, f"a backfill reads hours of event time a second: {hours_per_s}"
+        assert_exactly_once(
+            expected_running_totals(spaced_clicks(records, seed)), run.output, seed=seed
+        )
+        _assert_none_unchecked(run.logs, seed)
+        assert not any("ReplayBoundExceeded" in c for c in run.result.restart_causes)
+        dropped = _copies_dropped(tmp, run.result.job)
+        print(f"copies dropped by the replay checks: {dropped}")
+        tried.append(seed)
+        if dropped > 0:
+            return
+    pytest.fail(f"seeds {tried}: no copy reached a replay check: the test proved nothing")
 
 
 def test_a_replay_check_past_its_bound_recovers_the_job_globally_and_stays_exactly_once(
