@@ -117,6 +117,24 @@ def chaos_seed() -> int:
     return seed
 
 
+class Attempts:
+    """``(seed, directory)`` for up to ``tries`` chaos runs of a test whose precondition is
+    timing (a kill landing while something specific happens): each run is checked in full,
+    the test returns once the precondition held, and fails naming :attr:`seeds` if it never
+    did (so the case it is for is always exercised)."""
+
+    def __init__(self, tmp_path: Path, tries: int = 3) -> None:
+        self.tmp_path, self.tries = tmp_path, tries
+        self.seeds: list[int] = []
+
+    def __iter__(self) -> Iterator[tuple[int, Path]]:
+        base = chaos_seed()
+        for attempt in range(self.tries):
+            (tmp := self.tmp_path / f"attempt-{attempt}").mkdir()
+            self.seeds.append(base + attempt)
+            yield base + attempt, tmp
+
+
 def assert_exactly_once(want: Counter[bytes], got: Counter[bytes], *, seed: int) -> None:
     missing, extra = compare_outputs(want, got)
     if missing or extra:

@@ -12,6 +12,7 @@ import pytest
 from tests.e2e.harness import (
     ENGINE_FAULTS,
     RUNNERS,
+    Attempts,
     assert_exactly_once,
     assert_faults_fired,
     chaos_seed,
@@ -88,10 +89,8 @@ def test_unaligned_crash_loop_with_a_channel_backlog_is_exactly_once(
     # Whether a restart's first checkpoint still finds the dead generation's backlog depends on
     # timing (CI once took none on Apache Kafka 4.3.1): a run without one is checked as well
     # and another seed tries again, so the case this test is for is always exercised.
-    tried = []
-    for attempt in range(3):
-        seed = chaos_seed() + attempt
-        (tmp := tmp_path / f"attempt-{attempt}").mkdir()
+    attempts = Attempts(tmp_path)
+    for seed, tmp in attempts:
         run = run_chaos(
             "backlog_total.py",
             brokers=kafka_endpoint[0],
@@ -109,7 +108,6 @@ def test_unaligned_crash_loop_with_a_channel_backlog_is_exactly_once(
         print(f"seed={seed} kills={run.random_kills} recovering snapshots={recovering}")
         assert len(run.random_kills) == kills, f"seed={seed}: {run.random_kills}"
         assert_exactly_once(expected(expected_running_totals, records, seed), run.output, seed=seed)
-        tried.append(seed)
         if recovering:
             return
-    pytest.fail(f"seeds {tried}: no snapshot was taken while a channel recovered")
+    pytest.fail(f"seeds {attempts.seeds}: no snapshot was taken while a channel recovered")

@@ -21,6 +21,7 @@ import pytest
 
 from processor.runtime.supervision.runner import Fault
 from tests.e2e.harness import (
+    Attempts,
     assert_exactly_once,
     assert_faults_fired,
     chaos_seed,
@@ -107,10 +108,8 @@ def test_a_backfills_running_aggregate_after_a_shuffle_is_exactly_once_under_loc
     named points (mid-alignment, after-completion-before-commit)."""
     # Whether a killed worker's copies reach a survivor's replay check is timing (CI's crash
     # tier once had none, unaligned): such a run is checked all the same, then another seed.
-    tried = []
-    for attempt in range(3):
-        (tmp := tmp_path / f"attempt-{attempt}").mkdir()
-        seed = chaos_seed() + attempt
+    attempts = Attempts(tmp_path)
+    for seed, tmp in attempts:
         records = 80_000
         random_kills = 5
         faults = [
@@ -151,10 +150,9 @@ def test_a_backfills_running_aggregate_after_a_shuffle_is_exactly_once_under_loc
         assert not any("ReplayBoundExceeded" in c for c in run.result.restart_causes)
         dropped = _copies_dropped(tmp, run.result.job)
         print(f"copies dropped by the replay checks: {dropped}")
-        tried.append(seed)
         if dropped > 0:
             return
-    pytest.fail(f"seeds {tried}: no copy reached a replay check: the test proved nothing")
+    pytest.fail(f"seeds {attempts.seeds}: no copy reached a replay check: the test proved nothing")
 
 
 def test_a_replay_check_past_its_bound_recovers_the_job_globally_and_stays_exactly_once(

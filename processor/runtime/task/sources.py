@@ -360,19 +360,19 @@ class SourceInputs:
         if hold is None:
             return None
         params = self.source_params
+        # each record's watermark (its event time less its topic's out-of-orderness)
+        wms = [
+            None if ts is None else ts - (params[tp[0]][2] if lag_ms is None else lag_ms)
+            for tp, ts in zip(tps, stamps, strict=True)
+        ]
         top: dict[TP, int] = {}
-        for tp, ts in zip(tps, stamps, strict=True):
-            if ts is not None:
-                wm = ts - (params[tp[0]][2] if lag_ms is None else lag_ms)
-                if wm > top.get(tp, MIN_WATERMARK):
-                    top[tp] = wm
+        for tp, wm in zip(tps, wms, strict=True):
+            if wm is not None and wm > top.get(tp, MIN_WATERMARK):
+                top[tp] = wm
         busy = self._busy(self.reader.cached_lag())
         if not busy:
             return None
-        lead = {tp: self._lead(tp) for tp in busy}
-        for tp, wm in top.items():
-            if tp in lead and wm > lead[tp]:
-                lead[tp] = wm
+        lead = {tp: max(self._lead(tp), top.get(tp, MIN_WATERMARK)) for tp in busy}
         slowest = min(lead.values())
         if self.others_wm is not None:
             slowest = min(slowest, self.others_wm)
@@ -382,19 +382,19 @@ class SourceInputs:
         if all(wm <= limit for wm in top.values()):
             return None
         kept: list[int] = []
-        cut: dict[TP, int] = {}  # partition -> index of its first record held back
-        for i, (tp, ts) in enumerate(zip(tps, stamps, strict=True)):
-            if tp in cut:
-                continue
-            if ts is not None and ts - (params[tp[0]][2] if lag_ms is None else lag_ms) > limit:
-                cut[tp] = i
-                continue
-            kept.append(i)
-        for tp, first in cut.items():
-            lag = params[tp[0]][2] if lag_ms is None else lag_ms
-            self.held_next[tp] = int(stamps[first]) - lag  # type: ignore[arg-type]
+        held: dict[TP, list[Message]] = {}  # partition -> its records from the first over
+        for i, (tp, wm) in enumerate(zip(tps, wms, strict=True)):
+            back = held.get(tp)
+            if back is None and wm is not None and wm > limit:
+                self.held_next[tp] = wm
+                back = held[tp] = []
+            if back is None:
+                kept.append(i)
+            else:
+                back.append(msgs[i])
+        for tp, records in held.items():
             self.ahead.add(tp)
-            hold(tp, [m for i, m in enumerate(msgs) if i >= first and tps[i] == tp])
+            hold(tp, records)
         return kept
 
     def _bad_record(self, m: Message, exc: Exception) -> None:
