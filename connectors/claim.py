@@ -54,8 +54,9 @@ from confluent_kafka import (
     KafkaException,
     TopicPartition,
 )
+from confluent_kafka.admin import AdminClient
 
-from connectors.admin import TopicAdmin, admin_client
+from connectors.admin import TopicAdmin, admin_client, kept_admin_client
 from connectors.config import (
     KafkaSettings,
     consumer_config,
@@ -156,17 +157,23 @@ _coordinators_seen: set[tuple[str, str]] = set()
 
 
 def commit_job_group(
-    settings: KafkaSettings, job: str, offsets: Mapping[TP, int], *, timeout: float = 10.0
+    settings: KafkaSettings,
+    job: str,
+    offsets: Mapping[TP, int],
+    *,
+    timeout: float = 10.0,
+    admin: AdminClient | None = None,
 ) -> None:
     """Commit ``offsets`` to the job's group (``AlterConsumerGroupOffsets``; the group has no
     members), retrying for at most ``timeout`` seconds (idempotent: a dropped connection too).
+    ``admin``: a client the caller keeps (else a new one).
 
     Raises:
         KafkaClientError: the broker refused, or did not answer within the deadline.
     """
     group = job_group(job)
     tps = [TopicPartition(t, p, o) for (t, p), o in sorted(offsets.items())]
-    admin = admin_client(settings)
+    admin = admin if admin is not None else admin_client(settings)
     context = f"committing the source offsets of job {job!r} to consumer group {group!r}"
 
     def commit(t: float) -> None:
@@ -220,6 +227,7 @@ class KafkaJobClaim:
         self.topic = claim_topic(job)
         self._timeout = timeout
         self._producer: Any = None
+        self._admin: AdminClient | None = None  # kept: the group is committed every checkpoint
         self._unfinished = False  # a commit_transaction that timed out: resumed next time
 
     def __repr__(self) -> str:
@@ -253,7 +261,11 @@ class KafkaJobClaim:
                 fatal=True,
             )
         if offsets:  # first: see "The order of a commit" in the module docstring
-            commit_job_group(self.settings, self.job, offsets, timeout=self._timeout)
+            if self._admin is None:
+                self._admin = kept_admin_client(self.settings)
+            commit_job_group(
+                self.settings, self.job, offsets, timeout=self._timeout, admin=self._admin
+            )
         try:
             if self._unfinished:
                 # librdkafka: a commit that timed out is resumed by calling commit again (an

@@ -114,13 +114,13 @@ class Connection:
 class ControlServer:
     """Accepts worker connections; every message lands in :attr:`inbox` as ``(conn, msg)``.
 
-    A closed connection arrives as ``(conn, None)``.
+    A closed connection arrives as ``(conn, None)``; :meth:`wake` puts ``(None, None)``.
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self._listener = socket.create_server((host, port))
         self.address = self._listener.getsockname()[:2]
-        self.inbox: queue.Queue[tuple[Connection, dict[str, Any] | None]] = queue.Queue()
+        self.inbox: queue.Queue[tuple[Connection | None, dict[str, Any] | None]] = queue.Queue()
         self.connections: list[Connection] = []
         self._stopped = False
         threading.Thread(target=self._accept, name="control-accept", daemon=True).start()
@@ -147,6 +147,10 @@ class ControlServer:
             if msg is None:
                 conn.closed = True
                 return
+
+    def wake(self) -> None:
+        """Ends the wait of whoever waits on :attr:`inbox` (another thread has news for it)."""
+        self.inbox.put((None, None))
 
     def broadcast(self, msg: dict[str, Any]) -> None:
         """Send ``msg`` to every worker the runner admitted (:attr:`Connection.worker` set on

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from processor.runtime.checkpoints.coordinator import CheckpointCoordinator
 from processor.snapshot.store import SnapshotStore
 
@@ -152,3 +154,33 @@ def test_committed_records_count_each_epoch_once_when_checkpoints_complete(
     _ack(c, 3, "a.0")
     assert _ack(c, 3, "b.0")
     assert c.stats.committed_records == 26
+
+
+def test_the_interval_runs_from_trigger_to_trigger_with_a_pause_after_a_slow_checkpoint(
+    tmp_path: Path,
+) -> None:
+    clock = Clock()
+    c = _coordinator(tmp_path, clock)  # interval 1 s
+    assert c.due_in() == 1.0
+    clock.now = 1.0
+    assert c.due() == 1
+    assert c.due_in() == float("inf")  # pending
+    clock.now = 1.2
+    _ack(c, 1, "a.0")
+    assert _ack(c, 1, "b.0")
+    # a fast checkpoint: the next one is due an interval after this one's trigger, not after
+    # its end (the commit's latency was the interval plus the checkpoint's duration)
+    assert c.due_in() == pytest.approx(0.8)
+    clock.now = 1.99
+    assert c.due() is None
+    clock.now = 2.0
+    assert c.due() == 2
+    clock.now = 3.7  # took 1.7 s: longer than half the interval
+    _ack(c, 2, "a.0")
+    assert _ack(c, 2, "b.0")
+    assert c.due_in() == pytest.approx(0.5)  # a pause of half the interval, not back to back
+    clock.now = 4.2
+    assert c.due() == 3
+    clock.now = 10.0  # times out: aborted, then a whole interval
+    assert c.expired() == 3
+    assert c.due_in() == 1.0

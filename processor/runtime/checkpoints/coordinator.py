@@ -107,8 +107,13 @@ class CheckpointCoordinator:
         store: where manifests are written.
         job: the job name.
         tasks: every task that must acknowledge a checkpoint.
-        interval_s: time from the end of one checkpoint to the trigger of the next
-            (``None``: only explicit :meth:`trigger_now`).
+        interval_s: time from one checkpoint's trigger to the next one's, as Flink's
+            ``execution.checkpointing.interval``; a checkpoint that took longer than half of
+            it is followed by a pause of half of it (so a slow store or sink never has the job
+            checkpointing back to back); after an abort, a whole interval. ``None``: only
+            explicit :meth:`trigger_now`. (Until issue 51 it was counted from the end of the
+            previous checkpoint: every commit came the checkpoint's duration later than the
+            interval, 20-30 ms at 100 ms, bench/RESULTS.md "Latency".)
         timeout_s: a pending checkpoint older than this is aborted.
         keep: completed checkpoints to retain.
         clock: monotonic seconds.
@@ -169,6 +174,13 @@ class CheckpointCoordinator:
             return None
         return self.trigger_now(aligned=self.aligned)
 
+    def due_in(self) -> float:
+        """Seconds until :meth:`due` triggers (0: now; infinite while one is pending or with
+        no interval): how long the runner may wait for messages before it looks again."""
+        if self.interval_s is None or self.pending is not None:
+            return float("inf")
+        return max(0.0, self._next_due - self.clock())
+
     def trigger_now(self, *, aligned: bool = True) -> int | None:
         """Start a checkpoint at once unless one is pending (final checkpoints, savepoints,
         tests); ``aligned``: its barriers are aligned (recorded in its manifest)."""
@@ -176,7 +188,9 @@ class CheckpointCoordinator:
             return None
         chk = self.next_id
         self.next_id += 1
-        self.pending = _Pending(chk, self.clock(), aligned=aligned)
+        now = self.clock()
+        self.pending = _Pending(chk, now, aligned=aligned)
+        self._next_due = now + (self.interval_s or 0.0)
         log.debug("triggered checkpoint_id=%d generation=%d", chk, self.generation)
         return chk
 
@@ -248,7 +262,7 @@ class CheckpointCoordinator:
         stats.last_sources = sorted(pending.sources)
         stats.loop_logs.append((checkpoint_id, pending.loop_log, duration))
         del stats.loop_logs[:-1000]
-        self._next_due = self.clock() + (self.interval_s or 0.0)
+        self._next_due = max(self._next_due, self.clock() + (self.interval_s or 0.0) / 2)
         size = sum(h.size for h in pending.acks.values())
         stats.peak_size_bytes = max(stats.peak_size_bytes, size)
         for task, epochs in pending.sunk.items():

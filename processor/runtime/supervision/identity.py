@@ -154,6 +154,10 @@ class JobIdentity:
         #: the highest generation a runner of the job used before this one took it
         self.prior_generation = 0
         self._generation = 0  # the highest known: every claim record carries it
+        #: called from the background commit when :meth:`ready` has news (a checkpoint whose
+        #: notice is due, or the fencing): the runner's loop waits on its inbox, not on a timer
+        #: (a 50 ms poll added 25 ms to every checkpoint's commit on average, bench "Latency")
+        self.wake: Callable[[], None] = lambda: None
 
     # -- at start --------------------------------------------------------------------------------
 
@@ -523,6 +527,7 @@ class JobIdentity:
             except JobFencedError as exc:
                 with self._wake:
                     self._failure = exc
+                self.wake()
                 return
             except EosflowError as exc:  # broker trouble: retried, with the newest offsets
                 now = time.monotonic()
@@ -540,3 +545,4 @@ class JobIdentity:
                 continue
             with self._wake:
                 self._done.append(chk)
+            self.wake()
