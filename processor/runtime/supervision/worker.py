@@ -243,7 +243,11 @@ def run_worker(spec: dict[str, Any]) -> int:
         pace = _Pace(float(spec.get("max_rate") or 0.0))
         aligning = _AlignReport(client, sources) if env.watermark_drift_ms and sources else None
         idle = False
-        next_stats = 0.0
+        # The first counters go once the worker read records (or after a second): they tell
+        # the runner to trigger the first checkpoint of a start or a recovery
+        # (Supervisor.first_checkpoint), whose commit is then the first output.
+        next_stats = time.monotonic() + _STATS_EVERY_S
+        reported = False
         drained = False
         while True:
             read = 0
@@ -280,8 +284,8 @@ def run_worker(spec: dict[str, Any]) -> int:
             # checkpoint on it, and a bounded job would otherwise end up to a tick later.
             if not drained and sources and all(t.drained for t in sources):
                 drained, next_stats = True, 0.0
-            if now >= next_stats:
-                next_stats = now + _STATS_EVERY_S
+            if now >= next_stats or (read and not reported):
+                next_stats, reported = now + _STATS_EVERY_S, True
                 client.send(_stats(worker, tasks, sources))
     finally:
         beat.stop.set()
