@@ -25,8 +25,12 @@ output per input, transactional ``KafkaSink``). For each system, one after the o
 Systems: ``keyed-X`` / ``shuffled-X``: eosflow, 1 worker, keyed source (no shuffle) or a
 ``key_by`` shuffle through Kafka, aligned checkpoints every X s (``eosflow run``);
 ``loop-X``: ``peer_jobs/loop.py transactional`` with a transaction every X s (what Kafka
-Streams' exactly-once does). Prints a Markdown table (p50, p99, max, the records/s the system
-kept up with) and writes ``results/latency-<date>.json``.
+Streams' exactly-once does); ``quix-X``: Quix Streams, exactly-once, ``commit_interval`` X s;
+``bytewax-X``: Bytewax with its recovery store, snapshots every X s (its Kafka sink is not
+transactional: outputs are visible when written, at-least-once). The peers run in their own
+virtual environments (``bench/peers.py``'s, created on first use with pip). Prints a
+Markdown table (p50, p99, max, the records/s the system kept up with)
+and writes ``results/latency-<date>.json``.
 """
 
 from __future__ import annotations
@@ -53,7 +57,10 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(ROOT / "examples"))
 
+sys.path.insert(0, str(BENCH))
+
 from clicks import click_events  # noqa: E402
+from peers import ensure_venv  # noqa: E402
 
 from connectors.admin import TopicAdmin  # noqa: E402
 from connectors.config import KafkaSettings  # noqa: E402
@@ -66,8 +73,23 @@ def _say(text: str) -> None:
     print(f"[{datetime.now():%H:%M:%S}] {text}", file=sys.stderr, flush=True)
 
 
-def _command(system: str, env: dict[str, str]) -> list[str]:
+def _command(system: str, env: dict[str, str], venvs: Path) -> list[str]:
     kind, interval = system.rsplit("-", 1)
+    if kind == "quix":  # Quix Streams, exactly-once, its commit interval
+        env["QUIX_COMMIT_S"] = interval
+        env["LOOP_FOREVER"] = "1"
+        env["STATE_DIR"] = env["EOSFLOW_STATE_DIR"]
+        return [str(ensure_venv("quix", venvs)), str(BENCH / "peer_jobs" / "quix_job.py")]
+    if kind == "bytewax":  # Bytewax with its recovery store, snapshots every `interval` s
+        env["LOOP_FOREVER"] = "1"
+        python = ensure_venv("bytewax", venvs)
+        store = Path(env["EOSFLOW_STATE_DIR"]) / "recovery"
+        store.mkdir(parents=True)
+        subprocess.run([str(python), "-m", "bytewax.recovery", str(store), "1"], check=True)
+        return [
+            str(python), "-m", "bytewax.run", "bytewax_job:flow",
+            "-r", str(store), "-s", interval, "-b", "0",
+        ]  # fmt: skip
     if kind == "loop":
         env["LOOP_COMMIT_S"] = interval
         env["LOOP_FOREVER"] = "1"
@@ -148,7 +170,7 @@ def _percentile(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, int(p * len(xs)))]
 
 
-def _run(system: str, brokers: str, rate: int, seconds: float) -> dict[str, Any]:
+def _run(system: str, brokers: str, rate: int, seconds: float, venvs: Path) -> dict[str, Any]:
     run = uuid.uuid4().hex[:6]
     inp, out = f"lat-in-{run}", f"lat-out-{run}"
     admin = TopicAdmin(KafkaSettings(brokers=brokers))
@@ -167,9 +189,10 @@ def _run(system: str, brokers: str, rate: int, seconds: float) -> dict[str, Any]
         "RUN_ID": run,
         "EOSFLOW_STATE_DIR": str(Path(os.environ.get("TMPDIR", "/tmp")) / f"lat-{run}"),
     }
-    cmd = _command(system, env)
+    cmd = _command(system, env, venvs)
     log = open(Path(env["EOSFLOW_STATE_DIR"] + ".log"), "w")  # noqa: SIM115
-    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    cwd = BENCH / "peer_jobs" if system.startswith("bytewax") else ROOT
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
     reader = _Reader(brokers, out)
     reader.start()
     try:
@@ -178,7 +201,8 @@ def _run(system: str, brokers: str, rate: int, seconds: float) -> dict[str, Any]
             raise RuntimeError(f"{system} exited at start (code {proc.returncode}): {log.name}")
         began = time.time()
         sent = _produce(brokers, inp, rate, seconds)
-        produced_s = time.time() - began
+        times = [t for t, _sum in sent.values()]
+        produced_s = max(times) - min(times)  # the producer's warm-up not included
         deadline = time.time() + 60
         while len(reader.seen) < len(sent) and time.time() < deadline:
             time.sleep(0.1)
@@ -239,12 +263,15 @@ def main() -> int:
         default="loop-0.1,loop-1,keyed-0.1,keyed-0.25,keyed-1,shuffled-0.1,shuffled-0.25,shuffled-1",
     )
     parser.add_argument("--out", type=Path, default=BENCH / "results")
+    parser.add_argument(
+        "--venvs", type=Path, default=BENCH / ".venvs", help="the peers' virtual environments"
+    )
     args = parser.parse_args()
     brokers = os.environ.get("EOSFLOW_KAFKA_BROKERS")
     if not brokers:
         parser.error("set EOSFLOW_KAFKA_BROKERS to a real Kafka (../shared/kafka/4.3.1/start.sh)")
     started = datetime.now()
-    runs = [_run(s, brokers, args.rate, args.seconds) for s in args.systems.split(",")]
+    runs = [_run(s, brokers, args.rate, args.seconds, args.venvs) for s in args.systems.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"latency-{started:%Y%m%d-%H%M%S}.json"
     config = {k: str(v) for k, v in vars(args).items()}

@@ -59,6 +59,7 @@ from confluent_kafka.admin import AdminClient
 from connectors.admin import TopicAdmin, admin_client, kept_admin_client
 from connectors.config import (
     KafkaSettings,
+    connect_producer,
     consumer_config,
     create_consumer,
     create_producer,
@@ -245,6 +246,7 @@ class KafkaJobClaim:
                 overrides={"client.id": f"eosflow-{self.job}-runner"},
             )
         )
+        connect_producer(self._producer)  # else librdkafka's 500 ms PID timer, often
         retrying(
             self._producer.init_transactions,
             f"initializing transactional id {self.transactional_id!r} (taking job {self.job!r})",

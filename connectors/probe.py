@@ -23,6 +23,7 @@ from connectors.broker_version import api_versions
 from connectors.config import (
     KafkaSettings,
     admin_config,
+    connect_producer,
     consumer_config,
     create_admin,
     create_consumer,
@@ -215,6 +216,7 @@ def write_aborted_then_committed(
             settings, transactional_id=f"{topic}-txn", overrides={"transaction.timeout.ms": 60000}
         )
     )
+    connect_producer(producer)
     producer.init_transactions(timeout)
     producer.begin_transaction()
     producer.produce(topic, aborted, partition=0)

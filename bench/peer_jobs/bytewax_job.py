@@ -2,7 +2,8 @@
 
 No recovery store is configured, so Bytewax gives no delivery guarantee across a crash (with
 one it is at-least-once; it has no exactly-once Kafka sink). The source stops at the end of the
-input (``tail=False``); the running totals are a ``stateful_map`` keyed by the message key.
+input (``tail=False``; with ``LOOP_FOREVER`` set, as bench/latency.py runs it, it waits for
+more); the running totals are a ``stateful_map`` keyed by the message key.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ msgs = op.input(
     KafkaSource(
         brokers,
         [os.environ["INPUT_TOPIC"]],
-        tail=False,
+        tail=bool(os.environ.get("LOOP_FOREVER")),  # bench/latency.py: until stopped
         add_config={"fetch.queue.backoff.ms": "10"},
     ),
 )

@@ -28,7 +28,7 @@ def main() -> None:
         consumer_group=f"peers-quix-{os.environ['RUN_ID']}",
         auto_offset_reset="earliest",
         processing_guarantee=os.environ.get("QUIX_GUARANTEE", "exactly-once"),
-        commit_interval=1.0,
+        commit_interval=float(os.environ.get("QUIX_COMMIT_S", "1.0")),  # bench/latency.py
         state_dir=os.environ["STATE_DIR"],
         consumer_extra_config={
             "fetch.queue.backoff.ms": 10,
@@ -48,7 +48,10 @@ def main() -> None:
     sdf = sdf.filter(lambda click: click["amount"] > 0)
     sdf = sdf.apply(totals, stateful=True)
     sdf.to_topic(out)
-    app.run(count=int(os.environ["RECORDS"]), collect=False)
+    if os.environ.get("LOOP_FOREVER"):  # bench/latency.py: until stopped (SIGTERM)
+        app.run()
+    else:
+        app.run(count=int(os.environ["RECORDS"]), collect=False)
 
 
 if __name__ == "__main__":

@@ -149,10 +149,12 @@ def spawn(
     uid: int | None = None,
     gid: int | None = None,
     netns: str | None = None,
+    stdin: int = subprocess.DEVNULL,
 ) -> ServerProcess:
     """Start ``argv`` in its own session with output to ``log_path``; ``netns``: in that
     network namespace (``ip netns add``), with that host name (needs CAP_SYS_ADMIN; see
-    :class:`processor.testing.hosts.Hosts`).
+    :class:`processor.testing.hosts.Hosts`); ``stdin``: ``subprocess.PIPE`` to write to it
+    (``popen.stdin``).
 
     Call it from a thread that lives as long as the server should: the kernel's parent-death
     signal fires when the *thread* that forked exits, not the process.
@@ -161,7 +163,7 @@ def spawn(
     try:
         popen = subprocess.Popen(
             list(argv),
-            stdin=subprocess.DEVNULL,
+            stdin=stdin,
             stdout=log_file,
             stderr=subprocess.STDOUT,
             env=env,

@@ -33,7 +33,7 @@ import orjson
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from connectors.admin import INTERNAL_TOPIC_CONFIG, TopicAdmin
-from connectors.config import KafkaSettings, create_producer, producer_config
+from connectors.config import KafkaSettings, connect_producer, create_producer, producer_config
 from connectors.errors import classify, retrying
 from connectors.transport import produce_waiting
 from processor.contracts import SinkContext
@@ -120,7 +120,7 @@ class KafkaSinkWriter:
         )
         conf["partitioner"] = "murmur2_random"  # as the Java client: same key, same partition
         producer = create_producer(conf)
-        _connect(producer)
+        connect_producer(producer)
         retrying(producer.init_transactions, f"init_transactions {self._tid(slot)}")
         return producer
 
@@ -494,35 +494,6 @@ class KafkaSinkWriter:
 
 
 #: How long :func:`_connect` waits for the cluster's metadata.
-_CONNECT_TIMEOUT_S = 5.0
-
-
-def _connect(producer: Producer) -> None:
-    """Bring ``producer``'s connection to the cluster up before ``init_transactions``.
-
-    A new client talks to the bootstrap address first, then drops that connection for one to
-    the broker the metadata names (librdkafka connects it up to ``reconnect.backoff.ms`` / 2
-    later). ``init_transactions`` started in that gap finds no broker for the coordinator
-    lookup and parks the producer-id request on librdkafka's fixed 500 ms timer ("Starting PID
-    FSM timer: No broker available"). With the pool's ids initialized in parallel
-    (:meth:`KafkaSinkWriter.recover`) on Tansu, 8 parallel inits hit it in 29 of 30 cold tries,
-    so every start and restart of a job waited 0.5 s for nothing (bench/RESULTS.md, "Start-up
-    and shut-down"). A cluster metadata request returns once the broker's own connection
-    answered it: with it first, none of 65 tries waited. (A request for one topic is answered
-    on the bootstrap connection and does not help: 20 of 20 waited.) An error here is left to
-    ``init_transactions``, which retries and classifies it.
-
-    The wait is librdkafka's, not Tansu's, so this is not switched by the broker probe. Its
-    cost grows with the cluster: a full metadata reply per producer (up to 8 per sink subtask
-    at each start). Measured on the embedded broker only; on a cluster with many thousands of
-    topics it may cost more than the 0.5 s it saves (a known gap: bench/RESULTS.md).
-    """
-    try:
-        producer.list_topics(timeout=_CONNECT_TIMEOUT_S)
-    except KafkaException as exc:
-        log.debug("metadata request before init_transactions failed: %s", exc)
-
-
 def committable_subtask(committable: Any) -> int:
     """The sink subtask whose epoch ``committable`` is: its ``subtask`` entry, or (committables
     written before it existed) the subtask in its transactional id

@@ -148,8 +148,10 @@ def test_a_second_runner_with_another_state_dir_is_refused_while_the_first_has_h
 def test_a_second_runner_fences_the_first_which_stops_saying_so(
     kafka_endpoint: tuple[str, str], broker_caps: Any, tmp_path: Path, sink: str
 ) -> None:
-    """Issue 35 item 1, the runner that has not checkpointed yet: runner A (state dir A, a
-    long checkpoint interval, reading slowly: ``--max-rate``) reads; runner B of the same job
+    """Issue 35 item 1, the runner that has not checkpointed yet: runner A (state dir A, no
+    periodic checkpoint: ``--mode none``, reading slowly: ``--max-rate``; a long interval no
+    longer keeps a job from checkpointing, its first checkpoint follows its first reads since
+    issue 51) reads; runner B of the same job
     (state dir B) starts, finds no history, and takes the job, fencing A. A stops with
     "another runner took job" and a non-zero exit status (on main it went on and finished with
     exit status 0): at its first checkpoint (file sink), or as soon as its workers'
@@ -174,7 +176,7 @@ def test_a_second_runner_fences_the_first_which_stops_saying_so(
     env_b = elsewhere(env_a, tmp_path / "b")
     with (tmp_path / "a.err").open("w") as err:
         first = subprocess.Popen(
-            eosflow("run", TAGGED, "--workers", "2", "--checkpoint-interval", "60s",
+            eosflow("run", TAGGED, "--workers", "2", "--mode", "none",
                     "--max-rate", "60", "--until-idle"),
             env=env_a, stdout=subprocess.PIPE, stderr=err, text=True,
         )  # fmt: skip
@@ -227,7 +229,9 @@ def test_two_runners_without_state_on_a_two_stage_pipeline_leave_one_exact_outpu
     produce_clicks(brokers, env_a["CLICKS_TOPIC"], records, seed=seed)
     env_b = elsewhere(env_a, tmp_path / "b")
     total = str(PIPELINES / "running_total_work.py")
-    slow = ("--checkpoint-interval", "60s", "--max-rate", "50")  # per worker: 30 s of input
+    # per worker: 30 s of input, no checkpoint before its final one (the first checkpoint of a
+    # job with an interval follows its first reads, issue 51)
+    slow = ("--mode", "none", "--max-rate", "50")
     fast = ("--checkpoint-interval", "300ms", "--max-rate", "1500")
     runs: dict[str, subprocess.Popen[str]] = {}
     try:
@@ -308,3 +312,19 @@ def test_a_running_job_moves_to_another_state_dir_through_a_savepoint_exactly_on
     before, after = committed_output(env_a), committed_output(env_b)
     assert sum(before.values()) < records, "the first runner read everything: nothing moved"
     assert_exactly_once(expected(expected_running_totals, records, seed), before + after, seed=seed)
+
+
+def test_mode_none_takes_no_checkpoint_but_the_final_one(
+    kafka_endpoint: tuple[str, str], tmp_path: Path
+) -> None:
+    """``--mode none`` (for comparisons: "no checkpoints except the final one") checkpointed
+    back to back from issue 48 on: the coordinator got an interval of 0.0 instead of none.
+    Found by issue 51's tests: a runner in that mode had 53 checkpoints in a few seconds."""
+    records = 2_000
+    env = job_env(kafka_endpoint[0], tmp_path, prefix="none", WORK_US="0")
+    produce_clicks(kafka_endpoint[0], env["CLICKS_TOPIC"], records)
+    done = _run(env, "--mode", "none", "--max-rate", "1000")  # 1 s of input per worker
+    assert done.returncode == 0, done.stderr[-3000:]
+    checkpoint = wait_status(env, lambda st: st["state"] == "finished")["checkpoint"]
+    assert checkpoint["completed"] == 1, checkpoint
+    assert committed_output(env) == _expected(records)

@@ -75,14 +75,22 @@ def test_sigint_stops_a_streaming_job_after_a_final_checkpoint(
         # The runner (the driver on Spark) serves its metrics on the default range, and
         # `eosflow status` names the page.
         assert found["web"].startswith("http://127.0.0.1:92"), found["web"]
-        with urllib.request.urlopen(found["web"] + "metrics", timeout=10) as r:
-            exposition = r.read().decode()
-        out = [
-            s.value
-            for f in text_string_to_metric_families(exposition)
-            for s in f.samples
-            if s.name == "eosflow_records_out_total"
-        ]
+        # The workers' counters come every second; status.json's records_out is at least the
+        # committed count, which a checkpoint's acks bring at once (the job's first checkpoint
+        # follows its first reads), so the metrics may lag it by a second.
+        deadline = time.monotonic() + 10
+        while True:
+            with urllib.request.urlopen(found["web"] + "metrics", timeout=10) as r:
+                exposition = r.read().decode()
+            out = [
+                s.value
+                for f in text_string_to_metric_families(exposition)
+                for s in f.samples
+                if s.name == "eosflow_records_out_total"
+            ]
+            if out == [RECORDS] or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         assert out == [RECORDS], exposition[:2000]
         text = subprocess.run(
             eosflow("status", env["JOB_NAME"]), env=env, capture_output=True, text=True

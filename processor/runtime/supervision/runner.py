@@ -288,7 +288,12 @@ class Runner:
             raise
         handlers: dict[int, Any] = {}
         reporter = self.reporter
+        prepared = False
         try:
+            prepare = getattr(self.launcher, "prepare", None)
+            if prepare is not None:  # workers started ahead, while the checks run (spares)
+                prepared = True
+                prepare(self.options.workers, self.dir, (self.options.transport, self.pipeline))
             check = getattr(transport, "check_reachable", None)
             if check is not None:  # before anything waits on the broker
                 check()
@@ -370,7 +375,9 @@ class Runner:
                 self.store,
                 self.job,
                 self.plan.task_names(),
-                interval_s=self._interval() or 0.0,
+                # None with --mode none: only the final checkpoint (0.0 there, from issue 48
+                # until 51, checkpointed back to back)
+                interval_s=self._interval(),
                 timeout_s=self.options.checkpoint_timeout,
                 keep=self.options.keep_checkpoints,
                 observer=metrics.on_checkpoint,
@@ -469,7 +476,7 @@ class Runner:
                     self.supervisor.stop_all()
                 if hasattr(self, "server"):
                     self.server.close()
-                if hasattr(self, "coordinator"):
+                if hasattr(self, "coordinator") or prepared:
                     self.launcher.close()
                 self.identity.close()
                 self.lease.release()

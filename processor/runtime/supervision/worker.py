@@ -15,6 +15,7 @@ directory (:func:`hold_paths`). The heartbeat thread keeps beating while the wor
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -488,10 +489,46 @@ def run_logged(spec: dict[str, Any], *, reraise: bool = False) -> int:
         return 1
 
 
+def _spare_spec(preload: list[str]) -> str | None:
+    """A spare worker (``--spare TRANSPORT PIPELINE``,
+    :class:`~processor.runtime.supervision.local.LocalWorkers`): started before it is needed,
+    it imports the engine, the transport's module and the pipeline's (its sinks, serdes and
+    client library: what the worker would import first), then waits for the path of its spec
+    on stdin (``None``: end of input, the runner stopped or died) and writes its output to the
+    spec's log, as a worker started with that spec would. A pipeline that fails to load here
+    fails again, said in the worker's own log, once the spec came."""
+    transport, pipeline = preload
+    with contextlib.suppress(Exception):
+        load_object(transport)
+        load_flow(pipeline)
+    line = sys.stdin.readline().strip()
+    if not line:
+        return None
+    log_path = json.loads(Path(line).read_text()).get("log_path")
+    if log_path:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+    return line
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--spare"] and len(args) == 3:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the runner decides when workers stop
+        path = _spare_spec(args[1:])
+        if path is None:
+            return 0
+        args = [path]
     if len(args) != 1:
-        print("usage: python -m processor.runtime.supervision.worker SPEC.json", file=sys.stderr)
+        print(
+            "usage: python -m processor.runtime.supervision.worker SPEC.json | --spare "
+            "TRANSPORT PIPELINE",
+            file=sys.stderr,
+        )
         return 2
     spec = json.loads(Path(args[0]).read_text())
     logging.basicConfig(level=spec.get("log_level", "INFO"), format=log_format(spec["worker"]))
