@@ -80,16 +80,14 @@ def _command(system: str, env: dict[str, str], venvs: Path) -> list[str]:
         env["LOOP_FOREVER"] = "1"
         env["STATE_DIR"] = env["EOSFLOW_STATE_DIR"]
         return [str(ensure_venv("quix", venvs)), str(BENCH / "peer_jobs" / "quix_job.py")]
-    if kind == "bytewax":  # Bytewax with its recovery store, snapshots every `interval` s
+    if kind == "bytewax":  # Bytewax with its recovery store, an epoch (snapshot) every `interval` s
         env["LOOP_FOREVER"] = "1"
         python = ensure_venv("bytewax", venvs)
         store = Path(env["EOSFLOW_STATE_DIR"]) / "recovery"
         store.mkdir(parents=True)
         subprocess.run([str(python), "-m", "bytewax.recovery", str(store), "1"], check=True)
-        return [
-            str(python), "-m", "bytewax.run", "bytewax_job:flow",
-            "-r", str(store), "-s", interval, "-b", "0",
-        ]  # fmt: skip
+        env["BYTEWAX_EPOCH_S"], env["BYTEWAX_RECOVERY_DIR"] = interval, str(store)
+        return [str(python), str(BENCH / "peer_jobs" / "bytewax_job.py")]
     if kind == "loop":
         env["LOOP_COMMIT_S"] = interval
         env["LOOP_FOREVER"] = "1"

@@ -41,3 +41,19 @@ encoded = op.map(
     "encode", running, lambda kv: KafkaSinkMessage(kv[0].encode(), orjson.dumps(kv[1]))
 )
 op.output("out", encoded, KafkaSink(brokers, os.environ["OUTPUT_TOPIC"]))
+
+
+if __name__ == "__main__":  # bench/latency.py: its epoch below a second (the CLI takes whole s)
+    from datetime import timedelta
+
+    from bytewax._bytewax import cli_main
+    from bytewax.recovery import RecoveryConfig
+
+    cli_main(
+        flow,
+        workers_per_process=1,
+        process_id=None,
+        addresses=None,
+        epoch_interval=timedelta(seconds=float(os.environ["BYTEWAX_EPOCH_S"])),
+        recovery_config=RecoveryConfig(os.environ["BYTEWAX_RECOVERY_DIR"], timedelta(0)),
+    )

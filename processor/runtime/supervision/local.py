@@ -9,7 +9,7 @@ on the way of every start and every restart. So the runner starts one spare per 
 (``worker --spare``) as soon as it holds the job's lease, while it runs its own checks and takes
 the job's claim; a spare imports the engine and waits for the path of its spec on stdin. A
 launch hands each worker's spec to a spare (and starts one the usual way when none is left),
-and the spares used are replaced a few seconds later, once the new workers run (not at once:
+and the spares used are replaced 2 s later, once the new workers run (not at once:
 on a small machine their imports would slow the start they are meant to speed up). A spare
 holds no state, no client and no connection until it gets a spec: it exits when its stdin
 closes (the runner stopped or died; it is also in the runner's parent-death chain) and is
@@ -63,7 +63,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 #: Spares used by a launch are replaced this long after it (see the module docstring).
-_SPARE_AFTER_S = 5.0
+_SPARE_AFTER_S = 2.0
 
 
 class LocalRunner(Runner):
