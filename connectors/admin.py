@@ -148,7 +148,8 @@ def kept_admin_client(settings: KafkaSettings) -> AdminClient:
     """A new ``AdminClient`` for a caller that keeps it for many requests (the job's claim
     commits the group's offsets on every checkpoint): a new client's first request pays its
     connection, 50-55 ms on a local Apache Kafka 4.3.1, a kept one's 2 ms (bench/RESULTS.md,
-    "Latency"). Its log goes where every client's does (:data:`~connectors.outage.OUTAGES`)."""
+    "Latency, start-up and recovery"). Its log goes where every client's does
+    (:data:`~connectors.outage.OUTAGES`)."""
     gate = _Gate()
     return create_admin({**admin_config(settings), "logger": gate, "error_cb": gate.error})
 

@@ -113,7 +113,7 @@ class CheckpointCoordinator:
             checkpointing back to back); after an abort, a whole interval. ``None``: only
             explicit :meth:`trigger_now`. (Until issue 51 it was counted from the end of the
             previous checkpoint: every commit came the checkpoint's duration later than the
-            interval, 20-30 ms at 100 ms, bench/RESULTS.md "Latency".)
+            interval, 20-30 ms at 100 ms: bench/RESULTS.md, "Latency, start-up and recovery".)
         timeout_s: a pending checkpoint older than this is aborted.
         keep: completed checkpoints to retain.
         clock: monotonic seconds.

@@ -262,7 +262,8 @@ class Supervisor:
 
         The same at a job's start (issue 51): its first output came an interval after the
         workers read (1 s by default), now with the commit of their first batches: launch to
-        first committed output 1.7-2.2 s before (bench/RESULTS.md, "Latency").
+        first committed output 2.09 s before, 1.23 s after (bench/RESULTS.md, "Latency,
+        start-up and recovery").
 
         Global recovery and starts only: under local recovery the survivors keep writing into the
         restarted worker's channels while it opens, and holding their barriers back only
