@@ -142,7 +142,7 @@ def test_the_output_of_a_drained_checkpoint_killed_before_its_commit_survives_th
     # No periodic checkpoint: the final one carries all the output. Worker 1 is held after it
     # completed and before its commit, and then the runner and every worker are SIGKILLed.
     holds = tmp_path / "holds"
-    argv = eosflow("run", PIPELINE, "--until-idle", "--checkpoint-interval", "5m",
+    argv = eosflow("run", PIPELINE, "--until-idle", "--mode", "none",
                    "--checkpoint-timeout", "2m",
                    "--fault", "0:1:after-completion-before-commit:1:hold")  # fmt: skip
     held_then_killed(argv, env, holds, "after-completion-before-commit", 1)
