@@ -150,11 +150,15 @@ def spawn(
     gid: int | None = None,
     netns: str | None = None,
     stdin: int = subprocess.DEVNULL,
+    fork_safe: bool = False,
 ) -> ServerProcess:
     """Start ``argv`` in its own session with output to ``log_path``; ``netns``: in that
     network namespace (``ip netns add``), with that host name (needs CAP_SYS_ADMIN; see
     :class:`processor.testing.hosts.Hosts`); ``stdin``: ``subprocess.PIPE`` to write to it
-    (``popen.stdin``).
+    (``popen.stdin``). ``fork_safe``: no Python code between fork and exec (a new session by
+    ``start_new_session``, no parent-death signal): for a caller with many threads, where a
+    ``preexec_fn`` can deadlock the child on a lock another thread held at the fork, and
+    ``Popen`` then waits for it for ever (a runner's loop hung so in CI, issue 51).
 
     Call it from a thread that lives as long as the server should: the kernel's parent-death
     signal fires when the *thread* that forked exits, not the process.
@@ -168,7 +172,8 @@ def spawn(
             stderr=subprocess.STDOUT,
             env=env,
             cwd=cwd,
-            preexec_fn=_preexec(owned, uid, gid, netns),
+            preexec_fn=None if fork_safe else _preexec(owned, uid, gid, netns),
+            start_new_session=fork_safe,
             close_fds=True,
         )
     except OSError as exc:

@@ -12,8 +12,10 @@ launch hands each worker's spec to a spare (and starts one the usual way when no
 and the spares used are replaced 2 s later, once the new workers run (not at once:
 on a small machine their imports would slow the start they are meant to speed up). A spare
 holds no state, no client and no connection until it gets a spec: it exits when its stdin
-closes (the runner stopped or died; it is also in the runner's parent-death chain) and is
-killed with the runner's other processes.
+closes (the runner stopped or died) and is killed with the runner's other processes. Spares
+are started without a ``preexec_fn`` (no parent-death signal): the replacements start from the
+runner's loop, among its threads, where one hung the runner in ``Popen`` in CI; a worker
+exits when its coordinator connection closes.
 :class:`LocalWorkers` is that :class:`~processor.runtime.supervision.recovery.WorkerLauncher`;
 :class:`LocalRunner` is a :class:`~processor.runtime.supervision.runner.Runner` that uses it (the
 coordinator loop, supervision and reporting are the runner's collaborators).
@@ -113,6 +115,10 @@ class LocalWorkers:
             owned=True,
             env=self._env(),
             stdin=subprocess.PIPE,
+            # Started from the runner's loop among its threads: no preexec_fn (it can deadlock
+            # the child, and Popen with it). A spare exits when its stdin closes; once a
+            # worker, when its coordinator connection does.
+            fork_safe=True,
         )
 
     def _env(self) -> dict[str, str]:
