@@ -130,12 +130,14 @@ def _shared_entry(settings: KafkaSettings) -> tuple[str, tuple[AdminClient, _Gat
         key = _key(settings)
         entry = _shared.get(key)
         if entry is None:
-            gate = _Gate()
-            client = create_admin(
-                {**admin_config(settings), "logger": gate, "error_cb": gate.error}
-            )
-            entry = _shared[key] = (client, gate)
+            entry = _shared[key] = _gated_admin(settings)
         return key, entry
+
+
+def _gated_admin(settings: KafkaSettings) -> tuple[AdminClient, _Gate]:
+    """A new client whose log goes through a :class:`_Gate` (every client's destination)."""
+    gate = _Gate()
+    return create_admin({**admin_config(settings), "logger": gate, "error_cb": gate.error}), gate
 
 
 def admin_client(settings: KafkaSettings) -> AdminClient:
@@ -150,8 +152,7 @@ def kept_admin_client(settings: KafkaSettings) -> AdminClient:
     connection, 50-55 ms on a local Apache Kafka 4.3.1, a kept one's 2 ms (bench/RESULTS.md,
     "Latency, start-up and recovery"). Its log goes where every client's does
     (:data:`~connectors.outage.OUTAGES`)."""
-    gate = _Gate()
-    return create_admin({**admin_config(settings), "logger": gate, "error_cb": gate.error})
+    return _gated_admin(settings)[0]
 
 
 @contextlib.contextmanager
