@@ -9,6 +9,13 @@ checkpoint id that will end the epoch.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
+import glob
+import logging
+import os
+import random
 import struct
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -26,6 +33,7 @@ __all__ = [
     "HEADER_SUBTASK",
     "HEADER_TXN",
     "KafkaSinkConfig",
+    "KeyPartitioner",
     "marker_topic",
     "murmur2",
     "murmur2_partition",
@@ -106,6 +114,83 @@ def murmur2(key: bytes) -> int:
     h = (h * m) & 0xFFFFFFFF
     h ^= h >> 15
     return h
+
+
+log = logging.getLogger(__name__)
+
+#: Keys whose partition :class:`KeyPartitioner` remembers (about 100 bytes each) before it
+#: forgets them all and starts again.
+_CACHED_KEYS = 200_000
+
+
+@functools.cache
+def _librdkafka_murmur2() -> Callable[[bytes, int, int], int] | None:
+    """librdkafka's own ``rd_kafka_msg_partitioner_murmur2`` (public API; its topic and opaque
+    arguments are unused) through ctypes: about 0.5 us a key against 2.3 us for
+    :func:`murmur2_partition` in Python. ``None`` when the library of confluent-kafka cannot be
+    found or disagrees with :func:`murmur2_partition` on a few keys."""
+    try:
+        import confluent_kafka
+
+        here = os.path.dirname(os.path.abspath(confluent_kafka.__file__))
+        libs = os.path.join(here, os.pardir, "confluent_kafka.libs", "librdkafka*")
+        found = sorted(glob.glob(libs))
+        path = found[0] if found else ctypes.util.find_library("rdkafka")
+        if path is None:
+            return None
+        fn = ctypes.CDLL(path).rd_kafka_msg_partitioner_murmur2
+        fn.restype = ctypes.c_int32
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int32,
+                       ctypes.c_void_p, ctypes.c_void_p]  # fmt: skip
+    except (ImportError, OSError, AttributeError) as exc:
+        log.debug("librdkafka's murmur2 is not reachable through ctypes (%s)", exc)
+        return None
+
+    def partition(key: bytes, length: int, partitions: int) -> int:
+        return int(fn(None, key, length, partitions, None, None))
+
+    probes = [b"", b"a", b"user-17", b"\x00\xff" * 9]
+    if any(partition(k, len(k), 7) != murmur2_partition(k, 7) for k in probes):
+        log.warning("librdkafka's murmur2 disagrees with the Java client's: using Python's")
+        return None
+    return partition
+
+
+class KeyPartitioner:
+    """The partition the Kafka sink's producers' partitioner (librdkafka's ``murmur2_random``,
+    the Java client's default) gives each key: murmur2 of the key modulo the partition count;
+    records without a key go to one random partition per call (librdkafka picks one per
+    record: any choice is as good). Remembers up to :data:`_CACHED_KEYS` keys' partitions (a
+    dict lookup, 40 ns, against 0.5 us for murmur2 through librdkafka)."""
+
+    __slots__ = ("_cache", "_murmur2", "count")
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self._cache: dict[bytes | None, int] = {}
+        self._murmur2 = _librdkafka_murmur2()
+
+    def of(self, keys: list[bytes | None]) -> list[int]:
+        cache = self._cache
+        parts: list[Any] = list(map(cache.get, keys))
+        if None not in parts:
+            return parts
+        count, murmur2_c, unkeyed = self.count, self._murmur2, None
+        for i, part in enumerate(parts):
+            if part is not None:
+                continue
+            key = keys[i]
+            if key is None:
+                if unkeyed is None:
+                    unkeyed = random.randrange(count)
+                parts[i] = unkeyed
+                continue
+            if len(cache) >= _CACHED_KEYS:
+                cache.clear()
+            parts[i] = cache[key] = (
+                murmur2_c(key, len(key), count) if murmur2_c else murmur2_partition(key, count)
+            )
+        return parts
 
 
 def _key_bytes(key: Any) -> bytes | None:

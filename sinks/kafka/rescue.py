@@ -8,8 +8,8 @@ says where: the offset ranges the transaction wrote and the offset of the epoch'
 (a record written inside the same transaction). :func:`epoch_committed` looks for that marker;
 if it is not committed, :func:`read_epoch` re-reads the ranges with ``read_uncommitted`` and
 keeps the records whose headers name this sink, subtask and epoch, or (``record_ids=False``:
-no header) the exact offsets the transaction's delivery reports gave (other producers may share
-the partitions), and the writer re-publishes them in a new transaction with a new marker
+no header) the exact offsets the writer recorded (runs per partition, with the records'
+digests where other producers' records lie between), and the writer re-publishes them in a new transaction with a new marker
 (:meth:`sinks.kafka.transactional.KafkaSinkWriter._rescue`).
 """
 
@@ -166,23 +166,40 @@ def read_epoch(
 
 
 def _read_runs(settings: KafkaSettings, runs: Any) -> list[EpochRecord]:
-    """The records at exactly the offsets of ``runs`` (``[[topic, partition, [[first, last],
-    ...]], ...]``, sorted): one read per partition, from its first run's start to its last
-    run's end, keeping what lies inside a run (other producers' batches may lie between)."""
+    """The records of ``runs`` (``[[topic, partition, [run, ...]], ...]``): one read per
+    partition, from its first run's start to its last run's end. A run ``[first, last]`` is
+    every offset from ``first`` to ``last``; a run ``[first, last, digests]`` (other producers'
+    batches lay between its records) is, in order, the records of that span whose
+    :func:`~sinks.kafka.transactional.record_digest` are the next of ``digests`` (hex, 8 bytes
+    each). Where two records of a span are equal, either is the record: same bytes."""
+    from sinks.kafka.transactional import DIGEST_BYTES, record_digest
+
     out: list[EpochRecord] = []
     for topic, partition, spans in runs:
         if not spans:
             continue
-        spans = sorted((int(lo), int(hi)) for lo, hi in spans)
-        i = 0
+        spans = sorted(
+            (int(span[0]), int(span[1]), bytes.fromhex(span[2]) if len(span) > 2 else None)
+            for span in spans
+        )
+        i, at = 0, 0  # the span, and the next digest of a digested span
         for msg in _read_range(
             settings, topic, int(partition), spans[0][0], spans[-1][1] + 1, read_committed=False
         ):
             offset = msg.offset()
             while i < len(spans) and offset > spans[i][1]:
-                i += 1
-            if i < len(spans) and offset >= spans[i][0]:
-                out.append(_epoch_record(msg, topic, int(partition), msg.headers()))
+                i, at = i + 1, 0
+            if i == len(spans) or offset < spans[i][0]:
+                continue
+            digests = spans[i][2]
+            if digests is not None:
+                if (
+                    at == len(digests)
+                    or record_digest(msg.key(), msg.value()) != digests[at : at + DIGEST_BYTES]
+                ):
+                    continue
+                at += DIGEST_BYTES
+            out.append(_epoch_record(msg, topic, int(partition), msg.headers()))
     return out
 
 

@@ -53,8 +53,8 @@ class KafkaSink:
             what :class:`dedup.IdDedupConsumer` and other ID-based readers use). Default:
             ``True`` in staged mode (its readers need them), ``False`` in transactional mode:
             the records carry no header, like a Flink or Kafka Streams job's output; the
-            sink's own recovery finds an epoch's records by the offsets their delivery reports
-            gave, and ``read_committed`` readers see every record once. Headers are the
+            sink's own recovery finds an epoch's records by their offsets (docs/sinks.md,
+            "Record IDs"), and ``read_committed`` readers see every record once. Headers are the
             largest per-record cost of producing from Python: 0.6 to 0.9 µs of CPU per record
             in the reference job (bench/RESULTS.md, "Performance on a real Kafka";
             docs/sinks.md, "Record IDs"). Give ``True`` when the output's readers drop

@@ -5,7 +5,10 @@ Each sink subtask owns a small pool of stable ``transactional.id``\\ s,
 ``<prefix>-<step>-<subtask>-<slot>``. An epoch's records go into one transaction on a free
 slot, each with two headers: :data:`HEADER_SINK` and :data:`HEADER_ID`, which names the sink
 subtask, the epoch and the record's place in it (two headers, not four: headers are the
-largest per-record cost of producing from Python, see bench/RESULTS.md). ``prepare`` writes
+largest per-record cost of producing from Python, see bench/RESULTS.md); with
+``record_ids=False`` (the default) no header, and the epoch's offsets instead, learnt from the
+delivery reports of each partition's first and last record of a write
+(:meth:`KafkaSinkWriter._group_done`). ``prepare`` writes
 a *marker* record for the epoch into the same transaction (topic
 ``eosflow.<job>.<step>.txn-markers``, partition = subtask modulo its partition count),
 flushes, and returns the committable: the transactional id, the subtask, the epoch tag, the
@@ -23,6 +26,7 @@ timeout (commit fails) goes the same way.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -46,6 +50,7 @@ from sinks.kafka.records import (
     HEADER_SUBTASK,
     Headers,
     KafkaSinkConfig,
+    KeyPartitioner,
     _Encoder,
     marker_topic,
     transactional_id,
@@ -55,6 +60,70 @@ from sinks.kafka.rescue import epoch_committed, read_epoch
 __all__ = ["KafkaSinkWriter", "committable_subtask"]
 
 log = logging.getLogger(__name__)
+
+#: How often a writer reads its output topic's partition count again (seconds).
+_PARTITIONS_S = 60.0
+#: Bytes of a record's digest in a run that other producers' records interleave.
+DIGEST_BYTES = 8
+
+
+def record_digest(key: bytes | None, value: bytes | None) -> bytes:
+    """What tells a record of a run apart from other producers' records between its edges:
+    BLAKE2b of the key's length and bytes (-1: no key) and the value."""
+    h = hashlib.blake2b(digest_size=DIGEST_BYTES)
+    h.update(b"%d:" % (-1 if key is None else len(key)))
+    if key is not None:
+        h.update(key)
+    if value is not None:
+        h.update(value)
+    return h.digest()
+
+
+#: A write's keys, values and partitions.
+_Call = tuple[Sequence[Any], Sequence[bytes], Sequence[int]]
+_DONE: _Call = ((), (), ())
+
+
+class _Group:
+    """The records of one write to one partition (``count`` of them, in one ``produce_batch``),
+    until the delivery reports of the first and the last (the only ones it asks for) give their
+    offsets; ``call``: the write's keys, values and partitions."""
+
+    __slots__ = ("call", "count", "edges", "first", "last", "tp", "writer")
+
+    def __init__(
+        self, writer: KafkaSinkWriter, tp: tuple[str, int], count: int, call: _Call
+    ) -> None:
+        self.writer, self.tp, self.count, self.call = writer, tp, count, call
+        self.first = self.last = -1
+        self.edges = 0  # delivered edges: 2 when done
+
+    def head(self, err: KafkaError | None, msg: Any) -> None:
+        if err is not None:
+            self.writer.errors.append(err)
+            return
+        self.first = msg.offset()
+        self._edge()
+
+    def tail(self, err: KafkaError | None, msg: Any) -> None:
+        if err is not None:
+            self.writer.errors.append(err)
+            return
+        self.last = msg.offset()
+        self._edge()
+
+    def both(self, err: KafkaError | None, msg: Any) -> None:
+        if err is not None:
+            self.writer.errors.append(err)
+            return
+        self.first = self.last = msg.offset()
+        self.edges = 1
+        self._edge()
+
+    def _edge(self) -> None:
+        self.edges += 1
+        if self.edges == 2:
+            self.writer._group_done(self)
 
 
 class KafkaSinkWriter:
@@ -88,8 +157,12 @@ class KafkaSinkWriter:
         self.n = 0
         self.seq = 0
         self.ranges: dict[tuple[str, int], list[int]] = {}
-        # record_ids=False: the exact offsets each partition got, as runs [first, last]
-        self.runs: dict[tuple[str, int], list[list[int]]] = {}
+        # record_ids=False: the exact offsets each partition got, as runs [first, last] (or,
+        # where other producers' records lie between, [first, last, digests]: _Group)
+        self.runs: dict[tuple[str, int], list[list[Any]]] = {}
+        self.groups: list[_Group] = []  # of the open epoch, until both edges are delivered
+        self.partitioner: KeyPartitioner | None = None
+        self.partitions_at = 0.0  # when the partition count was last read (monotonic)
         self.errors: list[KafkaError] = []
         self.marker_offset: list[int] = []
         self.published = 0
@@ -150,27 +223,42 @@ class KafkaSinkWriter:
         elif offset < r[0]:
             r[0] = offset
 
-    def _delivered_run(self, err: KafkaError | None, msg: Any) -> None:
-        """``record_ids=False``: the records carry no header, so a rescue finds them by their
-        exact offsets. Reports of one partition arrive in order (idempotent producer), and a
-        transaction's records in a partition are runs of consecutive offsets (one per produce
-        batch; other producers' batches may lie between them)."""
+    def _delivered_marker(self, err: KafkaError | None, msg: Any) -> None:
         if err is not None:
             self.errors.append(err)
-            return
-        tp = (msg.topic(), msg.partition())
-        offset = msg.offset()
-        runs = self.runs.get(tp)
-        if runs is not None:
-            last = runs[-1]
-            if offset == last[1] + 1:
-                last[1] = offset
-            else:
-                runs.append([offset, offset])
-        elif tp == (self.markers, self.marker_partition):
-            self.marker_offset.append(offset)
         else:
-            self.runs[tp] = [[offset, offset]]
+            self.marker_offset.append(msg.offset())
+
+    def _group_done(self, group: _Group) -> None:
+        """Both edges of ``group`` are delivered: its records lie in ``[first, last]`` of its
+        partition, in order. Exactly there when the span holds as many offsets as the group
+        has records; when it holds more, other producers' batches lie between (librdkafka
+        split the group into several requests), and the run keeps a digest of each record so
+        that a rescue can tell them apart. A span shorter than the group means records were
+        lost: the epoch fails."""
+        span = group.last - group.first + 1
+        run: list[Any] = [group.first, group.last]
+        if span > group.count:
+            keys, values, parts = group.call
+            part = group.tp[1]
+            run.append(
+                b"".join(
+                    record_digest(k, v)
+                    for k, v, p in zip(keys, values, parts, strict=True)
+                    if p == part
+                ).hex()
+            )
+        elif span < group.count:
+            self.errors.append(
+                KafkaError(
+                    KafkaError._INCONSISTENT,
+                    f"{group.count} records produced to {group.tp[0]}[{group.tp[1]}] were "
+                    f"delivered at offsets {group.first}..{group.last} ({span} offsets)",
+                    retriable=True,
+                )
+            )
+        group.call = _DONE
+        self.runs.setdefault(group.tp, []).append(run)
 
     # -- the epoch -------------------------------------------------------------------------------
 
@@ -186,6 +274,7 @@ class KafkaSinkWriter:
         self.seq = 0
         self.ranges = {}
         self.runs = {}
+        self.groups = []
         self.errors = []
         self.marker_offset = []
         return producer
@@ -234,34 +323,79 @@ class KafkaSinkWriter:
             self._raise_delivery(f"writing epoch {self.tag}")
 
     def _produce_batch(self, producer: Producer, keys: list[Any], values: list[bytes]) -> None:
-        """Records without headers, in one ``produce_batch`` call (librdkafka's
-        ``rd_kafka_produce_batch``: the configured partitioner per message, in order; about
-        0.2 µs of CPU less per record than one ``produce`` each, bench/RESULTS.md). When the
-        local queue fills, the records from the first refused one on are refused (a suffix:
-        nothing is served in between); they are offered again after serving delivery
-        reports, so each partition keeps the order of ``keys``."""
-        messages = [{"key": k, "value": v} for k, v in zip(keys, values, strict=True)]
-        delivered = self._delivered_run
-        while messages:
-            queued = producer.produce_batch(self.sink.topic, messages, on_delivery=delivered)
-            if queued == len(messages):
-                return
-            refused = [i for i, m in enumerate(messages) if "_error" in m]
-            first = refused[0] if refused else len(messages)
-            if refused != list(range(first, len(messages))):
-                raise KafkaClientError(  # never seen: the order could not be kept
-                    f"sink {self.ctx.step}[{self.ctx.subtask}]: produce_batch refused "
-                    f"{len(refused)} records that are not the batch's tail; failing the task "
-                    "(the epoch is replayed)",
+        """Records without headers, one ``produce_batch`` per partition (librdkafka's
+        ``rd_kafka_produce_batch``: about 0.2 us of CPU less per record than one ``produce``
+        each), the partition chosen here as the producer's partitioner would
+        (:class:`~sinks.kafka.records.KeyPartitioner`). Only the first and the last record of
+        each partition's group have a delivery report (a report per record was a fifth of a
+        worker's CPU, bench/RESULTS.md): their offsets bound the group (:meth:`_group_done`).
+        When the local queue fills, the records from the first refused one on are refused (a
+        suffix); they are offered again after serving delivery reports, so each partition
+        keeps the order of ``keys``."""
+        partitioner = self._partitioner(producer)
+        parts = partitioner.of(keys)
+        buckets: list[list[dict[str, Any]]] = [[] for _ in range(partitioner.count)]
+        appends = [bucket.append for bucket in buckets]
+        for key, value, part in zip(keys, values, parts, strict=True):
+            appends[part]({"key": key, "value": value})
+        topic = self.sink.topic
+        call = (keys, values, parts)  # kept until the edges are delivered, for _digests
+        for part, messages in enumerate(buckets):
+            if not messages:
+                continue
+            group = _Group(self, (topic, part), len(messages), call)
+            self.groups.append(group)
+            if len(messages) == 1:
+                messages[0]["callback"] = group.both
+            else:
+                messages[0]["callback"], messages[-1]["callback"] = group.head, group.tail
+            while messages:
+                queued = producer.produce_batch(topic, messages, partition=part)
+                if queued == len(messages):
+                    break
+                messages = self._refused_suffix(messages)
+                producer.poll(0.05)  # serve delivery reports: room in the queue
+
+    def _refused_suffix(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        refused = [i for i, m in enumerate(messages) if "_error" in m]
+        first = refused[0] if refused else len(messages)
+        if refused != list(range(first, len(messages))):
+            raise KafkaClientError(  # never seen: the order could not be kept
+                f"sink {self.ctx.step}[{self.ctx.subtask}]: produce_batch refused "
+                f"{len(refused)} records that are not the batch's tail; failing the task "
+                "(the epoch is replayed)",
+                retriable=True,
+            )
+        error = messages[first]["_error"]
+        if error.code() != KafkaError._QUEUE_FULL:
+            raise classify(error, context=f"sink {self.ctx.step}[{self.ctx.subtask}] write")
+        rest = messages[first:]
+        for m in rest:
+            del m["_error"]
+        return rest
+
+    def _partitioner(self, producer: Producer) -> KeyPartitioner:
+        """The output topic's partitioner, its partition count read again once a minute (as
+        often as librdkafka's own metadata refresh notices a grown topic, or more)."""
+        now = time.monotonic()
+        if self.partitioner is None or now - self.partitions_at > _PARTITIONS_S:
+            topic = self.sink.topic
+            meta = retrying(
+                lambda t: producer.list_topics(topic, timeout=t),
+                f"metadata of {topic}",
+                idempotent=True,
+            ).topics.get(topic)
+            if meta is None or meta.error is not None or not meta.partitions:
+                raise KafkaClientError(
+                    f"sink {self.ctx.step}[{self.ctx.subtask}]: output topic {topic!r} has no "
+                    f"partitions in the cluster's metadata ({meta.error if meta else 'absent'})",
                     retriable=True,
                 )
-            error = messages[first]["_error"]
-            if error.code() != KafkaError._QUEUE_FULL:
-                raise classify(error, context=f"sink {self.ctx.step}[{self.ctx.subtask}] write")
-            messages = messages[first:]
-            for m in messages:
-                del m["_error"]
-            producer.poll(0.05)  # serve delivery reports: room in the queue
+            count = len(meta.partitions)
+            if self.partitioner is None or self.partitioner.count != count:
+                self.partitioner = KeyPartitioner(count)
+            self.partitions_at = now
+        return self.partitioner
 
     def txn_headroom_s(self) -> float | None:
         """Seconds until the broker would abort the oldest open transaction of this subtask
@@ -283,19 +417,28 @@ class KafkaSinkWriter:
             {"job": self.ctx.job, "step": self.ctx.step, "subtask": self.ctx.subtask,
              "epoch": self.tag, "checkpoint": checkpoint_id, "count": self.seq}
         )  # fmt: skip
-        self._produce_marker(
-            producer, marker, self.tag,
-            self._delivered if self.sink.record_ids else self._delivered_run,
-        )  # fmt: skip
-        left = producer.flush(60)
-        if left:
-            raise KafkaClientError(
-                f"sink {self.ctx.step}[{self.ctx.subtask}]: {left} records undelivered after 60 s "
-                f"at checkpoint {checkpoint_id}",
-                retriable=True,
-            )
-        if self.errors:
-            self._raise_delivery(f"preparing checkpoint {checkpoint_id}")
+        if self.sink.record_ids:
+            self._produce_marker(producer, marker, self.tag, self._delivered)
+        else:
+            # The records first, then the marker: with a report for only the edges of each
+            # group, a record in the middle that failed shows only as the transaction's
+            # abortable error, which refuses the next produce (librdkafka's
+            # rd_kafka_check_produce): the marker's.
+            self._flush(producer, checkpoint_id)
+            if any(group.edges < 2 for group in self.groups):
+                raise KafkaClientError(
+                    f"sink {self.ctx.step}[{self.ctx.subtask}]: a delivery report is missing "
+                    f"after flushing epoch {self.tag} at checkpoint {checkpoint_id}",
+                    retriable=True,
+                )
+            self.groups = []
+            try:
+                self._produce_marker(producer, marker, self.tag, self._delivered_marker)
+            except KafkaException as exc:
+                raise classify(
+                    exc, context=f"sink {self.ctx.step}[{self.ctx.subtask}] epoch {self.tag}"
+                ) from exc
+        self._flush(producer, checkpoint_id)
         committable = {
             "tid": self._tid(slot),
             "subtask": self.ctx.subtask,  # whose epoch: a rescue matches headers against it
@@ -311,6 +454,17 @@ class KafkaSinkWriter:
         self.published += self.seq
         self.slot = None
         return committable
+
+    def _flush(self, producer: Producer, checkpoint_id: int) -> None:
+        left = producer.flush(60)
+        if left:
+            raise KafkaClientError(
+                f"sink {self.ctx.step}[{self.ctx.subtask}]: {left} records undelivered after 60 s "
+                f"at checkpoint {checkpoint_id}",
+                retriable=True,
+            )
+        if self.errors:
+            self._raise_delivery(f"preparing checkpoint {checkpoint_id}")
 
     def _sorted_runs(self) -> list[list[Any]]:
         """``[[topic, partition, [[first, last], ...]], ...]``: the committable's ``runs``."""

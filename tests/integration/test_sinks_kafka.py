@@ -33,7 +33,9 @@ from sinks.kafka import (
     murmur2_partition,
     read_transaction_markers,
 )
+from sinks.kafka.records import KeyPartitioner
 from sinks.kafka.rescue import read_epoch, txn_header
+from sinks.kafka.transactional import _Group, record_digest
 
 
 def _ctx(job: str, subtask: int = 0, generation: int = 1, **kw: Any) -> SinkContext:
@@ -86,6 +88,19 @@ def test_murmur2_matches_the_java_client() -> None:
     }
     assert {k: murmur2(k) for k in cases} == {k: v & 0xFFFFFFFF for k, v in cases.items()}
     assert murmur2_partition(b"foobar", 7) == (-790332482 & 0x7FFFFFFF) % 7
+
+
+def test_the_sinks_partitioner_gives_each_key_the_java_clients_partition() -> None:
+    """The Kafka sink (``record_ids=False``) chooses partitions itself, to ask for delivery
+    reports of each partition's first and last record only: the same as the producer's."""
+    keys: list[bytes | None] = [b"%d" % i for i in range(3000)] + [b"", b"foobar"]
+    for count in (1, 3, 7, 64):
+        partitioner = KeyPartitioner(count)
+        want = [murmur2_partition(k, count) for k in keys if k is not None]
+        assert partitioner.of(keys) == want
+        assert partitioner.of(keys) == want  # remembered
+    unkeyed = KeyPartitioner(5).of([None] * 50 + [b"x"])
+    assert len(set(unkeyed[:50])) == 1 and 0 <= unkeyed[0] < 5  # one partition per write
 
 
 def test_transaction_timeout_is_checked_against_the_interval_and_the_broker() -> None:
@@ -163,6 +178,90 @@ def test_an_epoch_without_record_ids_is_read_back_alone_from_shared_partitions(
     assert sorted(got) == [5000 + i for i in range(10)]
 
 
+def test_a_group_whose_span_holds_other_records_keeps_digests_and_a_short_span_fails(
+    kafka_settings: KafkaSettings, output: str
+) -> None:
+    """One write's records of one partition are delivered in order; when librdkafka split them
+    over several requests, other producers' records (or transaction markers) may lie between:
+    the run then keeps each record's digest. Fewer offsets than records: some were lost."""
+    sink = KafkaSink(output, transactional_id_prefix=f"p-{output}", settings=kafka_settings)
+    writer = sink.open(_ctx(output))
+    keys, values = [b"a", b"b", b"c", b"d"], [b"1", b"2", b"3", b"4"]
+    call = (keys, values, [0, 1, 0, 0])
+    group = _Group(writer, (output, 0), 3, call)
+    group.first, group.last, group.edges = 10, 14, 1
+    group._edge()
+    digests = bytes.fromhex(writer.runs[(output, 0)][0][2])
+    assert writer.runs[(output, 0)][0][:2] == [10, 14]
+    assert digests == b"".join(record_digest(k, v) for k, v in [(b"a", b"1"), (b"c", b"3"),
+                                                                (b"d", b"4")])  # fmt: skip
+    assert not writer.errors
+    short = _Group(writer, (output, 0), 3, call)
+    short.first, short.last, short.edges = 20, 21, 1
+    short._edge()
+    assert writer.errors and "3 records produced" in writer.errors[0].str()
+    writer.close()
+
+
+def test_an_epoch_read_back_by_digests_skips_other_producers_records_between_its_own(
+    kafka_settings: KafkaSettings, output: str
+) -> None:
+    """A rescue of a run ``[first, last, digests]``: the epoch's records are told from other
+    producers' records between them (here one whose bytes equal the epoch's next record, and
+    one of an aborted transaction) by their digests, in their order."""
+    ours = create_producer(producer_config(kafka_settings, transactional_id=f"o-{output}"))
+    other = create_producer(producer_config(kafka_settings, transactional_id=f"x-{output}"))
+    for producer in (ours, other):
+        producer.init_transactions(30)
+        producer.begin_transaction()
+    offsets: list[int] = []
+
+    def put(producer: Any, key: bytes, value: bytes) -> None:
+        producer.produce(output, value, key, partition=0,
+                         on_delivery=lambda _e, m: offsets.append(m.offset()))  # fmt: skip
+        producer.flush(10)
+
+    mine = [(b"k1", b"v1"), (b"k2", b"v2"), (b"k3", b"v3"), (b"k4", b"v4")]
+    put(ours, *mine[0])
+    put(other, b"k2", b"v2")  # the same bytes as our next record
+    put(ours, *mine[1])
+    put(other, b"zz", b"foreign")
+    put(ours, *mine[2])
+    put(ours, *mine[3])
+    other.commit_transaction(30)
+    ours.abort_transaction(30)  # as the epoch of a rescue
+    run = [offsets[0], offsets[-1], b"".join(record_digest(k, v) for k, v in mine).hex()]
+    records = read_epoch(kafka_settings, {"runs": [[output, 0, [run]]]}, 0, b"")
+    assert [(r[2], r[3]) for r in records] == mine
+    plain = [[offsets[-2], offsets[-1]]]  # two consecutive records of ours: a plain run
+    records = read_epoch(kafka_settings, {"runs": [[output, 0, plain]]}, 0, b"")
+    assert [(r[2], r[3]) for r in records] == mine[2:]
+
+
+def test_a_record_the_broker_refuses_in_the_middle_of_a_write_fails_the_epoch(
+    kafka_settings: KafkaSettings, broker_caps: Any, topic_name: str
+) -> None:
+    """Only the first and last record of each partition's write have a delivery report: a
+    record between them that the broker refuses (here larger than the topic's
+    ``max.message.bytes``) must still fail ``prepare`` (librdkafka's abortable error refuses
+    the marker), never let the checkpoint complete without it."""
+    if not broker_caps.read_committed_hides_aborted:
+        pytest.skip("the broker does not enforce the topic's max.message.bytes (Tansu)")
+    TopicAdmin(kafka_settings).ensure_topic(topic_name, 1, {"max.message.bytes": "2000"})
+    sink = KafkaSink(
+        topic_name, transactional_id_prefix=f"p-{topic_name}", settings=kafka_settings,
+        # a request per record; the records after the refused one wait for the message
+        # timeout (librdkafka keeps the partition's order), then fail
+        producer_config={"batch.num.messages": 1, "linger.ms": 0, "message.timeout.ms": 3000},
+    )  # fmt: skip
+    writer = sink.open(_ctx(topic_name))
+    writer.recover([])
+    writer.write([{"n": 1}, {"n": 2, "pad": "x" * 5000}, {"n": 3}])
+    with pytest.raises(KafkaClientError):
+        writer.prepare(1)
+    writer.close()
+
+
 def test_an_older_epoch_told_apart_by_its_epoch_header_is_still_read_back(
     kafka_settings: KafkaSettings, output: str
 ) -> None:
@@ -222,7 +321,10 @@ def test_committed_epochs_are_visible_once_and_commit_is_idempotent(
         assert len({dict(m.headers())[HEADER_ID] for m in got}) == 150  # one ID each
     else:  # no header at all (the committable has the offsets); no ID for ID-based readers
         assert not any(m.headers() for m in got)
-        assert sum(hi - lo + 1 for _t, _p, runs in first["runs"] for lo, hi in runs) == 100
+        assert sum(run[1] - run[0] + 1 for _t, _p, runs in first["runs"] for run in runs) == 100
+    # The sink chooses each record's partition (record_ids=False) as librdkafka's partitioner
+    # does (record_ids=True): murmur2 of the key, as the Java client
+    assert all(m.partition() == murmur2_partition(m.key(), 3) for m in got if m.key() is not None)
     markers = read_transaction_markers(kafka_settings, output, "out")
     assert sorted(m["epoch"] for m in markers) == ["1.0", "1.1"]
 
