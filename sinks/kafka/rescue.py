@@ -9,8 +9,8 @@ says where: the offset ranges the transaction wrote and the offset of the epoch'
 if it is not committed, :func:`read_epoch` re-reads the ranges with ``read_uncommitted`` and
 keeps the records whose headers name this sink, subtask and epoch, or (``record_ids=False``:
 no header) the exact offsets the writer recorded (runs per partition, with the records'
-digests where other producers' records lie between), and the writer re-publishes them in a new transaction with a new marker
-(:meth:`sinks.kafka.transactional.KafkaSinkWriter._rescue`).
+digests where other producers' records lie between), and the writer re-publishes them in a
+new transaction with a new marker (:meth:`sinks.kafka.transactional.KafkaSinkWriter._rescue`).
 """
 
 from __future__ import annotations
