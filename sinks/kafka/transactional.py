@@ -627,7 +627,10 @@ class KafkaSinkWriter:
                     producer.abort_transaction(10)  # never prepared: nobody will commit it
                 except KafkaException as exc:
                     log.warning("abort on close failed: %s", exc)
-            producer.flush(10)
+            try:
+                producer.flush(10)
+            except KafkaException as exc:  # a fatal error (e.g. no KIP-360 bump before Kafka 2.5)
+                log.warning("flush on close failed: %s", exc)
         self.producers.clear()
 
 
