@@ -99,29 +99,23 @@ class _Group:
         self.edges = 0  # delivered edges: 2 when done
 
     def head(self, err: KafkaError | None, msg: Any) -> None:
-        if err is not None:
-            self.writer.errors.append(err)
-            return
-        self.first = msg.offset()
-        self._edge()
+        self._report(err, msg, head=True, tail=False)
 
     def tail(self, err: KafkaError | None, msg: Any) -> None:
-        if err is not None:
-            self.writer.errors.append(err)
-            return
-        self.last = msg.offset()
-        self._edge()
+        self._report(err, msg, head=False, tail=True)
 
     def both(self, err: KafkaError | None, msg: Any) -> None:
+        self._report(err, msg, head=True, tail=True)
+
+    def _report(self, err: KafkaError | None, msg: Any, *, head: bool, tail: bool) -> None:
         if err is not None:
             self.writer.errors.append(err)
             return
-        self.first = self.last = msg.offset()
-        self.edges = 1
-        self._edge()
-
-    def _edge(self) -> None:
-        self.edges += 1
+        offset = msg.offset()
+        if head:
+            self.first, self.edges = offset, self.edges + 1
+        if tail:
+            self.last, self.edges = offset, self.edges + 1
         if self.edges == 2:
             self.writer._group_done(self)
 

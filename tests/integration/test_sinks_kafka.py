@@ -178,6 +178,16 @@ def test_an_epoch_without_record_ids_is_read_back_alone_from_shared_partitions(
     assert sorted(got) == [5000 + i for i in range(10)]
 
 
+class _Delivered:
+    """What a delivery report's message tells a :class:`_Group`: its offset."""
+
+    def __init__(self, offset: int) -> None:
+        self._offset = offset
+
+    def offset(self) -> int:
+        return self._offset
+
+
 def test_a_group_whose_span_holds_other_records_keeps_digests_and_a_short_span_fails(
     kafka_settings: KafkaSettings, output: str
 ) -> None:
@@ -189,16 +199,17 @@ def test_a_group_whose_span_holds_other_records_keeps_digests_and_a_short_span_f
     keys, values = [b"a", b"b", b"c", b"d"], [b"1", b"2", b"3", b"4"]
     call = (keys, values, [0, 1, 0, 0])
     group = _Group(writer, (output, 0), 3, call)
-    group.first, group.last, group.edges = 10, 14, 1
-    group._edge()
+    group.head(None, _Delivered(10))
+    assert not writer.runs
+    group.tail(None, _Delivered(14))
     digests = bytes.fromhex(writer.runs[(output, 0)][0][2])
     assert writer.runs[(output, 0)][0][:2] == [10, 14]
     assert digests == b"".join(record_digest(k, v) for k, v in [(b"a", b"1"), (b"c", b"3"),
                                                                 (b"d", b"4")])  # fmt: skip
     assert not writer.errors
     short = _Group(writer, (output, 0), 3, call)
-    short.first, short.last, short.edges = 20, 21, 1
-    short._edge()
+    short.tail(None, _Delivered(21))
+    short.head(None, _Delivered(20))
     assert writer.errors and "3 records produced" in writer.errors[0].str()
     writer.close()
 
