@@ -13,6 +13,7 @@ import ctypes
 import ctypes.util
 import functools
 import glob
+import hashlib
 import logging
 import os
 import random
@@ -27,6 +28,7 @@ from dedup.staged import HEADER_ID, HEADER_SINK
 from processor.contracts import Serde
 
 __all__ = [
+    "DIGEST_BYTES",
     "HEADER_EPOCH",
     "HEADER_ID",
     "HEADER_SINK",
@@ -37,6 +39,7 @@ __all__ = [
     "marker_topic",
     "murmur2",
     "murmur2_partition",
+    "record_digest",
     "transactional_id",
     "transactional_ids",
 ]
@@ -191,6 +194,22 @@ class KeyPartitioner:
                 murmur2_c(key, len(key), count) if murmur2_c else murmur2_partition(key, count)
             )
         return parts
+
+
+#: Bytes of a record's digest in a run that other producers' records interleave.
+DIGEST_BYTES = 8
+
+
+def record_digest(key: bytes | None, value: bytes | None) -> bytes:
+    """What tells a record of a run apart from other producers' records between its edges:
+    BLAKE2b of the key's length and bytes (-1: no key) and the value."""
+    h = hashlib.blake2b(digest_size=DIGEST_BYTES)
+    h.update(b"%d:" % (-1 if key is None else len(key)))
+    if key is not None:
+        h.update(key)
+    if value is not None:
+        h.update(value)
+    return h.digest()
 
 
 def _key_bytes(key: Any) -> bytes | None:

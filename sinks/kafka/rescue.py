@@ -22,7 +22,15 @@ from connectors.config import KafkaSettings
 from connectors.probe import hides_aborted_records
 from processor.errors import KafkaClientError
 from sinks.kafka.broker import _read_range, _StalledRead
-from sinks.kafka.records import HEADER_EPOCH, HEADER_ID, HEADER_SINK, HEADER_SUBTASK, HEADER_TXN
+from sinks.kafka.records import (
+    DIGEST_BYTES,
+    HEADER_EPOCH,
+    HEADER_ID,
+    HEADER_SINK,
+    HEADER_SUBTASK,
+    HEADER_TXN,
+    record_digest,
+)
 
 __all__ = ["epoch_committed", "read_epoch"]
 
@@ -170,10 +178,8 @@ def _read_runs(settings: KafkaSettings, runs: Any) -> list[EpochRecord]:
     partition, from its first run's start to its last run's end. A run ``[first, last]`` is
     every offset from ``first`` to ``last``; a run ``[first, last, digests]`` (other producers'
     batches lay between its records) is, in order, the records of that span whose
-    :func:`~sinks.kafka.transactional.record_digest` are the next of ``digests`` (hex, 8 bytes
+    :func:`~sinks.kafka.records.record_digest` are the next of ``digests`` (hex, 8 bytes
     each). Where two records of a span are equal, either is the record: same bytes."""
-    from sinks.kafka.transactional import DIGEST_BYTES, record_digest
-
     out: list[EpochRecord] = []
     for topic, partition, spans in runs:
         if not spans:

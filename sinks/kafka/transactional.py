@@ -26,7 +26,6 @@ timeout (commit fails) goes the same way.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -53,6 +52,7 @@ from sinks.kafka.records import (
     KeyPartitioner,
     _Encoder,
     marker_topic,
+    record_digest,
     transactional_id,
 )
 from sinks.kafka.rescue import epoch_committed, read_epoch
@@ -63,22 +63,6 @@ log = logging.getLogger(__name__)
 
 #: How often a writer reads its output topic's partition count again (seconds).
 _PARTITIONS_S = 60.0
-#: Bytes of a record's digest in a run that other producers' records interleave.
-DIGEST_BYTES = 8
-
-
-def record_digest(key: bytes | None, value: bytes | None) -> bytes:
-    """What tells a record of a run apart from other producers' records between its edges:
-    BLAKE2b of the key's length and bytes (-1: no key) and the value."""
-    h = hashlib.blake2b(digest_size=DIGEST_BYTES)
-    h.update(b"%d:" % (-1 if key is None else len(key)))
-    if key is not None:
-        h.update(key)
-    if value is not None:
-        h.update(value)
-    return h.digest()
-
-
 #: A write's keys, values and partitions.
 _Call = tuple[Sequence[Any], Sequence[bytes], Sequence[int]]
 _DONE: _Call = ((), (), ())

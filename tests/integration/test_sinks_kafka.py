@@ -33,9 +33,9 @@ from sinks.kafka import (
     murmur2_partition,
     read_transaction_markers,
 )
-from sinks.kafka.records import KeyPartitioner
+from sinks.kafka.records import KeyPartitioner, record_digest
 from sinks.kafka.rescue import read_epoch, txn_header
-from sinks.kafka.transactional import _Group, record_digest
+from sinks.kafka.transactional import _Group
 
 
 def _ctx(job: str, subtask: int = 0, generation: int = 1, **kw: Any) -> SinkContext:
