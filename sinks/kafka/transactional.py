@@ -69,9 +69,10 @@ _DONE: _Call = ((), (), ())
 
 
 class _Group:
-    """The records of one write to one partition (``count`` of them, in one ``produce_batch``),
-    until the delivery reports of the first and the last (the only ones it asks for) give their
-    offsets; ``call``: the write's keys, values and partitions."""
+    """The records of one write to one partition (``count`` of them), until the delivery
+    reports of the first and the last (the only ones it asks for) give their offsets;
+    ``call``: the write's keys, values and partitions (kept for :meth:`KafkaSinkWriter.
+    _group_done`'s digests until then)."""
 
     __slots__ = ("call", "count", "edges", "first", "last", "tp", "writer")
 
@@ -138,7 +139,7 @@ class KafkaSinkWriter:
         # record_ids=False: the exact offsets each partition got, as runs [first, last] (or,
         # where other producers' records lie between, [first, last, digests]: _Group)
         self.runs: dict[tuple[str, int], list[list[Any]]] = {}
-        self.groups: list[_Group] = []  # of the open epoch, until both edges are delivered
+        self.unreported = 0  # groups of the open epoch whose edges are not both delivered yet
         self.partitioner: KeyPartitioner | None = None
         self.partitions_at = 0.0  # when the partition count was last read (monotonic)
         self.errors: list[KafkaError] = []
@@ -236,6 +237,7 @@ class KafkaSinkWriter:
                 )
             )
         group.call = _DONE
+        self.unreported -= 1
         self.runs.setdefault(group.tp, []).append(run)
 
     # -- the epoch -------------------------------------------------------------------------------
@@ -252,7 +254,7 @@ class KafkaSinkWriter:
         self.seq = 0
         self.ranges = {}
         self.runs = {}
-        self.groups = []
+        self.unreported = 0
         self.errors = []
         self.marker_offset = []
         return producer
@@ -315,7 +317,7 @@ class KafkaSinkWriter:
         for part in set(parts):
             first, last = parts.index(part), n - 1 - backwards.index(part)
             group = _Group(self, (topic, part), parts.count(part), call)
-            self.groups.append(group)
+            self.unreported += 1
             if first == last:
                 edges[first] = group.both
             else:
@@ -387,13 +389,12 @@ class KafkaSinkWriter:
             # abortable error, which refuses the next produce (librdkafka's
             # rd_kafka_check_produce): the marker's.
             self._flush(producer, checkpoint_id)
-            if any(group.edges < 2 for group in self.groups):
+            if self.unreported:
                 raise KafkaClientError(
                     f"sink {self.ctx.step}[{self.ctx.subtask}]: a delivery report is missing "
                     f"after flushing epoch {self.tag} at checkpoint {checkpoint_id}",
                     retriable=True,
                 )
-            self.groups = []
             try:
                 self._produce_marker(producer, marker, self.tag, self._delivered_marker)
             except KafkaException as exc:
