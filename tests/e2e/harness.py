@@ -57,6 +57,7 @@ __all__ = [
     "expected_running_totals",
     "expected_two_level_counts",
     "expected_window_counts",
+    "explain_running_totals",
     "killed_run",
     "produce_clicks",
     "produce_json",
@@ -311,3 +312,75 @@ def expected(
     fn: Callable[[Iterator[dict[str, Any]]], Counter[bytes]], records: int, seed: int
 ) -> Counter[bytes]:
     return fn(click_events(records, seed=seed))
+
+
+def explain_running_totals(
+    events: Iterable[dict[str, Any]],
+    outputs: Iterable[tuple[str, tuple[int, int]]],
+    positions: dict[str, list[tuple[int, int]]],
+    *,
+    parts: int = 1,
+    limit: int = 8,
+) -> str:
+    """Why committed running totals differ from the answer, for a failure message: per user,
+    which input clicks the totals show were skipped (each total's step from the one before
+    names the click it counted), where those clicks are in the input (``positions``:
+    event ID -> ``(partition, offset)`` of each copy) and in which of ``parts`` equal parts
+    of the input they came. A skipped run of consecutive offsets in one partition points at
+    the source; scattered clicks at dedup; matching totals with some missing, at the sink."""
+    mine: dict[str, list[tuple[str, int]]] = {}
+    order: dict[str, int] = {}
+    for i, event in enumerate(events):
+        click = (str(event["event_id"]), int(event["amount"]))
+        mine.setdefault(str(event["user"]), []).append(click)
+        order[str(event["event_id"])] = i
+    got: dict[str, dict[int, int]] = {}
+    for user, (count, total) in outputs:
+        got.setdefault(user, {}).setdefault(count, total)
+    skipped: list[str] = []
+    extra, gaps, diverged = 0, 0, 0
+    for user, clicks in mine.items():
+        totals = got.get(user, {})
+        sums, acc = [], 0
+        for _eid, amount in clicks:
+            acc += amount
+            sums.append(acc)
+        if all(totals.get(n + 1) == s for n, s in enumerate(sums) if n + 1 in totals):
+            gaps += len(sums) - len(totals)  # right values, some missing: the output lost them
+            continue
+        diverged += 1
+        p, prev = 0, 0
+        for count in sorted(totals):
+            step = totals[count] - prev
+            prev = totals[count]
+            ahead = [j for j in range(p, min(p + 50, len(clicks))) if clicks[j][1] == step]
+            if not ahead:
+                extra += 1  # counted something that is not the next click: a copy, or another's
+                continue
+            skipped += [eid for eid, _a in clicks[p : ahead[0]]]
+            p = ahead[0] + 1
+    lines = [
+        f"users with wrong totals: {diverged}; clicks their totals skipped: {len(skipped)}; "
+        f"steps matching no next click: {extra}; right totals missing from the output: {gaps}"
+    ]
+    n = len(order)
+    by_part = Counter(min(parts - 1, order[e] * parts // max(n, 1)) for e in skipped)
+    lines.append(f"skipped clicks by part of the input (of {parts}): {sorted(by_part.items())}")
+    per_partition: dict[int, list[int]] = {}
+    for eid in skipped:
+        for partition, offset in positions.get(eid, [])[:1]:
+            per_partition.setdefault(partition, []).append(offset)
+    for partition, offsets in sorted(per_partition.items()):
+        offsets.sort()
+        runs, start = [], offsets[0]
+        for a, b in zip(offsets, [*offsets[1:], None], strict=True):
+            if b is None or b - a > 3:
+                runs.append(f"{start}-{a}")
+                if b is not None:
+                    start = b
+        lines.append(
+            f"partition {partition}: {len(offsets)} skipped, first-copy offsets in runs "
+            f"(gaps > 3 split them): {', '.join(runs[:limit])}{' ...' if len(runs) > limit else ''}"
+        )
+    lines.append(f"e.g. skipped: {skipped[:limit]}")
+    return "\n".join(lines)

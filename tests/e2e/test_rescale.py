@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import threading
@@ -54,6 +55,7 @@ from tests.e2e.harness import (
     chaos_seed,
     click_events,
     expected_running_totals,
+    explain_running_totals,
     produce_json,
     with_duplicates,
 )
@@ -172,6 +174,32 @@ def _phase(
     assert result.restarts >= len(faults) + kills, result.restart_causes
 
 
+def _explain(
+    kafka_settings: KafkaSettings, topic: str, env: dict[str, str], msgs: list[Any], seed: int
+) -> str:
+    """What a failed check needs to find its cause: the skipped clicks and their input
+    positions, the output before the staged reader's repeat filter, and the workers' log
+    lines about restores, rescales, dedup and sinks."""
+    positions: dict[str, list[tuple[int, int]]] = {}
+    for m in read_topic(kafka_settings, env["CLICKS_TOPIC"], committed=True):
+        positions.setdefault(orjson.loads(m.value())["event_id"], []).append(
+            (m.partition(), m.offset())
+        )
+    outputs = [(m.key().decode(), tuple(orjson.loads(m.value()))) for m in msgs]
+    text = explain_running_totals(click_events(RECORDS, seed=seed), outputs, positions, parts=3)
+    raw = read_topic(kafka_settings, topic, committed=True)
+    text += f"\noutput records: {len(raw)} in the topic, {len(msgs)} after the repeat filter"
+    logs = Path(env["EOSFLOW_STATE_DIR"]) / "jobs" / env["JOB_NAME"]
+    wanted = re.compile(r"restor|rescal|merge|late|lost|error|recover|publish|generation", re.I)
+    for log in sorted(logs.glob("worker-*.log")):
+        lines = log.read_text(errors="replace").splitlines()
+        lines = [line for line in lines if wanted.search(line)]
+        text += f"\n--- {log.name}: {len(lines)} matching lines, the last 15:\n" + "\n".join(
+            line[:300] for line in lines[-15:]
+        )
+    return text
+
+
 def _in_order(msgs: list[Any]) -> list[str]:
     """Users whose counts, read in partition order, are not exactly 1, 2, ..., n."""
     seen: dict[str, int] = {}
@@ -227,12 +255,25 @@ def _produce(brokers: str, env: dict[str, str], part: list[dict[str, Any]]) -> N
     produce_json(brokers, env["CLICKS_TOPIC"], part, key=lambda e: str(e["user"]))
 
 
-def _check_output(kafka_settings: KafkaSettings, topic: str, mode: str, seed: int) -> None:
-    """Every distinct click's running total exactly once, and per user in order 1..n."""
+def _check_output(
+    kafka_settings: KafkaSettings,
+    topic: str,
+    mode: str,
+    seed: int,
+    env: dict[str, str] | None = None,
+) -> None:
+    """Every distinct click's running total exactly once, and per user in order 1..n. On a
+    failure the message also says which input clicks the totals skipped and where they are
+    in the input (``env``: the job's, for its input topic and worker logs)."""
     msgs = read_topic(kafka_settings, topic, committed=True, dedup=mode == "staged")
     got = Counter(canonical([m.key().decode(), orjson.loads(m.value())]) for m in msgs)
     want = expected_running_totals(click_events(RECORDS, seed=seed))
-    assert_exactly_once(want, got, seed=seed)
+    try:
+        assert_exactly_once(want, got, seed=seed)
+    except AssertionError as e:
+        if env is None:
+            raise
+        raise AssertionError(f"{e}\n{_explain(kafka_settings, topic, env, msgs, seed)}") from None
     assert not _in_order(msgs), f"seed={seed}: users out of order: {_in_order(msgs)[:5]}"
 
 
@@ -279,7 +320,7 @@ def test_a_deduplicated_running_total_is_exactly_once_from_2_to_3_to_1_workers_u
     last = [Fault(0, 0, "after-snapshot-before-ack", 2)]
     _phase(env, tmp_path, 1, last, 1, seed=seed + 2, produced=sum(map(len, thirds)), last=True)
 
-    _check_output(kafka_settings, topic, mode, seed)
+    _check_output(kafka_settings, topic, mode, seed, env)
 
 
 @pytest.mark.spark
@@ -308,7 +349,7 @@ def test_a_deduplicated_running_total_is_exactly_once_from_2_to_3_to_1_spark_wor
         produced += len(part)
         _phase(env, tmp_path, workers, [fault], 0, seed=seed, produced=produced, last=last,
                runner="spark")  # fmt: skip
-    _check_output(kafka_settings, topic, mode, seed)
+    _check_output(kafka_settings, topic, mode, seed, env)
 
 
 def test_a_job_that_never_completed_a_checkpoint_starts_at_another_parallelism(
