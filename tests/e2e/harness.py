@@ -327,7 +327,8 @@ def explain_running_totals(
     names the click it counted), where those clicks are in the input (``positions``:
     event ID -> ``(partition, offset)`` of each copy) and in which of ``parts`` equal parts
     of the input they came. A skipped run of consecutive offsets in one partition points at
-    the source; scattered clicks at dedup; matching totals with some missing, at the sink."""
+    the source; scattered clicks at dedup; clicks not in the input, at the test's producer;
+    matching totals with some missing, at the sink."""
     mine: dict[str, list[tuple[str, int]]] = {}
     order: dict[str, int] = {}
     for i, event in enumerate(events):
@@ -366,6 +367,8 @@ def explain_running_totals(
     n = len(order)
     by_part = Counter(min(parts - 1, order[e] * parts // max(n, 1)) for e in skipped)
     lines.append(f"skipped clicks by part of the input (of {parts}): {sorted(by_part.items())}")
+    unwritten = sum(1 for e in skipped if e not in positions)
+    lines.append(f"skipped clicks that are not in the input topic at all: {unwritten}")
     per_partition: dict[int, list[int]] = {}
     for eid in skipped:
         for partition, offset in positions.get(eid, [])[:1]:
