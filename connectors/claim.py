@@ -239,16 +239,26 @@ class KafkaJobClaim:
     def committed(self) -> dict[TP, int]:
         return job_group_offsets(self.settings, self.job, timeout=self._timeout)
 
-    def open(self) -> None:
-        TopicAdmin(self.settings).ensure_topic(self.topic, 1, CLAIM_TOPIC_CONFIG, any_count=True)
-        self._producer = create_producer(
+    def prepare(self) -> None:
+        """What :meth:`open` does before it fences anybody: the claim topic, the producer and
+        its broker connection. A start runs it while it checks the job's history (a refused
+        start leaves only the topic, which is the job's anyway); :meth:`open` does it if not
+        done."""
+        if self._producer is not None:
+            return
+        producer = create_producer(
             producer_config(
                 self.settings,
                 transactional_id=self.transactional_id,
                 overrides={"client.id": f"eosflow-{self.job}-runner"},
             )
-        )
-        connect_producer(self._producer)  # else librdkafka's 500 ms PID timer, often
+        )  # it connects while the topic is made
+        TopicAdmin(self.settings).ensure_topic(self.topic, 1, CLAIM_TOPIC_CONFIG, any_count=True)
+        connect_producer(producer)  # else librdkafka's 500 ms PID timer, often
+        self._producer = producer
+
+    def open(self) -> None:
+        self.prepare()
         retrying(
             self._producer.init_transactions,
             f"initializing transactional id {self.transactional_id!r} (taking job {self.job!r})",

@@ -108,6 +108,32 @@ def holder_text(
     )
 
 
+class _Background:
+    """``fn()`` in a thread of its own: :meth:`result` waits and returns or raises what it
+    did; :meth:`wait` only waits (after an error of the caller's own, which wins)."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Callable[[], Any]) -> None:
+        try:
+            self._value = fn()
+        except BaseException as exc:  # handed to the caller
+            self._error = exc
+
+    def wait(self) -> None:
+        self._thread.join()
+
+    def result(self) -> Any:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
 def _generation_of(record: Mapping[str, Any] | None) -> int:
     """The generation a claim record names (0: none, or a release before issue 48)."""
     try:
@@ -190,24 +216,37 @@ class JobIdentity:
         claim: JobClaim = make(job)
         identity = cls(job, claim, store_url=store_url, say=say, interval_s=interval_s)
         mine = _positions(latest.metadata.get("sources")) if latest is not None else {}
-        if not start_over:  # refused before fencing: the runner that holds the job goes on
-            identity._check_history(claim.committed(), latest, mine, rewind=rewind)
-        elif not force:
-            running = holder_text(job, claim.last(), time.time(), leased=store_url)
-            if running:
-                raise JobHistoryError(
-                    f"{running}. --start-over now would fence it mid-run (it "
-                    "stops at its next checkpoint) and read the sources again from this start's "
-                    "state. To move it here, run with --takeover instead; or stop it first "
-                    "(Ctrl-C or SIGTERM where it runs, or 'eosflow savepoint "
-                    f"{job} --stop' on its snapshot store), or add --force"
-                )
+        # The claim's topic, producer and connection, meanwhile: they fence nobody.
+        prepared = _Background(getattr(claim, "prepare", lambda: None))
+        try:
+            if not start_over:  # refused before fencing: the runner that holds the job goes on
+                identity._check_history(claim.committed(), latest, mine, rewind=rewind)
+            elif not force:
+                running = holder_text(job, claim.last(), time.time(), leased=store_url)
+                if running:
+                    raise JobHistoryError(
+                        f"{running}. --start-over now would fence it mid-run (it "
+                        "stops at its next checkpoint) and read the sources again from this "
+                        "start's state. To move it here, run with --takeover instead; or stop it "
+                        "first (Ctrl-C or SIGTERM where it runs, or 'eosflow savepoint "
+                        f"{job} --stop' on its snapshot store), or add --force"
+                    )
+            prepared.result()
+        except BaseException:
+            prepared.wait()
+            claim.close()
+            raise
         claim.open()
         try:
-            history = claim.committed()
-            if not start_over:  # one that committed meanwhile is fenced now: its offsets show
-                identity._check_history(history, latest, mine, rewind=rewind, fenced=True)
-            previous = claim.last()
+            last = _Background(claim.last)  # independent of the group: read alongside
+            try:
+                history = claim.committed()
+                if not start_over:  # one that committed meanwhile is fenced now: it shows
+                    identity._check_history(history, latest, mine, rewind=rewind, fenced=True)
+            except BaseException:
+                last.wait()
+                raise
+            previous = last.result()
             identity.prior_generation = identity._generation = _generation_of(previous)
             if start_over and history:
                 claim.forget()
