@@ -127,11 +127,6 @@ class KafkaSinkWriter:
         self.sink_id = f"{ctx.job}/{ctx.step}".encode()
         self.subtask_b = str(ctx.subtask).encode()
         self.markers = marker_topic(ctx.job, ctx.step)
-        # The pool's clients connect while the marker topic is looked up (or made): recover()
-        # initializes them (which fences the ids) and finds their connection up.
-        self.warm: dict[int, Producer] = {
-            slot: create_producer(self._conf(slot)) for slot in range(_MAX_SLOTS)
-        }
         self.marker_partition = _marker_partition(self.settings, self.markers, ctx)
         self.producers: dict[int, Producer] = {}
         self.busy: dict[int, str] = {}  # slot -> epoch tag of its open or prepared transaction
@@ -165,7 +160,8 @@ class KafkaSinkWriter:
             producer = self.producers[slot] = self._new_producer(slot)
         return producer
 
-    def _conf(self, slot: int) -> dict[str, Any]:
+    def _new_producer(self, slot: int) -> Producer:
+        """A producer for ``slot``, initialized: its id's open transaction is aborted."""
         conf = producer_config(
             self.settings,
             transactional_id=self._tid(slot),
@@ -175,12 +171,7 @@ class KafkaSinkWriter:
             },
         )
         conf["partitioner"] = "murmur2_random"  # as the Java client: same key, same partition
-        return conf
-
-    def _new_producer(self, slot: int) -> Producer:
-        """A producer for ``slot``, initialized: its id's open transaction is aborted (the
-        first time, the client made in ``__init__``, connected by now)."""
-        producer = self.warm.pop(slot, None) or create_producer(self._conf(slot))
+        producer = create_producer(conf)
         connect_producer(producer)
         retrying(producer.init_transactions, f"init_transactions {self._tid(slot)}")
         return producer
@@ -620,7 +611,6 @@ class KafkaSinkWriter:
             except KafkaException as exc:  # a fatal error (e.g. no KIP-360 bump before Kafka 2.5)
                 log.warning("flush on close failed: %s", exc)
         self.producers.clear()
-        self.warm.clear()  # never initialized: nothing to flush
 
 
 #: How long :func:`_connect` waits for the cluster's metadata.

@@ -6,11 +6,11 @@ worker and reaps it, so no zombie producer can write after the new generation's 
 
 **Spare workers** (issue 51): a worker's Python start and the engine's imports take about 0.4 s,
 on the way of every start and every restart. So the runner starts one spare per worker
-(``worker --spare``) as soon as it holds the job's lease, while it runs its own checks and takes
-the job's claim; a spare imports the engine and waits for the path of its spec on stdin. A
-launch hands each worker's spec to a spare (and starts one the usual way when none is left),
-and the spares used are replaced 2 s later, once the new workers run (not at once:
-on a small machine their imports would slow the start they are meant to speed up). A spare
+(``worker --spare``) before its own checks, while it runs them, takes the job's lease and
+claim (a refused start stops them); a spare imports the engine and waits for the path of
+its spec on stdin. A launch hands each worker's spec to a spare (and starts one the usual way
+when none is left), and the spares used are replaced 2 s later, once the new workers run (not
+at once: on a small machine their imports would slow the start they are meant to speed up). A spare
 holds no state, no client and no connection until it gets a spec: it exits when its stdin
 closes (the runner stopped or died) and is killed with the runner's other processes. Spares
 are started without a ``preexec_fn`` (no parent-death signal): the replacements start from the

@@ -275,7 +275,14 @@ class Runner:
         share = getattr(transport, "sharing_clients", None)
         if share is not None:
             sharing.enter_context(share())
+        prepared = False
         try:
+            # Workers started ahead (spares), importing while the checks, the lease and the
+            # claim run: a refused start stops them again. They write nothing of the job's.
+            prepare = getattr(self.launcher, "prepare", None)
+            if prepare is not None:
+                prepared = True
+                prepare(self.options.workers, self.dir, (self.options.transport, self.pipeline))
             preflight(self.plan, self.options, self._interval())
             if self.options.takeover:  # the running holder stops at a savepoint first
                 self._take_over(transport)
@@ -285,15 +292,12 @@ class Runner:
             started_ms = int(time.time() * 1000)
         except BaseException:  # refused (a second run of the job): no sharing left behind
             sharing.close()
+            if prepared:
+                self.launcher.close()
             raise
         handlers: dict[int, Any] = {}
         reporter = self.reporter
-        prepared = False
         try:
-            prepare = getattr(self.launcher, "prepare", None)
-            if prepare is not None:  # workers started ahead, while the checks run (spares)
-                prepared = True
-                prepare(self.options.workers, self.dir, (self.options.transport, self.pipeline))
             check = getattr(transport, "check_reachable", None)
             if check is not None:  # before anything waits on the broker
                 check()
