@@ -78,9 +78,18 @@ class RedisFault:
         self.back_at: float | None = None
         self.unfinished_when_back = False
         self.runner: Runner | None = None
+        self.error: str | None = None  # the fault itself went wrong: the test fails saying so
 
     def __call__(self, runner: Runner) -> None:
         self.runner = runner
+        try:
+            self._fault(runner)
+        except BaseException as exc:  # not a hang of the job waiting for a Redis that never came
+            self.error = f"the Redis fault failed: {type(exc).__name__}: {exc}"
+            runner.stop_for(self.error)
+            raise
+
+    def _fault(self, runner: Runner) -> None:
         if not _wait(runner, *FAULT_AT, self.stop):
             return
         kill_redis(self.server)
@@ -96,8 +105,16 @@ class RedisFault:
             if pid is not None:
                 os.kill(pid, signal.SIGKILL)
         # The kernel stops an owned server when the thread that started it ends (its
-        # parent-death signal): this thread lives until the test is done with Redis.
-        self.stop.wait(900)
+        # parent-death signal): this thread lives until the test is done with Redis, and
+        # stops the job if Redis dies meanwhile (once in CI the restarted Redis was gone, no
+        # line in its log, and the job waited for it until the restart budget ran out).
+        popen = self.server.process.popen
+        while not self.stop.wait(0.5):
+            code = popen.poll() if popen is not None else None
+            if code is not None:
+                self.error = f"the test's Redis (pid {popen.pid}) ended with status {code}"
+                runner.stop_for(self.error)
+                return
 
 
 def _run(brokers: str, tmp_path: Path, fault: RedisFault, seed: int) -> Any:
@@ -134,6 +151,7 @@ def test_no_copy_is_committed_and_the_job_fails_naming_redis_when_redis_restarts
         fault.stop.set()
         kill_redis(fault.server, clean=True)
     ended = time.monotonic()
+    assert fault.error is None, fault.error
     runner = fault.runner
     assert runner is not None and fault.back_at is not None, "Redis was never restarted"
     print(f"seed={seed}; the job ended {ended - fault.back_at:.1f}s after Redis came back empty")
@@ -168,6 +186,7 @@ def test_the_job_waits_for_redis_and_stays_exact_when_redis_comes_back_with_its_
     finally:
         fault.stop.set()
         kill_redis(fault.server, clean=True)
+    assert fault.error is None, fault.error
     assert fault.back_at is not None and fault.unfinished_when_back, "the outage missed the job"
     print(f"seed={seed} restarts={run.result.restarts} causes={run.result.restart_causes}")
     logs = "\n".join(run.logs.values())
