@@ -44,6 +44,8 @@ def user_versions(records: int, *, users: int = 1000, seed: int = 7) -> list[Ver
         t = BASE_MS - 60_000 if rng.random() < 0.9 else rng.randrange(BASE_MS, end)
         out.append((user, row(user, t), t))
         for _ in range(rng.choice((0, 0, 1, 2))):
+            if t >= end:  # an update at the last instant: none can follow (any other seed's
+                break  # versions are unchanged: the draw below happens as before)
             t = rng.randrange(t + 1, end + 1)
             out.append((user, row(user, t), t))
         if rng.random() < 0.05:
