@@ -52,6 +52,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from processor.contracts import JobClaim
@@ -106,32 +107,6 @@ def holder_text(
         f"{record.get('pid', '?')}, checkpoint {record.get('checkpoint', '?')} at {at} "
         f"({max(age, 0):.0f}s ago; snapshot store {record.get('store') or '?'})"
     )
-
-
-class _Background:
-    """``fn()`` in a thread of its own: :meth:`result` waits and returns or raises what it
-    did; :meth:`wait` only waits (after an error of the caller's own, which wins)."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self._value: Any = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
-        self._thread.start()
-
-    def _run(self, fn: Callable[[], Any]) -> None:
-        try:
-            self._value = fn()
-        except BaseException as exc:  # handed to the caller
-            self._error = exc
-
-    def wait(self) -> None:
-        self._thread.join()
-
-    def result(self) -> Any:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._value
 
 
 def _generation_of(record: Mapping[str, Any] | None) -> int:
@@ -216,37 +191,35 @@ class JobIdentity:
         claim: JobClaim = make(job)
         identity = cls(job, claim, store_url=store_url, say=say, interval_s=interval_s)
         mine = _positions(latest.metadata.get("sources")) if latest is not None else {}
-        # The claim's topic, producer and connection, meanwhile: they fence nobody.
-        prepared = _Background(getattr(claim, "prepare", lambda: None))
         try:
-            if not start_over:  # refused before fencing: the runner that holds the job goes on
-                identity._check_history(claim.committed(), latest, mine, rewind=rewind)
-            elif not force:
-                running = holder_text(job, claim.last(), time.time(), leased=store_url)
-                if running:
-                    raise JobHistoryError(
-                        f"{running}. --start-over now would fence it mid-run (it "
-                        "stops at its next checkpoint) and read the sources again from this "
-                        "start's state. To move it here, run with --takeover instead; or stop it "
-                        "first (Ctrl-C or SIGTERM where it runs, or 'eosflow savepoint "
-                        f"{job} --stop' on its snapshot store), or add --force"
-                    )
-            prepared.result()
+            # The claim's topic, producer and connection, meanwhile: they fence nobody. (On an
+            # error the pool's exit waits for it first.)
+            with ThreadPoolExecutor(1, thread_name_prefix="claim-prepare") as pool:
+                prepared = pool.submit(getattr(claim, "prepare", lambda: None))
+                if not start_over:  # refused before fencing: the holder of the job goes on
+                    identity._check_history(claim.committed(), latest, mine, rewind=rewind)
+                elif not force:
+                    running = holder_text(job, claim.last(), time.time(), leased=store_url)
+                    if running:
+                        raise JobHistoryError(
+                            f"{running}. --start-over now would fence it mid-run (it "
+                            "stops at its next checkpoint) and read the sources again from "
+                            "this start's state. To move it here, run with --takeover instead; "
+                            "or stop it first (Ctrl-C or SIGTERM where it runs, or 'eosflow "
+                            f"savepoint {job} --stop' on its snapshot store), or add --force"
+                        )
+                prepared.result()
         except BaseException:
-            prepared.wait()
             claim.close()
             raise
         claim.open()
         try:
-            last = _Background(claim.last)  # independent of the group: read alongside
-            try:
+            with ThreadPoolExecutor(1, thread_name_prefix="claim-last") as pool:
+                last = pool.submit(claim.last)  # independent of the group: read alongside
                 history = claim.committed()
                 if not start_over:  # one that committed meanwhile is fenced now: it shows
                     identity._check_history(history, latest, mine, rewind=rewind, fenced=True)
-            except BaseException:
-                last.wait()
-                raise
-            previous = last.result()
+                previous = last.result()
             identity.prior_generation = identity._generation = _generation_of(previous)
             if start_over and history:
                 claim.forget()
