@@ -530,6 +530,12 @@ def dispatch(
     unknown = [s for s in systems if s not in known]
     if unknown:
         parser.error(f"unknown systems {unknown}; expected some of {','.join(known)}")
+    repeated = sorted({s for s in systems if systems.count(s) > 1})
+    if repeated:  # a second run of a system would be its job's restart, with nothing to read
+        parser.error(
+            f"systems {repeated} are named twice; a system runs once per run (run the bench "
+            "again to repeat it)"
+        )
     with servers(["kafka"]) as endpoints:
         brokers = endpoints.kafka_brokers
         assert brokers is not None

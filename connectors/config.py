@@ -25,6 +25,7 @@ from processor.errors import ConfigError, UnsafeKafkaConfigError
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "CLIENT_DEFAULTS",
     "CONSUMER_DEFAULTS",
     "PRODUCER_DEFAULTS",
     "KafkaSettings",
@@ -36,6 +37,18 @@ __all__ = [
     "create_producer",
     "producer_config",
 ]
+
+#: Settings of every client (producer, consumer, admin). librdkafka drops a new client's
+#: bootstrap connection after the first metadata answer and connects to the broker it names
+#: at most once per ``reconnect.backoff.ms / 2`` (its "sparse connection" interval): with the
+#: 100 ms default, the first request of every new client waited ~50 ms on loopback (a
+#: metadata request 55 ms instead of 14, measured on Kafka 4.3.1), and a job's start creates
+#: a dozen clients one after another (bench/RESULTS.md, "Start-up: 50 ms per new client").
+#: 20 ms (11 ms of interval) keeps librdkafka's exponential backoff, up to
+#: ``reconnect.backoff.max.ms`` (10 s), for a broker that stays down.
+CLIENT_DEFAULTS: Mapping[str, Any] = {
+    "reconnect.backoff.ms": 20,
+}
 
 PRODUCER_DEFAULTS: Mapping[str, Any] = {
     # Exactly-once needs per-partition FIFO without duplicates from retries.
@@ -72,7 +85,7 @@ _MANAGED_KEYS = {
     "sink's transactional_id_prefix instead",
     "bootstrap.servers": "set KafkaSettings.brokers (or EOSFLOW_KAFKA_BROKERS) instead",
 }
-_KNOWN_KEYS = set(PRODUCER_DEFAULTS) | set(CONSUMER_DEFAULTS) | {
+_KNOWN_KEYS = set(CLIENT_DEFAULTS) | set(PRODUCER_DEFAULTS) | set(CONSUMER_DEFAULTS) | {
     "client.id", "group.id", "security.protocol", "sasl.mechanism", "sasl.username",
     "sasl.password", "ssl.ca.location", "compression.type", "message.max.bytes",
     "session.timeout.ms", "max.poll.interval.ms", "transaction.timeout.ms", "retries",
@@ -219,6 +232,7 @@ def _merged(
         if key in _MANAGED_KEYS:
             raise ConfigError(f"overrides may not set {key!r}: {_MANAGED_KEYS[key]}")
     return {
+        **CLIENT_DEFAULTS,
         **defaults,
         **settings.client_config,
         **overrides,

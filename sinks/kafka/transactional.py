@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -314,9 +315,10 @@ class KafkaSinkWriter:
         n, topic, call = len(parts), self.sink.topic, (keys, values, parts)
         edges: dict[int, Callable[[KafkaError | None, Any], None]] = {}
         backwards = parts[::-1]
-        for part in set(parts):
+        # one counting pass (a list.count per partition was 8 passes: 45 ns a record)
+        for part, count in Counter(parts).items():
             first, last = parts.index(part), n - 1 - backwards.index(part)
-            group = _Group(self, (topic, part), parts.count(part), call)
+            group = _Group(self, (topic, part), count, call)
             self.unreported += 1
             if first == last:
                 edges[first] = group.both

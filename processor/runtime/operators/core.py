@@ -276,11 +276,13 @@ class Aggregate(Operator):
         if self.ttl is not None:  # not the fast path: per record, with the expiry check
             return self._each(batch, self._apply)
         state, add, init = self.state, self.add, self.init
+        get = state.get
         out: list[Record] = []
         append = out.append
         try:
             for k, v, t in batch:
-                acc = add(state[k] if k in state else init(), v)
+                acc = get(k, _NONE)  # one lookup, not `in` and `[]`
+                acc = add(init() if acc is _NONE else acc, v)
                 state[k] = acc
                 append((k, acc, t))
             return out
@@ -342,6 +344,7 @@ class Aggregate(Operator):
 
 
 _key, _value = itemgetter(0), itemgetter(1)
+_NONE = object()  # Aggregate: a key without state (any value, None too, can be a state)
 
 
 class SinkOp(Operator):

@@ -297,7 +297,9 @@ class SourceInputs:
             if ts_fn is None:
                 stamps = [m.timestamp()[1] for m in msgs]
             else:
-                stamps = [int(ts_fn(v)) for v in values]
+                stamps = list(map(ts_fn, values))
+                if set(map(type, stamps)) != _INT:  # int() only where needed (floats, bools)
+                    stamps = list(map(int, stamps))
             keys: list[Any] | None = None
             if key_many is not None:
                 keys = [m.key() for m in msgs]
@@ -619,6 +621,7 @@ def _utf8_many(keys: list[bytes]) -> list[str]:
 
 _first = itemgetter(0)
 _second = itemgetter(1)
+_INT = {int}
 
 
 def _pick(items: list[Any], indices: list[int]) -> list[Any]:
