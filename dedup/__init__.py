@@ -17,19 +17,61 @@ Record-ID deduplication (docs/dedup.md).
   (:class:`DedupConsumer`, :class:`StagedDeduplicator`).
 """
 
-from dedup.consumer import IdDedupConsumer, sink_record_id
-from dedup.core import Deduplicator, DedupStats, MemoryIdStore
-from dedup.errors import DedupConfigError, DedupError, RedisUnavailable
-from dedup.ids import derived_id, emission_id, source_id, value_id
-from dedup.rescale import (
-    InheritingIdStore,
-    dedup_prefix,
-    merge_dedup_states,
-    referenced_prefixes,
-    sweep_retired,
-)
-from dedup.staged import DedupConsumer, StagedDeduplicator
-from dedup.store import RedisIdStore
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# The names below load their module on first use (PEP 562): a worker whose pipeline has no
+# dedup step imports dedup.ids alone, not Redis's client, rbloom and the consumer (25 ms of
+# every worker's and runner's start; bench/RESULTS.md, "Start-up: 50 ms per new client").
+_HOMES = {
+    "IdDedupConsumer": "dedup.consumer",
+    "sink_record_id": "dedup.consumer",
+    "Deduplicator": "dedup.core",
+    "DedupStats": "dedup.core",
+    "MemoryIdStore": "dedup.core",
+    "DedupConfigError": "dedup.errors",
+    "DedupError": "dedup.errors",
+    "RedisUnavailable": "dedup.errors",
+    "derived_id": "dedup.ids",
+    "emission_id": "dedup.ids",
+    "source_id": "dedup.ids",
+    "value_id": "dedup.ids",
+    "InheritingIdStore": "dedup.rescale",
+    "dedup_prefix": "dedup.rescale",
+    "merge_dedup_states": "dedup.rescale",
+    "referenced_prefixes": "dedup.rescale",
+    "sweep_retired": "dedup.rescale",
+    "DedupConsumer": "dedup.staged",
+    "StagedDeduplicator": "dedup.staged",
+    "RedisIdStore": "dedup.store",
+}
+
+if TYPE_CHECKING:
+    from dedup.consumer import IdDedupConsumer, sink_record_id
+    from dedup.core import Deduplicator, DedupStats, MemoryIdStore
+    from dedup.errors import DedupConfigError, DedupError, RedisUnavailable
+    from dedup.ids import derived_id, emission_id, source_id, value_id
+    from dedup.rescale import (
+        InheritingIdStore,
+        dedup_prefix,
+        merge_dedup_states,
+        referenced_prefixes,
+        sweep_retired,
+    )
+    from dedup.staged import DedupConsumer, StagedDeduplicator
+    from dedup.store import RedisIdStore
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'dedup' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "DedupConfigError",
