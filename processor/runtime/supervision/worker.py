@@ -250,6 +250,11 @@ def run_worker(spec: dict[str, Any]) -> int:
         next_stats = time.monotonic() + _STATS_EVERY_S
         reported = False
         drained = False
+        inbox = client.inbox
+
+        def urgent() -> bool:  # a step ends early for a message to serve or an ack to send
+            return not inbox.empty() or any(t.checkpoints.upload_done() for t in tasks)
+
         while True:
             read = 0
             timeout = 0.005 if idle else 0.0
@@ -263,10 +268,11 @@ def run_worker(spec: dict[str, Any]) -> int:
                 if task.is_source and pace.rate:
                     allowed = pace.allowed(max_records)
                     if allowed:
-                        pace.took(n := task.step(timeout, max_records, limit=allowed))
+                        n = task.step(timeout, max_records, limit=allowed, urgent=urgent)
+                        pace.took(n)
                         read += n
                 else:
-                    read += task.step(timeout, max_records)
+                    read += task.step(timeout, max_records, urgent=urgent)
                 if aligning is not None and task.is_source:
                     aligning.report(time.monotonic())
             if stop is None and not tasks:

@@ -254,6 +254,10 @@ class SubtaskCheckpoints:
         self.sources_at.pop(checkpoint_id, None)
         self.aligned.discard(checkpoint_id)
 
+    def upload_done(self) -> bool:
+        """A snapshot upload finished: its ack (or decline) is due (:meth:`ready_acks`)."""
+        return any(future.done() for future in self.uploading.values())
+
     def ready_acks(self) -> list[tuple[int, SnapshotHandle]]:
         """Checkpoints whose snapshot is uploaded and whose alignment is done (ack them now).
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from processor.compiler import Stage, channel_inputs
@@ -116,13 +117,24 @@ class Task:
 
     # -- the data path ---------------------------------------------------------------------------
 
-    def step(self, timeout: float, max_records: int, budget_s: float = 0.05, limit: int = 0) -> int:
+    def step(
+        self,
+        timeout: float,
+        max_records: int,
+        budget_s: float = 0.05,
+        limit: int = 0,
+        urgent: Callable[[], bool] | None = None,
+    ) -> int:
         """Poll and process for up to ``budget_s``; returns the number of records read (at
         most ``limit`` if given: a paced source, ``--max-rate``).
 
         Batches are sized so that one takes about a quarter of the budget: a task with a slow
         user function must not starve the other tasks of its worker (or delay a checkpoint
-        trigger) with one long batch.
+        trigger) with one long batch. ``urgent`` is asked after each batch: when it says so
+        (the worker has a coordinator message to serve, or a snapshot's ack to send), the
+        step ends before its budget. A busy step held each checkpoint's ack and each
+        completion's commit back by up to the budget: ~100 ms of every checkpoint under load
+        (bench/RESULTS.md, "Checkpoints under load: acks and commits between batches").
         """
         checkpoints, chain, inputs = self.checkpoints, self.chain, self.inputs
         if checkpoints.halted:
@@ -152,6 +164,8 @@ class Task:
             if isinstance(inputs, SourceInputs):
                 inputs.polled(msgs)
             if not msgs or checkpoints.halted or clock() - start >= budget_s:
+                return total
+            if urgent is not None and urgent():
                 return total
             if limit and total >= limit:
                 return total
