@@ -25,7 +25,6 @@ from processor.errors import ConfigError, UnsafeKafkaConfigError
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "CLIENT_DEFAULTS",
     "CONSUMER_DEFAULTS",
     "PRODUCER_DEFAULTS",
     "KafkaSettings",
@@ -38,18 +37,12 @@ __all__ = [
     "producer_config",
 ]
 
-#: Settings of every client (producer, consumer, admin). librdkafka drops a new client's
-#: bootstrap connection after the first metadata answer and connects to the broker it names
-#: at most once per ``reconnect.backoff.ms / 2`` (its "sparse connection" interval): with the
-#: 100 ms default, the first request of every new client waited ~50 ms on loopback (a
-#: metadata request 55 ms instead of 14, measured on Kafka 4.3.1), and a job's start creates
-#: a dozen clients one after another (bench/RESULTS.md, "Start-up: 50 ms per new client").
-#: 20 ms (11 ms of interval) keeps librdkafka's exponential backoff, up to
-#: ``reconnect.backoff.max.ms`` (10 s), for a broker that stays down.
-CLIENT_DEFAULTS: Mapping[str, Any] = {
-    "reconnect.backoff.ms": 20,
-}
-
+# ``reconnect.backoff.ms`` stays librdkafka's 100 ms. A new client's first request waits up to
+# half of it for its connection to the broker the metadata names (librdkafka's sparse
+# connection interval): ~50 ms per client on loopback, a dozen clients per start. 20 ms made
+# starts ~60 ms faster, but a runner retrying a group commit through a 45 s partition then
+# aborted on a librdkafka assertion in 11 of 12 test runs, against 4 of 10 with 100 ms
+# (bench/RESULTS.md, "Start-up: 50 ms per new client").
 PRODUCER_DEFAULTS: Mapping[str, Any] = {
     # Exactly-once needs per-partition FIFO without duplicates from retries.
     "enable.idempotence": True,
@@ -85,7 +78,7 @@ _MANAGED_KEYS = {
     "sink's transactional_id_prefix instead",
     "bootstrap.servers": "set KafkaSettings.brokers (or EOSFLOW_KAFKA_BROKERS) instead",
 }
-_KNOWN_KEYS = set(CLIENT_DEFAULTS) | set(PRODUCER_DEFAULTS) | set(CONSUMER_DEFAULTS) | {
+_KNOWN_KEYS = set(PRODUCER_DEFAULTS) | set(CONSUMER_DEFAULTS) | {
     "client.id", "group.id", "security.protocol", "sasl.mechanism", "sasl.username",
     "sasl.password", "ssl.ca.location", "compression.type", "message.max.bytes",
     "session.timeout.ms", "max.poll.interval.ms", "transaction.timeout.ms", "retries",
@@ -232,7 +225,6 @@ def _merged(
         if key in _MANAGED_KEYS:
             raise ConfigError(f"overrides may not set {key!r}: {_MANAGED_KEYS[key]}")
     return {
-        **CLIENT_DEFAULTS,
         **defaults,
         **settings.client_config,
         **overrides,

@@ -89,13 +89,6 @@ def test_unaligned_crash_loop_with_a_channel_backlog_is_exactly_once(
     # Whether a restart's first checkpoint still finds the dead generation's backlog depends on
     # timing (CI once took none on Apache Kafka 4.3.1): a run without one is checked as well
     # and another seed tries again, so the case this test is for is always exercised.
-    # On Apache Kafka the case also needs a restarted generation's channel readers to start a
-    # little after its writers: with librdkafka's default reconnect.backoff.ms (100 ms), every
-    # new client's first request waits ~50 ms (connectors.config.CLIENT_DEFAULTS), and 6 of 6
-    # runs took snapshots with recovering channels; with eosflow's 20 ms the readers drop the
-    # dead generation's backlog before the first barrier comes, and 0 of 9 did.
-    properties = tmp_path / "kafka.properties"
-    properties.write_text("reconnect.backoff.ms=100\n")
     attempts = Attempts(tmp_path)
     for seed, tmp in attempts:
         run = run_chaos(
@@ -107,7 +100,7 @@ def test_unaligned_crash_loop_with_a_channel_backlog_is_exactly_once(
             mode="unaligned",
             interval=0.2,
             random_kills=kills,
-            env={"WORK_US": "60", "EOSFLOW_KAFKA_CONFIG": str(properties)},
+            env={"WORK_US": "60"},
             kill_plan=[(0.0, 1)] * kills,  # at the first checkpoint of every generation
         )
         logs = run.logs.values()
