@@ -246,9 +246,8 @@ class TopicAdmin:
             for s in specs
             if s.name not in visible
         ]
-        created = self._create(new) if new else []
-        if new:
-            visible.update(self._wait_visible([t.topic for t in new]))
+        created = self._create(new)
+        visible.update(self._wait_visible([t.topic for t in new]))
         for spec in specs:
             actual = visible[spec.name]
             if actual != spec.partitions and not any_count:
