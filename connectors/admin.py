@@ -34,6 +34,7 @@ __all__ = [
     "TopicInfo",
     "TopicSpec",
     "admin_client",
+    "forget_admin_client",
     "kept_admin_client",
     "quiet_admin_client",
     "sharing_admin_clients",
@@ -156,6 +157,16 @@ def kept_admin_client(settings: KafkaSettings) -> AdminClient:
     return _gated_admin(settings)[0]
 
 
+def forget_admin_client(client: AdminClient) -> None:
+    """In :func:`sharing_admin_clients`, ``client`` is no longer shared: the next caller gets a
+    new one (a client that did not answer in time, which its holder drops)."""
+    with _lock:
+        if _shared is not None:
+            for key, (shared, _gate) in list(_shared.items()):
+                if shared is client:
+                    del _shared[key]
+
+
 @contextlib.contextmanager
 def quiet_admin_client(settings: KafkaSettings) -> Iterator[AdminClient]:
     """An admin client whose own log is silenced while the block runs (an unreachable broker
@@ -169,14 +180,12 @@ def quiet_admin_client(settings: KafkaSettings) -> Iterator[AdminClient]:
             {**admin_config(settings), "logger": _QUIET, "error_cb": lambda _err: None}
         )
         return
-    key, (client, gate) = shared
+    _, (client, gate) = shared
     gate.quiet += 1
     try:
         yield client
     except BaseException:
-        with _lock:
-            if _shared is not None and _shared.get(key, (None,))[0] is client:
-                del _shared[key]
+        forget_admin_client(client)
         raise
     finally:
         gate.quiet -= 1

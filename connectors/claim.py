@@ -45,8 +45,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
-from typing import Any, NoReturn
+from collections.abc import Callable, Mapping
+from typing import Any, NoReturn, TypeVar
 
 from confluent_kafka import (
     ConsumerGroupTopicPartitions,
@@ -56,7 +56,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient
 
-from connectors.admin import TopicAdmin, admin_client, kept_admin_client
+from connectors.admin import TopicAdmin, admin_client, forget_admin_client, kept_admin_client
 from connectors.config import (
     KafkaSettings,
     connect_producer,
@@ -88,6 +88,11 @@ CLAIM_TOPIC_CONFIG: Mapping[str, str] = {"cleanup.policy": "compact"}
 _KEY = b"claim"
 #: How long a group commit waits on the kept admin client before it tries a new one.
 _KEPT_ADMIN_S = 3.0
+#: The timeout librdkafka is given for an admin request to the group's coordinator: the
+#: longest it accepts, so that librdkafka never times such a request out itself (see
+#: :func:`_on_coordinator`); the caller's deadline is a wait on the request's future.
+_UNTIMED_S = 3600.0
+_T = TypeVar("_T")
 
 
 def job_group(job: str) -> str:
@@ -112,13 +117,14 @@ def job_group_offsets(settings: KafkaSettings, job: str, *, timeout: float = 10.
     transaction still completing are waited for (``require_stable``, KIP-447)."""
     group = job_group(job)
     _wait_for_coordinator(settings, group, timeout)
-    admin = admin_client(settings)
 
-    def fetch(t: float) -> dict[TP, int]:
+    def fetch(admin: AdminClient, wait: float) -> dict[TP, int]:
         request = [ConsumerGroupTopicPartitions(group)]
-        futures = admin.list_consumer_group_offsets(request, require_stable=True, request_timeout=t)
+        futures = admin.list_consumer_group_offsets(
+            request, require_stable=True, request_timeout=_UNTIMED_S
+        )
         try:
-            found = futures[group].result()
+            found = futures[group].result(timeout=wait)
         except KafkaException as exc:
             if exc.args and exc.args[0].code() == KafkaError.GROUP_ID_NOT_FOUND:
                 return {}
@@ -129,7 +135,8 @@ def job_group_offsets(settings: KafkaSettings, job: str, *, timeout: float = 10.
             if tp.error is None and tp.offset is not None and tp.offset >= 0
         }
 
-    return retrying(fetch, f"listing the offsets of consumer group {group!r}", deadline_s=timeout)
+    context = f"listing the offsets of consumer group {group!r}"
+    return _on_coordinator(settings, fetch, context, deadline_s=timeout)[0]
 
 
 def _wait_for_coordinator(settings: KafkaSettings, group: str, timeout: float) -> None:
@@ -166,32 +173,34 @@ def commit_job_group(
     *,
     timeout: float = 10.0,
     admin: AdminClient | None = None,
-) -> None:
+) -> AdminClient:
     """Commit ``offsets`` to the job's group (``AlterConsumerGroupOffsets``; the group has no
     members), retrying for at most ``timeout`` seconds (idempotent: a dropped connection too).
     ``admin``: a client the caller keeps (else a new one).
+
+    Returns:
+        The client that answered: ``admin``, or the new one that replaced it when it did not
+        answer in time (:func:`_on_coordinator`); the caller keeps this one.
 
     Raises:
         KafkaClientError: the broker refused, or did not answer within the deadline.
     """
     group = job_group(job)
     tps = [TopicPartition(t, p, o) for (t, p), o in sorted(offsets.items())]
-    admin = admin if admin is not None else admin_client(settings)
     context = f"committing the source offsets of job {job!r} to consumer group {group!r}"
 
-    def commit(t: float) -> None:
-        futures = admin.alter_consumer_group_offsets(
-            [ConsumerGroupTopicPartitions(group, tps)], request_timeout=t
+    def commit(client: AdminClient, wait: float) -> None:
+        futures = client.alter_consumer_group_offsets(
+            [ConsumerGroupTopicPartitions(group, tps)], request_timeout=_UNTIMED_S
         )
-        done = futures[group].result(timeout=t + 5.0)
+        done = futures[group].result(timeout=wait)
         for tp in done.topic_partitions or []:
             if tp.error is not None:
                 raise KafkaException(tp.error)
 
-    try:
-        retrying(commit, context, deadline_s=timeout, idempotent=True)
-    except TimeoutError as exc:  # concurrent.futures: no answer within the deadline
-        raise KafkaClientError(f"{context}: no answer in time", retriable=True) from exc
+    return _on_coordinator(
+        settings, commit, context, deadline_s=timeout, admin=admin, idempotent=True
+    )[1]
 
 
 def delete_job_group(settings: KafkaSettings, job: str, *, timeout: float = 10.0) -> bool:
@@ -201,22 +210,78 @@ def delete_job_group(settings: KafkaSettings, job: str, *, timeout: float = 10.0
         ConfigError: the group has active members (a consumer subscribed under its name).
     """
     group = job_group(job)
-    admin = admin_client(settings)
+
+    def delete(admin: AdminClient, wait: float) -> None:
+        admin.delete_consumer_groups([group], request_timeout=_UNTIMED_S)[group].result(wait)
+
     try:
-        admin.delete_consumer_groups([group], request_timeout=timeout)[group].result()
-    except KafkaException as exc:
-        code = exc.args[0].code() if exc.args else None
-        if code == KafkaError.GROUP_ID_NOT_FOUND:
+        _on_coordinator(settings, delete, f"deleting consumer group {group!r}", deadline_s=timeout)
+    except KafkaClientError as exc:
+        if exc.code == "GROUP_ID_NOT_FOUND":
             return False
-        if code == KafkaError.NON_EMPTY_GROUP:
+        if exc.code == "NON_EMPTY_GROUP":
             raise ConfigError(
                 f"consumer group {group!r} of job {job!r} has active members (a consumer "
                 "subscribed under the job's group id); stop them, then delete the group: "
                 f"kafka-consumer-groups.sh --bootstrap-server {settings.brokers} --delete "
                 f"--group {group}"
             ) from None
-        raise classify(exc, context=f"deleting consumer group {group!r}") from exc
+        raise
     return True
+
+
+def _on_coordinator(
+    settings: KafkaSettings,
+    request: Callable[[AdminClient, float], _T],
+    context: str,
+    *,
+    deadline_s: float,
+    admin: AdminClient | None = None,
+    idempotent: bool = False,
+) -> tuple[_T, AdminClient]:
+    """``request(client, wait)``: an admin request to the job group's coordinator, waited on
+    for at most ``wait`` seconds; retried as :func:`~connectors.errors.retrying` does, for at
+    most ``deadline_s`` seconds, on ``admin`` (else :func:`admin_client`'s). Returns its result
+    and the client that answered.
+
+    librdkafka must never time such a request out itself: its requests carry
+    :data:`_UNTIMED_S`. librdkafka 2.16.0 (and its source to this day) frees the state of a
+    request to a coordinator twice when the request timed out while the coordinator's
+    connection was down and that connection came up again while the client lived: the lookup
+    (``rd_kafka_coord_req``) outlives the request it serves, sends it once the coordinator is
+    back, finds it gone, and hands the freed state to ``rd_kafka_admin_coord_response_parse``.
+    The process aborted (``rd_kafka_enq_once_del_source_return: Assertion `eonce->refcnt > 0'
+    failed``): the runner, retrying its group commit every ~11 s through a 45 s network
+    partition (tests/e2e/test_partitions.py; every time in
+    tests/integration/test_group_coordinator_outage.py). So the deadline is a wait on the
+    request's future, and a client that did not answer in time is not used again: it is
+    dropped (destroying a client ends its requests without that path; one still referenced
+    somewhere is harmless, its request completing normally whenever the coordinator answers)
+    and the next try has a new one.
+    """
+    held: list[AdminClient | None] = [admin]
+    del admin  # the only reference left is held[0]: a dropped client is destroyed
+
+    def attempt(wait: float) -> _T:
+        client = held[0]
+        if client is None:
+            client = held[0] = admin_client(settings)
+        try:
+            return request(client, wait)
+        except TimeoutError:  # concurrent.futures: no answer within ``wait``
+            pass
+        # Raised outside the handler, so that no traceback keeps the dropped client alive.
+        held[0] = None
+        forget_admin_client(client)
+        del client
+        raise KafkaException(
+            KafkaError(KafkaError._TIMED_OUT, f"no answer within {wait:.1f}s", retriable=True)
+        )
+
+    result = retrying(attempt, context, deadline_s=deadline_s, idempotent=idempotent)
+    client = held[0]
+    assert client is not None  # the attempt that returned had one
+    return result, client
 
 
 class KafkaJobClaim:
@@ -295,10 +360,11 @@ class KafkaJobClaim:
         most :data:`_KEPT_ADMIN_S`; then, or when there is none, on a new client, which is
         kept once it answered. A kept client whose connection went bad in an outage (a broker
         refusing connections for 5 s, behind the partition tests' proxy) timed out every
-        request after it, for minutes: a new client connects anew."""
+        request after it, for minutes: a new client connects anew. A client that did not
+        answer is dropped here (see :func:`_on_coordinator`)."""
         if self._admin is not None:
             try:
-                commit_job_group(
+                self._admin = commit_job_group(
                     self.settings,
                     self.job,
                     offsets,
@@ -309,9 +375,13 @@ class KafkaJobClaim:
             except KafkaClientError as exc:
                 log.info("job=%s: the kept admin client failed (%s); a new one", self.job, exc)
                 self._admin = None
-        admin = kept_admin_client(self.settings)
-        commit_job_group(self.settings, self.job, offsets, timeout=self._timeout, admin=admin)
-        self._admin = admin
+        self._admin = commit_job_group(
+            self.settings,
+            self.job,
+            offsets,
+            timeout=self._timeout,
+            admin=kept_admin_client(self.settings),
+        )
 
     def _failed(self, exc: KafkaException) -> NoReturn:
         if is_fenced(exc):

@@ -134,7 +134,7 @@ def test_a_runner_releases_nothing_or_the_newcomer_is_refused_when_both_race_at_
         def held(settings: KafkaSettings, *args: Any, **kwargs: Any) -> None:
             if settings is a_claim.settings:
                 gate.hold()
-            commit_group(settings, *args, **kwargs)
+            return commit_group(settings, *args, **kwargs)
 
         monkeypatch.setattr(claim_module, "commit_job_group", held)
     else:
