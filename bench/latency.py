@@ -5,6 +5,10 @@
     EOSFLOW_KAFKA_BROKERS=127.0.0.1:39092 python bench/latency.py [--rate 10000] [--seconds 60]
         [--systems loop-0.1,loop-1,keyed-0.1,keyed-1,shuffled-0.1,shuffled-1,...]
 
+A system may carry its own rate, ``SYSTEM@RATE`` (``--systems loop-0.1@207000,keyed-0.1@133000``):
+the issue's second load point is half of each system's own maximum (bench/peers.py's
+records/s), which differs per system.
+
 Needs a real Kafka (``EOSFLOW_KAFKA_BROKERS``): Tansu shows a transaction's records to a
 ``read_committed`` reader before the commit is complete, which is no latency to report.
 
@@ -269,13 +273,16 @@ def main() -> int:
     if not brokers:
         parser.error("set EOSFLOW_KAFKA_BROKERS to a real Kafka (../shared/kafka/4.3.1/start.sh)")
     started = datetime.now()
-    runs = [_run(s, brokers, args.rate, args.seconds, args.venvs) for s in args.systems.split(",")]
+    runs = []
+    for named in args.systems.split(","):
+        system, _, rate = named.partition("@")
+        runs.append(_run(system, brokers, int(rate or args.rate), args.seconds, args.venvs))
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"latency-{started:%Y%m%d-%H%M%S}.json"
     config = {k: str(v) for k, v in vars(args).items()}
     path.write_text(json.dumps({"config": config, "runs": runs}, indent=1))
-    print("| system | p50 ms | p99 ms | max ms | kept up (records/s) | output |")
-    print("|---|---:|---:|---:|---:|---|")
+    print("| system | rate | p50 ms | p99 ms | max ms | kept up (records/s) | output |")
+    print("|---|---:|---:|---:|---:|---:|---|")
     for r in runs:
         ok = (
             "exactly once"
@@ -283,7 +290,7 @@ def main() -> int:
             else (f"WRONG: {r['missing']} missing, {r['extra']} extra")
         )
         print(
-            f"| {r['system']} | {r['p50_ms'] or float('nan'):,.0f} | "
+            f"| {r['system']} | {r['rate']:,} | {r['p50_ms'] or float('nan'):,.0f} | "
             f"{r['p99_ms'] or float('nan'):,.0f} | {r['max_ms'] or float('nan'):,.0f} | "
             f"{r['produced_per_s']:,.0f} | {ok} |"
         )
