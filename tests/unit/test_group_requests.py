@@ -81,3 +81,26 @@ def test_a_shared_client_that_did_not_answer_is_shared_no_longer() -> None:
         assert admin_client(SETTINGS) is first
         claim.forget_admin_client(first)
         assert admin_client(SETTINGS) is not first
+
+
+def test_every_admin_request_to_a_group_coordinator_in_the_product_goes_through_the_guard() -> None:
+    """A coordinator request added elsewhere with a librdkafka timeout of its own brings the
+    abort back: the product's calls of these admin methods are all in connectors/claim.py,
+    each with :data:`connectors.claim._UNTIMED_S`."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    methods = re.compile(
+        r"\.(alter_consumer_group_offsets|list_consumer_group_offsets|delete_consumer_groups"
+        r"|describe_consumer_groups|delete_consumer_group_offsets)\("
+    )
+    calls: list[tuple[str, str]] = []
+    for package in ("connectors", "processor", "sinks", "dedup"):
+        for path in sorted((root / package).rglob("*.py")):
+            text = path.read_text()
+            for found in methods.finditer(text):  # the call and its arguments' first lines
+                calls.append((str(path.relative_to(root)), text[found.start() : found.end() + 160]))
+    assert {path for path, _call in calls} == {"connectors/claim.py"}, calls
+    assert len(calls) == 3, calls
+    assert all("request_timeout=_UNTIMED_S" in call for _path, call in calls), calls
