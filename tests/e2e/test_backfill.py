@@ -146,5 +146,8 @@ def test_a_healthy_paced_backfill_registers_no_wait_on_the_broker(
     lines = run.stderr.splitlines()
     # alignment paused partitions (so they were resumed): else this proves nothing
     assert any("ahead paused" in ln for ln in lines), run.stderr[-3000:]
-    waits = [ln for ln in lines if "on the broker" in ln]
+    # A wait before the job read its first record is the start's first fetches, no resumed
+    # partition (alignment pauses only what it read ahead): on a loaded CI machine Tansu took
+    # over 2 s to answer them once (`read=0 ... none comes ... for 2 s` at 2.7 s).
+    waits = [ln for ln in lines if "on the broker" in ln and " read=0 " not in ln]
     assert not waits, f"{len(waits)} progress lines wait on a healthy broker: {waits[:2]}"

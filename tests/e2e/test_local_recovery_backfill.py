@@ -142,7 +142,12 @@ def test_a_backfills_running_aggregate_after_a_shuffle_is_exactly_once_under_loc
         assert_faults_fired(run, faults, random_kills, seed=seed)
         hours_per_s = records * SPACING_MS / 3_600_000 / run.result.seconds
         print(f"event time read: {hours_per_s:.1f} hours per second of the run")
-        assert hours_per_s >= 1.0, f"a backfill reads hours of event time a second: {hours_per_s}"
+        # The precondition, not a speed goal: copies re-emitted after a kill must be far older
+        # than the 10 minutes of event time the replay check used to keep (issue 49), so the
+        # run must read well over 10 minutes of event time per second of a recovery. It was
+        # asserted at 1 hour per second, which a CI run on a machine twice as slow as the
+        # earlier ones missed (0.89): a speed, not this test's subject.
+        assert hours_per_s >= 0.25, f"not a backfill's pace: {hours_per_s:.2f} hours per second"
         assert_exactly_once(
             expected_running_totals(spaced_clicks(records, seed)), run.output, seed=seed
         )
