@@ -38,8 +38,8 @@ _CHILD = textwrap.dedent(
         claim = KafkaJobClaim(settings, job, timeout=30.0)  # a fresh broker's first
         claim.open()  # transaction and group take seconds
         claim.commit({(topic, 0): 1}, {"checkpoint": 1})
-        claim._timeout = 1.0  # the outage's calls fail fast
         for cycle in range(2, 4):
+            claim._timeout = 1.0  # the outage's calls fail fast
             broker.proxy.reset()
             for call in (
                 lambda: claim.commit({(topic, 0): cycle}, {"checkpoint": cycle}),
@@ -54,6 +54,7 @@ _CHILD = textwrap.dedent(
                     raise AssertionError("a call succeeded with the broker unreachable")
             broker.proxy.heal()
             time.sleep(1.5)  # the coordinator's connection comes up with the clients alive
+            claim._timeout = 30.0  # reconnecting may take a while on a loaded machine
             claim.commit({(topic, 0): cycle}, {"checkpoint": cycle})
             found = job_group_offsets(settings, job, timeout=30.0)
             assert found == {(topic, 0): cycle}, (cycle, found)
