@@ -77,6 +77,13 @@ def test_windowed_count_is_exactly_once_when_workers_are_killed_randomly(
     assert_exactly_once(expected(expected_window_counts, records, seed), run.output, seed=seed)
 
 
+# slow (run by release checks, not by README command 2): its precondition (a snapshot taken
+# while a channel recovers) depends on the machine's load. Under CI's load on a machine twice
+# as slow as the earlier ones it missed 8 seeds of 8 (two runs; each exactly once), on the
+# code before the group-request change as well (a local A/B under two busy loops: 1 seed of
+# 3 met it in each tree). tests/unit/test_task.py pins the restore it is for
+# (..._unaligned_snapshot_of_a_recovering_channel_restores_its_remaining_phases...).
+@pytest.mark.slow
 def test_unaligned_crash_loop_with_a_channel_backlog_is_exactly_once(
     kafka_endpoint: tuple[str, str], tmp_path: Path
 ) -> None:
