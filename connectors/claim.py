@@ -259,8 +259,8 @@ def _on_coordinator(
     somewhere is harmless, its request completing normally whenever the coordinator answers)
     and the next try has a new one.
     """
-    held: list[AdminClient | None] = [admin]
-    del admin  # the only reference left is held[0]: a dropped client is destroyed
+    held: list[AdminClient | None] = [admin]  # the client of the next try
+    del admin  # this frame holds no other reference (a caller may still hold its own)
 
     def attempt(wait: float) -> _T:
         client = held[0]
