@@ -5,10 +5,13 @@ Each test prints its seed; rerun one with ``EOSFLOW_CHAOS_SEED=<seed>``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from examples.clicks import click_events
+from processor.testing.topics import create_topic, produce
 from tests.e2e.harness import (
     ENGINE_FAULTS,
     RUNNERS,
@@ -77,13 +80,6 @@ def test_windowed_count_is_exactly_once_when_workers_are_killed_randomly(
     assert_exactly_once(expected(expected_window_counts, records, seed), run.output, seed=seed)
 
 
-# slow (run by release checks, not by README command 2): its precondition (a snapshot taken
-# while a channel recovers) depends on the machine's load. Under CI's load on a machine twice
-# as slow as the earlier ones it missed 8 seeds of 8 (two runs; each exactly once), on the
-# code before the group-request change as well (a local A/B under two busy loops: 1 seed of
-# 3 met it in each tree). tests/unit/test_task.py pins the restore it is for
-# (..._unaligned_snapshot_of_a_recovering_channel_restores_its_remaining_phases...).
-@pytest.mark.slow
 def test_unaligned_crash_loop_with_a_channel_backlog_is_exactly_once(
     kafka_endpoint: tuple[str, str], tmp_path: Path
 ) -> None:
@@ -93,12 +89,19 @@ def test_unaligned_crash_loop_with_a_channel_backlog_is_exactly_once(
     through the channel's remaining phases, not replay the dead generation's records as
     in-flight state (which counted clicks twice)."""
     records, kills = 60_000, 4
-    # Whether a restart's first checkpoint still finds the dead generation's backlog depends on
-    # timing (CI once took none on Apache Kafka 4.3.1): a run without one is checked as well
-    # and another seed tries again, so the case this test is for is always exercised. Five
-    # seeds: on a CI machine twice as slow as the earlier ones, three seeds in a row found none
-    # (each run exactly once all the same).
-    attempts = Attempts(tmp_path, tries=5)
+    # The case needs a barrier to reach an aggregating task while another of its channels is
+    # still recovering. By timing alone that was rare, and rarer under load (CI on a slow
+    # machine: 8 seeds of 8 found none): the barriers of both channels queued behind the
+    # backlog librdkafka had prefetched (up to queued.min.messages, 100,000 records, per
+    # partition), and a source batch of up to 5,000 clicks went out as a few channel
+    # records, so a channel's recovery was over within the first batches. So the run is
+    # shaped for it (see the helpers): one source task reads every click and the other none,
+    # source batches are of 50 clicks, and the aggregating tasks prefetch 20 records per
+    # partition. A barrier from the idle source then comes within a few batches, while the
+    # busy channel replays thousands of records: 2-8 recovering snapshots per seed, also under
+    # two busy loops. Another seed still tries again when there is none, so a run that missed
+    # the case never passes.
+    attempts = Attempts(tmp_path, tries=3)
     for seed, tmp in attempts:
         run = run_chaos(
             "backlog_total.py",
@@ -109,8 +112,10 @@ def test_unaligned_crash_loop_with_a_channel_backlog_is_exactly_once(
             mode="unaligned",
             interval=0.2,
             random_kills=kills,
-            env={"WORK_US": "60"},
+            env={"WORK_US": "60", "EOSFLOW_KAFKA_CONFIG": str(_short_prefetch(tmp))},
             kill_plan=[(0.0, 1)] * kills,  # at the first checkpoint of every generation
+            produce=_one_source_partition(records, seed),
+            run_options={"max_records": 50},
         )
         logs = run.logs.values()
         recovering = sum(text.count("snapshot with recovering channels") for text in logs)
@@ -120,3 +125,25 @@ def test_unaligned_crash_loop_with_a_channel_backlog_is_exactly_once(
         if recovering:
             return
     pytest.fail(f"seeds {attempts.seeds}: no snapshot was taken while a channel recovered")
+
+
+def _one_source_partition(records: int, seed: int) -> Callable[[str, str], object]:
+    """Writes the clicks to the first of the topic's 8 partitions only: one source task reads
+    them all, the other none, so each aggregating task's channel from the busy source holds a
+    backlog while its channel from the idle one carries barriers at once."""
+
+    def write(brokers: str, topic: str) -> int:
+        create_topic(brokers, topic, 8)
+        clicks = click_events(records, seed=seed)
+        return produce(brokers, topic, clicks, key=lambda click: str(click["user"]), partition=0)
+
+    return write
+
+
+def _short_prefetch(tmp: Path) -> Path:
+    """A client configuration (``EOSFLOW_KAFKA_CONFIG``) prefetching 20 records per partition:
+    a barrier fetched from one channel is not queued behind another's whole backlog."""
+    path = tmp / "kafka.properties"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("queued.min.messages=20\n")
+    return path
