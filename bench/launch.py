@@ -6,8 +6,10 @@ alternating between the trees (compare within one run only: the machine is share
 
     python bench/launch.py --brokers 127.0.0.1:9092 --trees ../wt-base,. --rounds 8
 
-Each tree runs its own code (``PYTHONPATH=<tree>``). An independent ``read_committed`` reader
-notes the first output (its clock polls every 50 ms); ``exit`` is when the job's process ended.
+Each tree runs its own code (``PYTHONPATH=<tree>``, and ``<tree>`` as the working directory: a
+worker, started as ``python -m``, imports from its working directory first). An independent
+``read_committed`` reader notes the first output (its clock polls every 50 ms); ``exit`` is
+when the job's process ended.
 The raw timings go to ``bench/results/launch-<time>.json``.
 """
 
@@ -71,7 +73,12 @@ def main() -> None:
             )
             command = [sys.executable, f"{tree}/bench/peers.py", "--child-eosflow"]
             start = time.monotonic()
-            subprocess.run([*command, str(args.workers), "--keyed-source"], env=env, check=True)
+            # cwd=tree as well: workers start as ``python -m processor...``, which puts the
+            # working directory first on sys.path, before PYTHONPATH (run from another checkout,
+            # every tree's workers ran that checkout's code)
+            subprocess.run(
+                [*command, str(args.workers), "--keyed-source"], env=env, check=True, cwd=tree
+            )
             exited = time.monotonic() - start
             reader.join(30)
             row = {

@@ -125,7 +125,7 @@ class KafkaSink:
         checkpoint_interval: float | None,
         checkpoint_timeout: float | None = None,
     ) -> None:
-        """Check the topic and the transaction timeout; create the marker topic."""
+        """Check the topic and the transaction timeout (each writer sets up the marker topic)."""
         settings = self.resolved_settings()
         check_reachable(settings)  # one clear error in seconds, not minutes of client logs
         admin = TopicAdmin(settings)

@@ -128,7 +128,15 @@ class KafkaSinkWriter:
         self.sink_id = f"{ctx.job}/{ctx.step}".encode()
         self.subtask_b = str(ctx.subtask).encode()
         self.markers = marker_topic(ctx.job, ctx.step)
-        self.marker_partition = _marker_partition(self.settings, self.markers, ctx)
+        # The marker topic is created (a job's first start) or checked in the background,
+        # while recover() initializes the pool's producers: on a first start it took 0.1 s of
+        # the critical path from launch to the first output (bench/RESULTS.md, "Start-up: the
+        # marker topic beside the producers"). recover() waits for it, so a failure still
+        # fails the task's open.
+        setup = ThreadPoolExecutor(1, thread_name_prefix="txn-markers")
+        self._marker_setup = setup.submit(_marker_partition, self.settings, self.markers, ctx)
+        setup.shutdown(wait=False)
+        self.marker_partition = -1  # none until _marker_ready(): no delivery matches it
         self.producers: dict[int, Producer] = {}
         self.busy: dict[int, str] = {}  # slot -> epoch tag of its open or prepared transaction
         self.began: dict[int, float] = {}  # slot -> when its transaction began (monotonic)
@@ -176,6 +184,11 @@ class KafkaSinkWriter:
         connect_producer(producer)
         retrying(producer.init_transactions, f"init_transactions {self._tid(slot)}")
         return producer
+
+    def _marker_ready(self) -> None:
+        """Waits for the marker topic's setup (started in ``__init__``): its partition."""
+        if self.marker_partition < 0:
+            self.marker_partition = self._marker_setup.result()
 
     def _free_slot(self) -> int:
         for slot in range(_MAX_SLOTS):
@@ -450,6 +463,7 @@ class KafkaSinkWriter:
         A re-published epoch's marker names the epoch's own subtask and goes to the partition
         of its first marker (a later rescue reads from there)."""
         subtask_b = self.subtask_b if subtask is None else subtask
+        self._marker_ready()
         headers: Headers = [
             (HEADER_SINK, self.sink_id),
             (HEADER_SUBTASK, subtask_b),
@@ -523,6 +537,7 @@ class KafkaSinkWriter:
             ]
             fresh = {slot: init.result() for slot, init in enumerate(inits)}
             committed = [decision.result() for decision in decisions]
+        self._marker_ready()
         for slot, producer in fresh.items():
             if slot in keep:
                 self.producers[slot] = producer

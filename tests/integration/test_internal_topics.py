@@ -53,7 +53,7 @@ def test_existing_channel_topic_with_a_short_retention_is_altered_when_the_job_s
     assert "had" not in caplog.text
 
 
-def test_commit_marker_topic_keeps_every_record_when_a_kafka_sink_opens(
+def test_commit_marker_topic_keeps_every_record_once_a_kafka_sink_opened(
     kafka_settings: KafkaSettings, topic_name: str
 ) -> None:
     TopicAdmin(kafka_settings).ensure_topic(topic_name, 1)
@@ -61,6 +61,8 @@ def test_commit_marker_topic_keeps_every_record_when_a_kafka_sink_opens(
     job = f"j-{topic_name}"
     writer = sink.open(SinkContext(job=job, step="out", subtask=0, parallelism=1, generation=1))
     try:
+        # as a task's open does: the marker topic is set up beside the producers' init
+        writer.recover([])
         assert _retention(TopicAdmin(kafka_settings), marker_topic(job, "out")) == INFINITE
     finally:
         writer.close()

@@ -148,6 +148,7 @@ def test_recover_decides_an_epoch_once_its_own_id_is_fenced_while_the_others_sti
     writer.sink_id = b"job/out"
     writer.sink = type("Sink", (), {"pool_size": 2})()  # type: ignore[assignment]
     writer.producers, writer.busy = {}, {}
+    writer.marker_partition = 0  # what __init__'s marker topic setup found
     monkeypatch.setattr(writer, "_new_producer", new_producer)
     writer.recover([(7, {**COMMITTABLE, "tid": "p-out-0-1", "slot": 1, "subtask": 0})])
     ((slot, fenced_then),) = asked
@@ -155,3 +156,33 @@ def test_recover_decides_an_epoch_once_its_own_id_is_fenced_while_the_others_sti
     assert 5 not in fenced_then  # not after the slow one
     assert sorted(writer.producers) == [0, 1]  # the pool kept, every id initialized
     assert fenced == set(range(8))
+
+
+def test_the_marker_topic_is_set_up_beside_the_producers_and_its_failure_fails_the_open(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A writer's construction does not wait for its marker topic (created on a job's first
+    start: 0.1 s); ``recover`` (a task's open) does, after the producers' init, so a topic
+    that cannot be created still fails the open, and a marker is never produced before."""
+    import threading
+
+    from processor.contracts import SinkContext
+    from processor.errors import ConfigError
+    from sinks import KafkaSink
+    from sinks.kafka import transactional
+
+    release, inits = threading.Event(), []
+
+    def slow_refusal(*_args: Any) -> int:
+        release.wait(5)
+        raise ConfigError("not allowed to create the marker topic")
+
+    monkeypatch.setattr(transactional, "_marker_partition", slow_refusal)
+    sink = KafkaSink("out", transactional_id_prefix="p", settings=KafkaSettings("127.0.0.1:9"))
+    writer = sink.open(SinkContext("job", "out", 0, 1, 1))  # returns with the setup pending
+    assert writer.marker_partition == -1
+    monkeypatch.setattr(writer, "_new_producer", lambda slot: inits.append(slot) or object())
+    release.set()
+    with pytest.raises(ConfigError, match="marker topic"):
+        writer.recover([])
+    assert len(inits) == transactional._MAX_SLOTS  # the producers were initialized meanwhile
