@@ -27,6 +27,7 @@ timeout (commit fails) goes the same way.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -133,9 +134,13 @@ class KafkaSinkWriter:
         # the critical path from launch to the first output (bench/RESULTS.md, "Start-up: the
         # marker topic beside the producers"). recover() waits for it, so a failure still
         # fails the task's open.
-        setup = ThreadPoolExecutor(1, thread_name_prefix="txn-markers")
-        self._marker_setup = setup.submit(_marker_partition, self.settings, self.markers, ctx)
-        setup.shutdown(wait=False)
+        self._marker_setup: Future[int] = Future()
+        threading.Thread(  # a daemon: a worker that fails before waiting for it exits at once
+            target=_set_up_markers,
+            args=(self._marker_setup, self.settings, self.markers, ctx),
+            name=f"txn-markers-{ctx.step}-{ctx.subtask}",
+            daemon=True,
+        ).start()
         self.marker_partition = -1  # none until _marker_ready(): no delivery matches it
         self.producers: dict[int, Producer] = {}
         self.busy: dict[int, str] = {}  # slot -> epoch tag of its open or prepared transaction
@@ -638,6 +643,16 @@ def committable_subtask(committable: Any) -> int:
     if "subtask" in committable:
         return int(committable["subtask"])
     return int(str(committable["tid"]).rsplit("-", 2)[-2])
+
+
+def _set_up_markers(
+    done: Future[int], settings: KafkaSettings, topic: str, ctx: SinkContext
+) -> None:
+    """:func:`_marker_partition` into ``done`` (in the writer's setup thread)."""
+    try:
+        done.set_result(_marker_partition(settings, topic, ctx))
+    except BaseException as exc:  # raised again in the task, by _marker_ready()
+        done.set_exception(exc)
 
 
 def _marker_partition(settings: KafkaSettings, topic: str, ctx: SinkContext) -> int:
