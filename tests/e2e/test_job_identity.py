@@ -255,9 +255,15 @@ def test_two_runners_without_state_on_a_two_stage_pipeline_leave_one_exact_outpu
     winners = [name for name, code in codes.items() if code == 0]
     assert len(winners) == 1, (codes, {n: e[-2000:] for n, e in errors.items()})
     loser = "a" if winners == ["b"] else "b"
-    assert f"another runner took job {env_a['JOB_NAME']!r}" in errors[loser] or (
-        "has history in Kafka" in errors[loser]
-    ), errors[loser][-3000:]
+    # The loser is fenced by the winner's claim, refused for the winner's history in Kafka,
+    # or (started later than the winner's first checkpoints: CI under load) refused because
+    # the job is running elsewhere; each leaves the running job alone.
+    refusals = (
+        f"another runner took job {env_a['JOB_NAME']!r}",
+        "has history in Kafka",
+        f"job {env_a['JOB_NAME']!r} is running now",
+    )
+    assert any(text in errors[loser] for text in refusals), errors[loser][-3000:]
     if start != "together":
         assert winners == ["b"], codes
     winner_env = env_a if winners == ["a"] else env_b
@@ -285,9 +291,11 @@ def test_a_running_job_moves_to_another_state_dir_through_a_savepoint_exactly_on
     total = str(PIPELINES / "running_total_work.py")
     shared = tmp_path / "shared" / "savepoint"  # a path both runners reach (S3 in production)
     with (tmp_path / "a.err").open("w") as err:
-        first = subprocess.Popen(  # about 10 s of input
+        # about 40 s of input: the savepoint must stop it before it read everything (with
+        # 10 s, CI under load read it all before the savepoint command stopped it)
+        first = subprocess.Popen(
             eosflow("run", total, "--workers", "2", "--checkpoint-interval", "500ms",
-                    "--max-rate", "200", "--until-idle"),
+                    "--max-rate", "50", "--until-idle"),
             env=env_a, stdout=subprocess.PIPE, stderr=err, text=True,
         )  # fmt: skip
     try:
