@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import generate_latest
 
 from processor.compiler import compile_flow
 from processor.dataflow import Dataflow
@@ -107,6 +109,29 @@ def test_totals_survive_a_restart_when_the_new_generation_reads_nothing(tmp_path
     assert (result.records_in, result.records_out) == (44_140, 1_050)
     st = s.status()
     assert (st["records_in"], st["records_out"], st["duplicates_dropped"]) == (44_140, 1_050, 4)
+
+
+def test_copies_the_replay_checks_dropped_count_over_every_worker_process_of_a_local_recovery(
+    tmp_path: Path,
+) -> None:
+    """Regression: under local recovery, a task's ``replayed`` (copies its replay check dropped)
+    went back to 0 when its own worker was killed later, so ``status.json`` showed none after
+    a run with seven kills (a test that needed copies to have come failed in CI). The run's
+    count is over every worker process, like the other counters."""
+    s = _Setup(tmp_path)
+    survivor = s.current.workers[0]
+    survivor.pid = 100
+    survivor.stats = {"count.0": {"in": 50, "sunk": 50, "replayed": 7}}
+    s.metrics.on_stats(survivor, 1, survivor.stats)
+    survivor.pid = 102  # killed later itself: its new process dropped 3 more copies
+    survivor.stats = {"count.0": {"in": 10, "sunk": 10, "replayed": 3}}
+    s.metrics.on_stats(survivor, 1, survivor.stats)
+    s.reporter.report(force=True)
+    assert "copies_dropped=10" in s.lines()[-1]
+    s.reporter.status("finished")
+    assert s.status()["replay_copies_dropped"] == 10
+    scrape = generate_latest(s.metrics.registry).decode()
+    assert re.search(r"^eosflow_replay_copies_dropped_total\{[^}]*\} 10\.0$", scrape, re.M), scrape
 
 
 def test_source_lag_is_shown_in_an_unbounded_run_from_the_readers_per_partition_lag(

@@ -89,6 +89,12 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "eosflow_dedup_lookups_total": ("counter", "IDs dedup steps looked up in the store.", ()),
     "eosflow_dedup_duplicates_total": ("counter", "Records dedup steps dropped.", ()),
     "eosflow_dedup_redis_round_trips_total": ("counter", "Round trips to the ID store.", ()),
+    "eosflow_replay_copies_dropped_total": (
+        "counter",
+        "Copies of channel records a restarted worker re-emitted that local recovery's replay "
+        "check dropped.",
+        (),
+    ),
     "eosflow_checkpoints_completed_total": ("counter", "Completed checkpoints.", ()),
     "eosflow_checkpoints_failed_total": ("counter", "Aborted checkpoints.", ("reason",)),
     "eosflow_checkpoint_duration_seconds": ("histogram", "Checkpoint trigger to completion.", ()),
@@ -126,6 +132,7 @@ _COUNTERS = {  # task stats key -> counter metric
     "lookups": "eosflow_dedup_lookups_total",
     "dups": "eosflow_dedup_duplicates_total",
     "round_trips": "eosflow_dedup_redis_round_trips_total",
+    "replayed": "eosflow_replay_copies_dropped_total",
 }
 _RATE_WINDOW_S = 5.0
 _ERROR_TYPE = re.compile(r"\b([A-Z]\w*(?:Error|Exception|Timeout))\b")

@@ -37,7 +37,9 @@ if TYPE_CHECKING:
 __all__ = ["COUNTERS", "Tally", "describe_waits", "waits"]
 
 #: The task-stats counters the tally adds up (``in``: source tasks only).
-COUNTERS = ("in", "sunk", "dead", "bad", "late", "dups", "loop_limit", "lookups", "round_trips")
+COUNTERS = (
+    "in", "sunk", "dead", "bad", "late", "dups", "loop_limit", "lookups", "round_trips", "replayed"
+)  # fmt: skip
 
 
 class Tally:

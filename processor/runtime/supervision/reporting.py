@@ -128,11 +128,12 @@ class Reporter:
         sunk = max(totals["sunk"], self.coordinator.stats.committed_records)
         return totals["in"], sunk, self.tally.source_lag(self.current.workers)
 
-    def _bad_counts(self) -> tuple[int, int, int, int]:
-        """Dead letters routed, bad records skipped, duplicates dropped (``dedup`` steps) and
-        records dropped from loops over ``max_iterations``, over every generation of the run."""
+    def _bad_counts(self) -> tuple[int, int, int, int, int]:
+        """Dead letters routed, bad records skipped, duplicates dropped (``dedup`` steps),
+        records dropped from loops over ``max_iterations`` and re-emitted copies local
+        recovery's replay check dropped, over every worker process of the run."""
         t = self.tally.totals()
-        return t["dead"], t["bad"], t["dups"], t["loop_limit"]
+        return t["dead"], t["bad"], t["dups"], t["loop_limit"], t["replayed"]
 
     def waits(self) -> list[dict[str, Any]]:
         """What the workers wait on, the longest first (:func:`~.tally.waits`)."""
@@ -173,9 +174,10 @@ class Reporter:
         rate_text = f"{self.average_rate(rin):,.0f}/s average" if final else f"{rate:,.0f}/s"
         st = self.coordinator.stats
         lag_text = f" lag={lag:,}" if self._lag_known() else " lag=?"
-        dead, bad, dups, over = self._bad_counts()
+        dead, bad, dups, over, replayed = self._bad_counts()
         lag_text += (f" dead={dead:,}" if dead else "") + (f" skipped={bad:,}" if bad else "")
         lag_text += f" dups_dropped={dups:,}" if dups else ""
+        lag_text += f" copies_dropped={replayed:,}" if replayed else ""
         lag_text += f" over_max_iterations={over:,}" if over else ""
         loop_text = f", loop log {st.last_loop_log:,}" if self.plan.cyclic else ""
         self.say(
@@ -244,7 +246,7 @@ class Reporter:
 
     def _status_dict(self, state: str) -> dict[str, Any]:
         rin, out, lag = self.counters()
-        dead, bad, dups, over = self._bad_counts()
+        dead, bad, dups, over, replayed = self._bad_counts()
         st = self.coordinator.stats
         pending = self._pending()
         status: dict[str, Any] = {
@@ -285,6 +287,8 @@ class Reporter:
             "dead_letters": dead,
             "bad_records_skipped": bad,
             "duplicates_dropped": dups,
+            # local recovery: a restarted worker's re-emitted copies its readers dropped
+            "replay_copies_dropped": replayed,
             "over_max_iterations": over,
             "last_loop_log": st.last_loop_log,
             "tasks": {k: v for w in self.current.workers for k, v in w.stats.items()},
