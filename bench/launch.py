@@ -10,6 +10,10 @@ Each tree runs its own code (``PYTHONPATH=<tree>``, and ``<tree>`` as the workin
 worker, started as ``python -m``, imports from its working directory first). An independent
 ``read_committed`` reader notes the first output (its clock polls every 50 ms); ``exit`` is
 when the job's process ended.
+The runner's own marks of the start (``status.json``'s ``startup``: the pipeline compiled, the
+checks, the topics, the claim, the workers launched and connected, the first checkpoint
+triggered, completed and committed; ``process_s``: the interpreter and imports before the
+runner) are kept beside them, as ``runner.<mark>`` (seconds since the runner was built).
 The raw timings go to ``bench/results/launch-<time>.json``.
 """
 
@@ -81,20 +85,34 @@ def main() -> None:
             )
             exited = time.monotonic() - start
             reader.join(30)
-            row = {
+            row: dict[str, float | None] = {
                 "first_output_s": reader.first - start if reader.first else None,
                 "every_output_s": reader.done - start if reader.done else None,
                 "exit_s": exited,
             }
+            row.update(_startup(Path(env["STATE_DIR"]), env["JOB_NAME"]))
             runs[tree].append(row)
             print(tree, {k: round(v, 3) if v else v for k, v in row.items()}, flush=True)
     for tree, rows in runs.items():
-        medians = {k: statistics.median(r[k] or 0.0 for r in rows) for k in rows[0]}
+        keys = [k for k in rows[0] if all(k in r for r in rows)]
+        medians = {k: statistics.median(r[k] or 0.0 for r in rows) for k in keys}
         print(tree, "medians:", {k: round(v, 3) for k, v in medians.items()})
     out = BENCH / "results" / f"launch-{time.strftime('%Y%m%d-%H%M%S')}.json"
     meta = {"records": args.records, "workers": args.workers, "brokers": args.brokers}
     out.write_text(json.dumps({**meta, "runs": runs}, indent=1))
     print(f"raw data: {out}")
+
+
+def _startup(state: Path, job: str) -> dict[str, float | None]:
+    """The runner's own marks of the start (``status.json``'s ``startup``, seconds since the
+    runner was built; ``process_s``: the interpreter and imports before it), prefixed
+    ``runner.``; none from a tree whose runner does not write them."""
+    path = state / "jobs" / job / "status.json"
+    try:
+        marks = json.loads(path.read_text()).get("startup") or {}
+    except (OSError, ValueError):
+        return {}
+    return {f"runner.{k}": float(v) for k, v in marks.items()}
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.cli import committed_output, eosflow, job_env, wait_status
+from processor.runtime.supervision.startup import PHASES
+from tests.e2e.cli import committed_output, eosflow, job_env, status, wait_status
 from tests.e2e.harness import (
     RUNNERS,
     click_events,
@@ -52,6 +53,11 @@ def test_run_until_idle_commits_everything_and_status_reports_it(
     ).stdout
     assert "finished" in text and f"read {RECORDS:,}" in text
     assert f"runner {runner}" in text
+    # Where the start went (issue 51): every mark, in the order a start passes them.
+    startup = status(env)["startup"]
+    marks = [startup[f"{phase}_s"] for phase in PHASES]
+    assert marks == sorted(marks) and marks[0] > 0, startup
+    assert startup["process_s"] > 0, startup  # the interpreter and imports before the runner
 
 
 @pytest.mark.parametrize("runner", RUNNERS)

@@ -25,6 +25,7 @@ from processor.runtime.observe.metrics import JobMetrics
 from processor.runtime.observe.tally import Tally, describe_waits, waits
 from processor.runtime.observe.webui import WebServer
 from processor.runtime.supervision.lifecycle import RestartBudget
+from processor.runtime.supervision.startup import StartTimes
 
 __all__ = ["Reporter"]
 
@@ -55,8 +56,11 @@ class Reporter:
         budget: RestartBudget,
         snapshot_url: str,
         clock: Callable[[], float] = time.monotonic,
+        start: StartTimes | None = None,
     ) -> None:
         self.job, self.dir, self.options, self.runner = job, run_dir, options, runner
+        #: where the start went (``status.json``'s ``startup``; the runner marks it)
+        self.start = start if start is not None else StartTimes(clock)
         self.current, self.budget, self.snapshot_url = current, budget, snapshot_url
         self._clock = clock
         self._started = clock()
@@ -255,6 +259,7 @@ class Reporter:
             "pid": os.getpid(),
             "updated_ms": int(time.time() * 1000),
             "uptime_s": round(self._clock() - self._started, 1),
+            "startup": self.start.as_dict(),
             "generation": self.current.number,
             "restarts": self.budget.restarts,
             # each failure once, with its count and first/last time (not the same cause 10x)

@@ -83,6 +83,7 @@ from processor.runtime.supervision.lifecycle import RestartBudget, StopControlle
 from processor.runtime.supervision.preflight import check_local_recovery, extra_environ, preflight
 from processor.runtime.supervision.recovery import Supervisor, WorkerLauncher
 from processor.runtime.supervision.reporting import Reporter
+from processor.runtime.supervision.startup import StartTimes
 from processor.runtime.supervision.takeover import Takeover
 from processor.runtime.topics import (
     check_graph,
@@ -114,6 +115,7 @@ class Runner:
     :class:`processor.runtime.supervision.spark.SparkRunner` choose one)."""
 
     def __init__(self, pipeline: str | Path, options: RunOptions, launcher: WorkerLauncher) -> None:
+        self.start_times = StartTimes()  # where the start goes (status.json "startup")
         options.validate()
         self.pipeline = str(Path(pipeline).resolve())
         self.options = options
@@ -123,7 +125,8 @@ class Runner:
             )
         if options.recovery == "local":
             check_local_recovery(self.plan)
-        self.job = self.plan.job
+        self.job = self.start_times.job = self.plan.job
+        self.start_times.mark("compiled")
         self.dir = job_dir(self.job, options.state_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         url = options.snapshot_url or default_snapshot_url(self.job, options.state_dir)
@@ -148,6 +151,7 @@ class Runner:
             current=self.current,
             budget=self.budget,
             snapshot_url=self.store.url,
+            start=self.start_times,
         )
         self.stop = StopController(
             self.job, options, say=self.reporter.say, last_completed=self._last_completed
@@ -290,6 +294,7 @@ class Runner:
                 self.lease.acquire()  # before anything writes to the job's topics or checkpoints
             # A savepoint request written since is for this run (not --takeover's own request)
             started_ms = int(time.time() * 1000)
+            self.start_times.mark("checked")
         except BaseException:  # refused (a second run of the job): no sharing left behind
             sharing.close()
             if prepared:
@@ -356,6 +361,7 @@ class Runner:
             )
             self.source_counts = counts
             check_keyed_sources(self.plan, self.store, counts)
+            self.start_times.mark("topics")
             # Refuses lost or stale state, then fences every earlier runner of the job anywhere
             # (runtime.identity).
             self.identity = JobIdentity.take(
@@ -363,6 +369,7 @@ class Runner:
                 rewind=o.from_savepoint is not None, store_url=self.store.url, say=reporter.say,
                 interval_s=self._interval() or 0.0,
             )  # fmt: skip
+            self.start_times.mark("claimed")
             # Above every generation another runner of the job used (its channel records).
             self.store.raise_generation(self.job, self.identity.prior_generation)
             if latest is None:
@@ -421,6 +428,7 @@ class Runner:
                 say=reporter.say,
             )
             supervisor.start_generation()
+            self.start_times.mark("launched")
             self.savepoints = savepoints = SavepointRequests(
                 self.store,
                 self.job,
@@ -552,6 +560,7 @@ class Runner:
             sources = msg.get("sources")
             self.coordinator.on_sunk(chk_id, task_name, msg.get("sunk") or ())
             if self.coordinator.on_ack(chk_id, task_name, handle, log_n, align, drained, sources):
+                self.start_times.mark("first_completed")
                 # its completion notice once the job's group has its offsets (runtime.identity)
                 self.identity.completed(chk_id, self.coordinator.stats.last_sources)
         elif kind == "decline":
@@ -559,7 +568,10 @@ class Runner:
             if chk is not None:
                 self.server.broadcast({"t": "abort", "chk": chk, "reason": msg["reason"]})
         elif kind == "committed":
-            self.stop.on_committed(int(msg["chk"]), str(msg["task"]))
+            chk_id = int(msg["chk"])
+            self.stop.on_committed(chk_id, str(msg["task"]))
+            if self.stop.committed[chk_id] >= self.coordinator.tasks:
+                self.start_times.mark("first_committed")  # the first output is visible
         elif kind == "stats":
             sender.stats, sender.stats_at = msg["tasks"], float(msg.get("at") or 0.0)
             sender.drained = bool(msg["drained"])
@@ -572,6 +584,7 @@ class Runner:
         ready = self.current.connected()
         if ready:
             self.reporter.mark_ready()
+            self.start_times.mark("connected")
         return ready
 
     def _drive(self) -> None:
@@ -591,6 +604,7 @@ class Runner:
                 # Aligned even in unaligned mode: records in flight behind an unaligned barrier
                 # would fall into an epoch that never commits (found by bench/throughput.py).
                 self.server.broadcast({"t": "trigger", "chk": final, "aligned": True})
+                self.start_times.mark("first_trigger")
                 self.reporter.say(f"final checkpoint {final} triggered")
                 self.reporter.mark_final_trigger()
             return
@@ -604,6 +618,7 @@ class Runner:
                 chk = coordinator.due()
         if chk is not None:
             self.server.broadcast({"t": "trigger", "chk": chk})
+            self.start_times.mark("first_trigger")
         if (
             stop.final is not None
             and coordinator.pending is None
