@@ -21,6 +21,7 @@ from processor.admin.values import JobStatus
 from processor.errors import ConfigError, JobNotFoundError, JobRunningError
 from processor.runtime.observe import archive, watermarks
 from processor.runtime.supervision.lifecycle import describe_cause
+from processor.runtime.supervision.startup import describe as describe_start
 
 __all__ = ["jobs", "reset", "savepoint", "status", "txn_abort", "txn_list"]
 
@@ -45,6 +46,8 @@ def status(args: argparse.Namespace) -> int:
         f"generation {st['generation']}  restarts {st['restarts']}  mode {st['mode']}"
         f"  runner {st.get('runner', 'local')}"
     )
+    if st.get("startup"):  # where the start went, in seconds since the runner began
+        print(f"start      {describe_start(st['startup'])}")
     print(
         f"checkpoint last {chk['last_completed']} ({chk['last_duration_ms']} ms), "
         f"{chk['completed']} completed, {chk['aborted']} aborted, pending {chk['pending']}"

@@ -58,6 +58,8 @@ def test_run_until_idle_commits_everything_and_status_reports_it(
     marks = [startup[f"{phase}_s"] for phase in PHASES]
     assert marks == sorted(marks) and marks[0] > 0, startup
     assert startup["process_s"] > 0, startup  # the interpreter and imports before the runner
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("start ")]
+    assert "before the runner; then compiled" in line and "first_committed" in line, line
 
 
 @pytest.mark.parametrize("runner", RUNNERS)

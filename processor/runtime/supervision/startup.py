@@ -18,9 +18,9 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
-__all__ = ["PHASES", "StartTimes", "process_age"]
+__all__ = ["PHASES", "StartTimes", "describe", "process_age"]
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +79,13 @@ class StartTimes:
         return out
 
     def describe(self) -> str:
-        """``process 0.30 s before the runner; compiled 0.11 s, checked 0.19 s, ...``."""
-        marks = ", ".join(f"{p} {self.marks[p]:.2f} s" for p in PHASES if p in self.marks)
-        if self.process_s is None:
-            return marks
-        return f"process {self.process_s:.2f} s before the runner; then {marks}"
+        return describe(self.as_dict())
+
+
+def describe(startup: Mapping[str, float]) -> str:
+    """``status.json``'s ``startup`` in one line (the runner's log, ``eosflow status``):
+    ``process 0.30 s before the runner; then compiled 0.11 s, checked 0.19 s, ...``."""
+    marks = ", ".join(f"{p} {startup[f'{p}_s']:.2f} s" for p in PHASES if f"{p}_s" in startup)
+    if "process_s" not in startup:
+        return marks
+    return f"process {startup['process_s']:.2f} s before the runner; then {marks}"
