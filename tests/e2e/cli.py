@@ -26,6 +26,7 @@ __all__ = [
     "held_then_killed",
     "job_env",
     "kill_job",
+    "run_eosflow",
     "status",
     "wait_status",
 ]
@@ -55,6 +56,27 @@ def elsewhere(env: dict[str, str], tmp: Path) -> dict[str, str]:
 
 def eosflow(*args: str) -> list[str]:
     return [sys.executable, "-m", "processor.cli", *args]
+
+
+def run_eosflow(
+    env: dict[str, str], *args: str, timeout: float = 240
+) -> subprocess.CompletedProcess[str]:
+    """``eosflow ARGS`` to its end. One still running after ``timeout`` seconds fails the test
+    with what it printed, its job's last status and its workers' last log lines: a hang says
+    where it hung."""
+    try:
+        return subprocess.run(
+            eosflow(*args), env=env, capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired as e:
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr
+        where = job_dir(env["JOB_NAME"], env.get("EOSFLOW_STATE_DIR"))
+        found = [f"eosflow {' '.join(args)} still ran after {timeout:.0f}s", (err or "")[-5000:]]
+        with contextlib.suppress(OSError, ValueError):
+            found.append(f"status.json: {(where / 'status.json').read_text()[-3000:]}")
+        for log in sorted(where.glob("worker-*.log")):
+            found.append(f"{log.name}: {log.read_text(errors='replace')[-2000:]}")
+        raise AssertionError("\n".join(found)) from None
 
 
 def committed_output(env: dict[str, str]) -> Counter[bytes]:

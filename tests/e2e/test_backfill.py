@@ -81,7 +81,13 @@ def _backfill(
         f"first window committed at {first.read_share} of the backlog read "
         f"({first.samples} samples)"
     )
-    assert first.samples > 10, "the sampler never saw the job's progress"
+    # The sampler stops at the first committed window, which alignment can bring within a
+    # second (10 samples in CI, at 0.07 of the backlog): a found window proves it saw progress;
+    # without one, it must have watched most of the run.
+    assert first.samples > 0, "the sampler never saw the job's progress"
+    assert first.read_share is not None or first.samples > 10, (
+        f"the sampler saw the job's progress only {first.samples} times and no window"
+    )
     return first, run, seed
 
 

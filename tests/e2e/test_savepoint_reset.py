@@ -32,7 +32,7 @@ from connectors import KafkaSettings, TopicAdmin
 from processor.runtime.shape.savepoints import _MARKER
 from processor.snapshot.store import decode_snapshot, encode_snapshot
 from sinks import read_jsonl
-from tests.e2e.cli import eosflow, job_env
+from tests.e2e.cli import eosflow, job_env, run_eosflow
 from tests.e2e.harness import (
     PIPELINES,
     assert_exactly_once,
@@ -80,7 +80,7 @@ def _output(env: dict[str, str], settings: KafkaSettings, committed: bool) -> Co
 
 
 def _run(env: dict[str, str], *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(eosflow(*args), env=env, capture_output=True, text=True, timeout=timeout)
+    return run_eosflow(env, *args, timeout=timeout)
 
 
 def _stopped_with_savepoint(env: dict[str, str], want: int, read: Any) -> str:

@@ -5,8 +5,11 @@ the spares left are stopped with the runner."""
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from pathlib import Path
+
+import pytest
 
 from processor.runtime.job import Generation
 from processor.runtime.supervision.local import LocalWorkers
@@ -76,3 +79,37 @@ def test_a_spare_exits_when_its_runner_goes_away(tmp_path: Path) -> None:
     spare.popen.stdin.close()  # what a runner's death does to the pipe
     assert spare.popen.wait(30) == 0
     workers.close()
+
+
+def test_a_worker_started_without_a_spare_runs_no_python_between_fork_and_exec(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A launch with no spare left (a restart within 2 s of the last launch) starts the worker
+    from the runner's loop, among librdkafka's threads: a ``preexec_fn`` there can deadlock the
+    child on a lock another thread held at the fork, and ``Popen`` waits for it for ever (the
+    spares' hang of issue 51). It is started as the spares are: its own session, nothing of
+    Python's in the child before exec."""
+    pipeline = tmp_path / "pipeline.py"
+    pipeline.write_text(PIPELINE)
+    started: list[dict[str, object]] = []
+    real = subprocess.Popen
+
+    def popen(*args: object, **kwargs: object) -> subprocess.Popen[bytes]:
+        started.append(kwargs)
+        return real(*args, **kwargs)  # type: ignore[call-overload, no-any-return]
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    workers = LocalWorkers({})  # no prepare: no spare
+    current = Generation(tmp_path, 1)
+    current.begin()
+    log_path = current.log_path(0)
+    spec = {"worker": 0, "workers": 1, "pipeline": str(pipeline), "log_path": str(log_path)}
+    try:
+        workers.launch([spec], current)
+        assert workers.procs[0].popen is not None
+        assert workers.procs[0].popen.wait(30) == 1  # a real worker: it failed on the spec
+        assert "worker=0 failed" in log_path.read_text(), log_path.read_text()
+    finally:
+        workers.close()
+    assert len(started) == 1
+    assert started[0]["preexec_fn"] is None and started[0]["start_new_session"] is True

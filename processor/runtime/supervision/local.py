@@ -12,10 +12,12 @@ its spec on stdin. A launch hands each worker's spec to a spare (and starts one 
 when none is left), and the spares used are replaced 2 s later, once the new workers run (not
 at once: on a small machine their imports would slow the start they are meant to speed up). A spare
 holds no state, no client and no connection until it gets a spec: it exits when its stdin
-closes (the runner stopped or died) and is killed with the runner's other processes. Spares
-are started without a ``preexec_fn`` (no parent-death signal): the replacements start from the
-runner's loop, among its threads, where one hung the runner in ``Popen`` in CI; a worker
-exits when its coordinator connection closes.
+closes (the runner stopped or died) and is killed with the runner's other processes. Spares,
+and workers started when no spare is left (a restart within 2 s of a launch), are started
+without a ``preexec_fn`` (no parent-death signal): they start from the runner's loop, among its
+threads (librdkafka's, the group commit's), where one hung the runner in ``Popen`` in CI; a
+worker exits when its coordinator connection closes, or fails to connect when the runner is
+gone.
 :class:`LocalWorkers` is that :class:`~processor.runtime.supervision.recovery.WorkerLauncher`;
 :class:`LocalRunner` is a :class:`~processor.runtime.supervision.runner.Runner` that uses it (the
 coordinator loop, supervision and reporting are the runner's collaborators).
@@ -155,6 +157,7 @@ class LocalWorkers:
                 log_path=Path(spec["log_path"]),
                 owned=True,
                 env=self._env(),
+                fork_safe=True,  # from the runner's loop too (the module docstring)
             )
         current.workers[i].pid = proc.pid
         return proc
