@@ -29,11 +29,12 @@ import contextlib
 import hashlib
 import threading
 from dataclasses import dataclass
-from typing import Any, Protocol
-
-from fsspec.implementations.memory import MemoryFileSystem
+from typing import TYPE_CHECKING, Any, Protocol
 
 from processor.errors import ConfigError
+
+if TYPE_CHECKING:
+    from fsspec.implementations.memory import MemoryFileSystem
 
 __all__ = ["ConditionFailed", "ConditionalFiles", "Versioned", "conditional_files"]
 
@@ -75,9 +76,9 @@ def conditional_files(fs: Any, url: str) -> ConditionalFiles:
     Raises:
         ConfigError: the filesystem has none eosflow can use.
     """
-    if isinstance(fs, MemoryFileSystem):
-        return _Memory(fs)
     protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+    if "memory" in protocols:  # fsspec's MemoryFileSystem (not imported for a local store)
+        return _Memory(fs)
     if "s3" in protocols and hasattr(fs, "_call_s3"):
         return _S3(fs, url)
     raise ConfigError(

@@ -29,9 +29,6 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from fsspec.core import url_to_fs
-from fsspec.implementations.local import LocalFileSystem
-
 from processor.errors import ConfigError, DefinitionError, SnapshotError
 from processor.snapshot.conditional import ConditionalFiles, conditional_files
 from processor.snapshot.fileformat import (
@@ -46,6 +43,7 @@ from processor.snapshot.fileformat import (
     encode_snapshot,
     is_task_file,
 )
+from processor.snapshot.localfs import LocalFiles, open_fs
 
 # FORMAT_VERSION, Manifest, SnapshotHandle and the snapshot codec are fileformat's, named here
 # too: the engine imports what it stores from the store.
@@ -86,12 +84,12 @@ class SnapshotStore:
         self, url: str, *, clock: Callable[[], float] = time.time, **storage_options: Any
     ) -> None:
         self.url = url
-        self._fs, root = url_to_fs(url, **storage_options)
+        self._fs, root = open_fs(url, **storage_options)
         self._root = root.rstrip("/")
         self._clock = clock
         # Local disks get fsync before the rename: without it, a power cut can leave a renamed
         # but empty file, and the checkpoint would look complete.
-        self._local = isinstance(self._fs, LocalFileSystem)
+        self._local = isinstance(self._fs, LocalFiles)
         self._conditional: ConditionalFiles | None = None
 
     def __repr__(self) -> str:

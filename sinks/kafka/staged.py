@@ -17,15 +17,14 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
-import fsspec
 from confluent_kafka import KafkaError, Producer
-from fsspec.implementations.local import LocalFileSystem
 
 from connectors.admin import TopicAdmin
 from connectors.config import create_producer, producer_config
 from connectors.transport import produce_waiting
 from processor.contracts import SinkContext
 from processor.errors import KafkaClientError
+from processor.snapshot.localfs import LocalFiles, open_fs
 from sinks.files.directory import _fsync_dir
 from sinks.kafka.records import (
     HEADER_ID,
@@ -59,7 +58,7 @@ class StagedKafkaSinkWriter:
         self.partitions = len(TopicAdmin(self.settings).partitions(sink.topic))
         base = ctx.snapshot_url or f"file://{os.path.abspath('.eosflow-staging')}"
         self.dir = f"{base.rstrip('/')}/{ctx.job}/staging/{ctx.step}/{ctx.subtask:05d}"
-        self.fs, self.path = fsspec.core.url_to_fs(self.dir)
+        self.fs, self.path = open_fs(self.dir)
         self.fs.makedirs(self.path, exist_ok=True)
         self.buffer: list[tuple[int, bytes | None, bytes]] = []
         self.n = 0
@@ -96,7 +95,7 @@ class StagedKafkaSinkWriter:
             f.write(bytes(frames))
             _fsync(f)
         self.fs.mv(name + ".tmp", name)
-        if isinstance(self.fs, LocalFileSystem):
+        if isinstance(self.fs, LocalFiles):
             # The rename must survive a power cut: commit reads a missing file as published.
             _fsync_dir(self.path)
         count = len(self.buffer)

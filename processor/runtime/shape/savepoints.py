@@ -44,8 +44,6 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from fsspec.core import url_to_fs
-
 from processor.errors import ConfigError
 from processor.runtime.checkpoints.coordinator import (
     LAST_CHECKPOINT,
@@ -59,6 +57,7 @@ from processor.runtime.shape.savepoint_state import (
     redis_urls,
     save_ids,
 )
+from processor.snapshot.localfs import open_fs
 from processor.snapshot.store import (
     GENERATION_FILE,
     MANIFEST,
@@ -131,8 +130,8 @@ def write_savepoint(
             "stop it with eosflow savepoint JOB --stop"
         )
     target = path or default_path(store, job, chk)
-    src_fs, _ = url_to_fs(store.url)
-    dst_fs, root = url_to_fs(target)
+    src_fs, _ = open_fs(store.url)
+    dst_fs, root = open_fs(target)
     dst_fs.makedirs(root, exist_ok=True)
     if dst_fs.exists(f"{root}/{_MARKER}"):
         dst_fs.rm(f"{root}/{_MARKER}")  # an overwrite is incomplete until the marker is back
@@ -168,7 +167,7 @@ def write_savepoint(
 
 
 def _read_marker(path: str) -> tuple[Any, str, dict[str, Any]]:
-    fs, root = url_to_fs(path)
+    fs, root = open_fs(path)
     try:
         marker = json.loads(fs.cat_file(f"{root}/{_MARKER}"))
     except FileNotFoundError:
@@ -274,7 +273,7 @@ def _same_checkpoint(
 
 def undo_restore(store: SnapshotStore, job: str, chk: int) -> None:
     """Removes a savepoint's copy from the store (the start was refused after it)."""
-    fs, _ = url_to_fs(store.url)
+    fs, _ = open_fs(store.url)
     fs.rm(store.checkpoint_dir(job, chk), recursive=True)
 
 
@@ -302,7 +301,7 @@ def _copy_back(
             )
         states[task] = decode_snapshot(blob, f"{root}/{entry['file']}")
     rebase(job, path, manifest, states, transport, committed=bool(marker.get("committed")))
-    dst_fs, _ = url_to_fs(store.url)
+    dst_fs, _ = open_fs(store.url)
     chk_dir = store.checkpoint_dir(job, chk)
     dst_fs.makedirs(chk_dir, exist_ok=True)
     original = {t: e["checksum"] for t, e in manifest["tasks"].items()}

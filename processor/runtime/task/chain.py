@@ -25,7 +25,7 @@ Invariants:
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dedup.ids import emission_id
 from processor.compiler import Stage
@@ -33,13 +33,15 @@ from processor.contracts import Message, SinkContext, SinkWriter
 from processor.dataflow import DEAD_LETTERS
 from processor.errors import UserFunctionError
 from processor.runtime.operators.core import MIN_WATERMARK, Operator, Record, SinkOp
-from processor.runtime.operators.dedup_step import DedupOperator
 from processor.runtime.operators.registry import build_operator, build_router
 from processor.runtime.operators.replay import ReplayCheck
-from processor.runtime.operators.windows import Combiner
 from processor.runtime.task.channels import ChannelOut, Lineage, Loop, TaskEnv
 from processor.runtime.task.dead_letters import DeadLetters, Origins
 from processor.wire import Watermark
+
+if TYPE_CHECKING:  # imported when a step needs them (operators.registry)
+    from processor.runtime.operators.dedup_step import DedupOperator
+    from processor.runtime.operators.windows import Combiner
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +97,7 @@ class OperatorChain:
         self.combiners: list[Combiner] = []
         self.outputs: list[ChannelOut] = []
         self.routers: list[Operator] = []  # key-by-ID heads of global dedup shuffles
+        self.dedups: list[DedupOperator] = []
         for name in stage.steps:
             step = steps[name]
             if step.kind == "source":
@@ -107,6 +110,8 @@ class OperatorChain:
             else:
                 built = build_operator(step, merged_input=name in merged_into)
                 self.ops[name] = built
+                if step.kind == "dedup":
+                    self.dedups.append(built)  # type: ignore[arg-type]
                 built.open(self.sink_context(name, self.subtask, plan.parallelism))
             for parent in step.parents:
                 if parent in self.ops:  # parents in other stages arrive through channels
@@ -144,6 +149,8 @@ class OperatorChain:
                 head.children.append(out)
                 self.routers.append(head)
             elif edge.combine:
+                from processor.runtime.operators.windows import Combiner
+
                 combiner = Combiner(steps[edge.dst_step])
                 combiner.children.append(out)
                 self.combiners.append(combiner)
@@ -293,8 +300,7 @@ class OperatorChain:
     def metrics(self) -> dict[str, Any]:
         """The chain's part of the metrics (docs/observability.md): per step, per sink, the
         dedup steps' store traffic, the transactions' headroom, the recent dead letters."""
-        ops = self.ops.values()
-        dedups = [op for op in ops if isinstance(op, DedupOperator)]
+        dedups = self.dedups
         headroom = {}
         for name, writer in self.committers:
             probe = getattr(writer, "txn_headroom_s", None)

@@ -47,7 +47,6 @@ from processor.runtime.operators.core import (
     MIN_WATERMARK,
     Record,
 )
-from processor.runtime.operators.joins import joined_as_table_only
 from processor.runtime.task.chain import TP, OperatorChain
 from processor.runtime.task.channels import TaskEnv
 from processor.runtime.task.dead_letters import source_origins
@@ -113,6 +112,8 @@ class SourceInputs:
             if p.get("table"):  # a tombstone (null value) deletes the row: not decoded
                 decode = _table_decode(decode)
                 self.table_topics.add(p["topic"])
+                from processor.runtime.operators.joins import joined_as_table_only
+
                 if joined_as_table_only(steps, source):  # may leave the watermark when quiet
                     self.quiet_tables.add(p["topic"])
             self.source_params[p["topic"]] = (
