@@ -332,7 +332,7 @@ def test_a_reset_job_runs_again_into_its_lake_tables_and_each_row_is_there_once(
              "--until-idle"],
             env=env, capture_output=True, text=True, timeout=300,
         )  # fmt: skip
-        assert done.returncode == 0, done.stderr[-3000:]
+        assert done.returncode == 0, done.stderr[-8000:]
         want += expected(expected_running_totals, records, run_seed)
         if run == 0:
             reset = subprocess.run(

@@ -16,6 +16,7 @@ directory (:func:`hold_paths`). The heartbeat thread keeps beating while the wor
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import json
 import logging
 import os
@@ -527,6 +528,7 @@ def _spare_spec(preload: list[str]) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    faulthandler.enable()  # a native crash leaves every thread's stack in the worker's log
     if args[:1] == ["--spare"] and len(args) == 3:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the runner decides when workers stop
         path = _spare_spec(args[1:])
