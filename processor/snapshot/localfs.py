@@ -2,8 +2,8 @@
 
 Every worker and the runner open the snapshot store on their start path, and nearly every job
 keeps its checkpoints on a local disk (``file://``, the default). fsspec's import (with
-``importlib.metadata``, ``email`` and ``configparser`` behind it) was 35-50 ms of each process's
-start, a sixth of a worker's imports (``bench/RESULTS.md``, "Start-up without fsspec"). So a local
+``importlib.metadata``, ``email`` and ``configparser`` behind it) was about a fifth of a worker's
+imports (``bench/RESULTS.md``, "Start-up without fsspec"). So a local
 store is served here, in the calls the store, the savepoints and the Kafka sink's staging make,
 with fsspec's ``LocalFileSystem`` semantics (absolute POSIX paths without a trailing ``/``;
 listings of full paths); every other URL (``s3://``, ``memory://``, chained URLs, or a local
