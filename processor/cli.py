@@ -20,6 +20,7 @@ The CLI is the wiring: one of the few places in ``processor`` allowed to import 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import json
 import logging
@@ -542,8 +543,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     _configure_logging(args.verbose)
     # A crash in native code (librdkafka, pyarrow, a user's extension) prints every thread's
-    # Python stack to stderr: where it crashed, not only "exit -11".
-    faulthandler.enable()
+    # Python stack to stderr: where it crashed, not only "exit -11". Not when called in a
+    # process that has it already (pytest) or whose stderr has no descriptor.
+    if not faulthandler.is_enabled():
+        with contextlib.suppress(OSError, ValueError):
+            faulthandler.enable()
     # SIGTERM becomes SystemExit so that `with` blocks and atexit stop owned servers.
     signal.signal(signal.SIGTERM, lambda _sig, _frame: sys.exit(143))
     try:

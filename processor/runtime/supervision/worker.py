@@ -528,7 +528,9 @@ def _spare_spec(preload: list[str]) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    faulthandler.enable()  # a native crash leaves every thread's stack in the worker's log
+    if not faulthandler.is_enabled():  # a native crash leaves every thread's stack in its log
+        with contextlib.suppress(OSError, ValueError):
+            faulthandler.enable()
     if args[:1] == ["--spare"] and len(args) == 3:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the runner decides when workers stop
         path = _spare_spec(args[1:])
