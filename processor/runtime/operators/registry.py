@@ -2,8 +2,9 @@
 to its runtime :class:`~processor.runtime.operators.core.Operator` (the task builds its fused chain
 with it; sources and sinks are built by the task itself).
 
-The modules of the operators beyond the stateless ones (dedup, joins, windows, sessions,
-``process``) are imported when a step needs them: a worker's imports are on the way of every
+The modules of the operators beyond the stateless ones (dedup, joins, windows, sessions;
+``process`` too, though the channels import it for their clock) are imported when a step
+needs them: a worker's imports are on the way of every
 start and restart, and a job without dedup need not load the Redis client and the Bloom
 filters (``bench/RESULTS.md``, "Start-up without fsspec")."""
 
