@@ -29,11 +29,9 @@ __all__ = ["LocalFiles", "open_fs"]
 def open_fs(url: str, **storage_options: Any) -> tuple[Any, str]:
     """``(filesystem, root path)`` for ``url``, as fsspec's ``url_to_fs`` (a
     :class:`LocalFiles` for a local path or ``file://`` URL without options)."""
-    if not storage_options and "::" not in url:
-        if url.startswith("file://"):
-            return LocalFiles(), _path(url.removeprefix("file://"))
-        if "://" not in url and not url.startswith("file:"):
-            return LocalFiles(), _path(url)
+    local = url.startswith("file://") or ("://" not in url and not url.startswith("file:"))
+    if local and not storage_options and "::" not in url:
+        return LocalFiles(), _path(url)
     from fsspec.core import url_to_fs
 
     return url_to_fs(url, **storage_options)  # type: ignore[no-any-return]
