@@ -112,7 +112,10 @@ def test_a_backfills_running_aggregate_after_a_shuffle_is_exactly_once_under_loc
     # tier once had none, unaligned): such a run is checked all the same, then another seed.
     attempts = Attempts(tmp_path)
     for seed, tmp in attempts:
-        records = 80_000
+        # 80,000 drained once (CI, loaded) 5 s after the first fault's restart, before the
+        # restarted worker reached its second commit with data: the second named fault only
+        # fires on a commit that has an epoch to commit, so the input must outlast it.
+        records = 120_000
         random_kills = 5
         faults = [
             Fault(0, 1, "mid-alignment", 3),

@@ -3,6 +3,7 @@ the handovers themselves run in tests/e2e/test_takeover.py."""
 
 from __future__ import annotations
 
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -63,3 +64,29 @@ def test_no_running_holder_means_a_usual_start(tmp_path: Path) -> None:
     stopped = {**_record(f"file://{tmp_path / 'theirs'}", "h"), "stopped": True}
     assert _takeover(tmp_path, said).from_claim(_Transport(_Claim(stopped))) is None
     assert said == ["--takeover: the claim of job 'job-a' names no running runner"]
+
+
+def test_a_holder_that_stopped_just_before_on_a_reachable_store_is_gone_on_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its runner stopped before the takeover looked (a bounded run that finished, a SIGTERM
+    just before): its newest checkpoint is copied as a savepoint, as when it stops without
+    answering, instead of a usual start that the job's history refuses."""
+    from processor.admin import jobs
+    from processor.admin.values import Savepoint
+    from processor.runtime.supervision import takeover as module
+
+    theirs = f"file://{tmp_path / 'theirs'}"
+    copied: list[str | None] = []
+
+    def copy(_self: Any, job: str, *, path: Any = None, snapshot_url: Any = None) -> Savepoint:
+        copied.append(snapshot_url)
+        return Savepoint(job, f"{theirs}/savepoints/sp-9", 9)
+
+    monkeypatch.setattr(jobs.JobAdmin, "copy_checkpoint", copy)
+    monkeypatch.setattr(module, "_has_job", lambda _store, _job: True)
+    said: list[str] = []
+    stopped = {**_record(theirs, socket.gethostname()), "stopped": True}
+    path = _takeover(tmp_path, said).from_claim(_Transport(_Claim(stopped)))
+    assert path == f"{theirs}/savepoints/sp-9" and copied == [theirs]
+    assert "stopped at checkpoint 7 before this takeover" in said[-1], said

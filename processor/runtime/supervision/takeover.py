@@ -83,8 +83,7 @@ class Takeover:
             record = claim.last()
             running = holder_text(self.job, record, time.time())
             if not running:
-                self._say(f"--takeover: the claim of job {self.job!r} names no running runner")
-                return None
+                return self._from_stopped(claim, record)
             assert record is not None
             theirs = str(record.get("store") or "")
             if theirs.startswith("file:") and record.get("host") != socket.gethostname():
@@ -95,6 +94,32 @@ class Takeover:
             return self._from_other_store(claim, theirs, running)
         finally:
             claim.close()
+
+    def _from_stopped(self, claim: Any, record: dict[str, Any] | None) -> str | None:
+        """No running holder. Its runner stopped before this start looked (a bounded run that
+        finished, a SIGTERM just before the takeover): on another snapshot store reachable here
+        that holds the job, its newest checkpoint, copied as a savepoint, as when it stops
+        without answering; a runner starting on that store (its lease held, the claim not
+        naming it yet) is asked to stop. Else ``None``: a usual start (the history check
+        refuses one without the job's state)."""
+        url = str((record or {}).get("store") or "")
+        if not record or not record.get("stopped") or not url or url == self.store.url:
+            self._say(f"--takeover: the claim of job {self.job!r} names no running runner")
+            return None
+        who = (
+            f"the runner of job {self.job!r} on host {record.get('host', '?')}, pid "
+            f"{record.get('pid', '?')}, stopped at checkpoint {record.get('checkpoint', '?')} "
+            f"before this takeover (snapshot store {url})"
+        )
+        if url.startswith("file:") and (
+            record.get("host") != socket.gethostname() or not _has_job(SnapshotStore(url), self.job)
+        ):  # not reachable here
+            self._say(f"--takeover: the claim of job {self.job!r} names no running runner")
+            return None
+        copied = self._copy_stopped(url, who)
+        if copied is None:  # its lease is held: a runner is starting there, not yet claimed
+            return self._from_other_store(claim, url, f"a runner is starting on {url}")
+        return copied
 
     def _from_other_store(self, claim: Any, url: str, running: str) -> str:
         """The savepoint of the holder on store ``url``: its answer, or (it stopped without one:
@@ -119,7 +144,8 @@ class Takeover:
                 # gone without an answer (SIGTERMed, killed, its final checkpoint failed): its
                 # lease is free then, and its newest checkpoint is the one to start from
                 next_look = time.monotonic() + 1.0
-                copied = self._copy_stopped(url, failed)
+                why = f"it stopped without answering ({failed or 'stopped meanwhile'})"
+                copied = self._copy_stopped(url, why)
                 if copied is not None:
                     return copied
             time.sleep(_POLL_S)
@@ -154,8 +180,8 @@ class Takeover:
             self._say("--takeover: it stopped before its first checkpoint; starting afresh")
             return ""
         self._say(
-            f"--takeover: it stopped without answering ({why or 'stopped meanwhile'}); its "
-            f"checkpoint {copied.checkpoint_id} copied as a savepoint: {copied.path}"
+            f"--takeover: {why}; its checkpoint {copied.checkpoint_id} copied as a savepoint: "
+            f"{copied.path}"
         )
         return copied.path
 
