@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -449,6 +451,9 @@ class WorkerHandle:
     #: that heartbeat came (monotonic).
     waits: list[dict[str, Any]] = field(default_factory=list)
     waits_at: float = 0.0
+    #: When its process was asked for (monotonic; ``None``: not by :class:`Generation`): a
+    #: worker that has not said hello since is shown waiting on its start (``tally.waits``).
+    started: float | None = None
 
 
 class Generation:
@@ -461,9 +466,12 @@ class Generation:
     their connections; the reporter reads their counters.
     """
 
-    def __init__(self, run_dir: Path, count: int) -> None:
+    def __init__(
+        self, run_dir: Path, count: int, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.dir = run_dir
         self.count = count
+        self._clock = clock
         self.number = 0
         self.workers: list[WorkerHandle] = []
         self._log_offsets: list[int] = []
@@ -473,12 +481,13 @@ class Generation:
 
     def begin(self) -> None:
         """Fresh handles for generation :attr:`number`; its log lines start here."""
-        self.workers = [WorkerHandle(i) for i in range(self.count)]
+        now = self._clock()
+        self.workers = [WorkerHandle(i, started=now) for i in range(self.count)]
         self._log_offsets = [self._log_size(i) for i in range(self.count)]
 
     def restart(self, worker: int) -> None:
         """A fresh handle for ``worker`` alone (local recovery), its log lines starting here."""
-        self.workers[worker] = WorkerHandle(worker)
+        self.workers[worker] = WorkerHandle(worker, started=self._clock())
         self._log_offsets[worker] = self._log_size(worker)
 
     def connected(self) -> bool:

@@ -62,7 +62,7 @@ class _Setup:
         self.out = io.StringIO()
         self.options = RunOptions(progress=self.out, **options)
         self.plan = _plan()
-        self.current = Generation(tmp_path, 1)
+        self.current = Generation(tmp_path, 1, clock=self.clock)
         self.current.number = 1
         self.current.begin()
         self.budget = RestartBudget("report-job", self.options, tmp_path, clock=self.clock)
@@ -321,3 +321,22 @@ def test_a_checkpoint_pending_for_long_is_named_with_the_tasks_it_waits_for(
     s.clock.now += 12.0
     s.reporter.report(force=True)
     assert s.lines()[-1].endswith(f" pending={chk} for 12 s (no ack from clicks.0, count.0)")
+
+
+def test_a_worker_without_hello_shows_waiting_on_its_start(tmp_path: Path) -> None:
+    """A worker whose process was asked for but has not said hello (the pipeline file's
+    imports, a model loaded at its top level, a Spark executor not yet scheduled) is named
+    once past a usual start, then not once it connected."""
+    s = _Setup(tmp_path)
+    w = s.current.workers[0]
+    s.clock.now += 4.0
+    s.reporter.report(force=True)
+    assert "waiting" not in s.lines()[-1] and s.status()["waiting"] == []
+    s.clock.now += 8.0
+    s.reporter.report(force=True)
+    on = "its start (no hello yet; see worker-0.log)"
+    assert s.lines()[-1].endswith(f"waiting: worker 0 on {on} for 12 s"), s.lines()[-1]
+    assert [(x["worker"], x["on"], x["for_s"]) for x in s.status()["waiting"]] == [(0, on, 12.0)]
+    w.pid, w.conn = 100, Connection.__new__(Connection)  # it said hello
+    s.reporter.report(force=True)
+    assert "waiting" not in s.lines()[-1] and s.status()["waiting"] == []

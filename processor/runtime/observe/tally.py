@@ -99,6 +99,11 @@ class Tally:
         return topic in self._channels
 
 
+#: A worker that has not said hello this long after its process was asked for is shown waiting
+#: on its start (a usual start takes 0.1-2 s; a Spark executor's, up to ~10 s).
+NO_HELLO_SHOWN_S = 5.0
+
+
 def waits(workers: Iterable[WorkerHandle], now: float | None = None) -> list[dict[str, Any]]:
     """What the ``workers`` wait on, the longest first: ``{"worker", "on", "since_ms",
     "for_s"}``; ``for_s`` grows with the time since the heartbeat that said it (``now``:
@@ -107,6 +112,17 @@ def waits(workers: Iterable[WorkerHandle], now: float | None = None) -> list[dic
     found = []
     for w in workers:
         if w.conn is None:
+            # no hello yet: its interpreter, the pipeline file's imports and top level (a model
+            # loaded there), or a Spark executor to be scheduled; shown once past a usual start
+            if w.started is not None and now - w.started >= NO_HELLO_SHOWN_S:
+                found.append(
+                    {
+                        "worker": w.index,
+                        "on": f"its start (no hello yet; see worker-{w.index}.log)",
+                        "since_ms": int((time.time() - (now - w.started)) * 1000),
+                        "for_s": round(now - w.started, 1),
+                    }
+                )
             continue
         for wait in w.waits:
             later = max(0.0, now - w.waits_at)
