@@ -502,8 +502,9 @@ class TopicAdmin:
     ) -> dict[TP, tuple[int, int]]:
         """``(beginning, end)`` offsets per partition (see :mod:`connectors.offsets`).
 
-        With ``committed=True`` the end is the last stable offset (what a ``read_committed``
-        reader can reach); otherwise the high watermark.
+        The end is the high watermark whatever ``committed`` says (:mod:`connectors.offsets`:
+        librdkafka does not expose the last stable offset); ``committed`` picks the measuring
+        consumer's isolation level.
         """
         conf = consumer_config(
             self._settings,

@@ -294,7 +294,7 @@ class Transport(Protocol):
         """Partitions of an existing topic; raise ``ConfigError`` if it does not exist."""
 
     def end_offsets(self, tps: Iterable[TP]) -> dict[TP, int]:
-        """Current end offsets (last stable offsets under ``read_committed``)."""
+        """Current end offsets: the high watermarks (:mod:`connectors.offsets`)."""
 
     def reader(self, *, group_id: str, deleted: str = "fail") -> Reader:
         """A reader; ``deleted``: what it does when retention deleted records it must read

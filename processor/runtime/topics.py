@@ -2,8 +2,9 @@
 
 Both ends of a run are fixed once and kept, so that restarts read the same range:
 
-* ``--until-idle`` ends at the source partitions' last stable offsets when ``eosflow run``
-  started (records written later are the next run's).
+* ``--until-idle`` ends at the source partitions' end offsets (high watermarks) when
+  ``eosflow run`` started (records written later are the next run's; a transaction open then is
+  waited for, and its records read if it commits: :mod:`connectors.offsets`).
 * A job without a completed checkpoint starts where it was when it first started, recorded in
   its snapshot store (``_START``) before any worker runs: a ``start="latest"`` source at the end
   it had then, and every channel partition a task reads at its end then. Without this a restart
