@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 import pytest
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from connectors import KafkaSettings
 from connectors.admin import TopicAdmin
@@ -58,10 +58,15 @@ def read_topic(
     out, eof, deadline = [], set(), time.monotonic() + 30
     while len(eof) < len(parts) and time.monotonic() < deadline:
         for msg in consumer.consume(1000, 0.2):
-            if msg.error() is not None:
-                eof.add(msg.partition())
-            else:
+            error = msg.error()
+            if error is None:
                 out.append(msg)
+            elif error.code() == KafkaError._PARTITION_EOF:
+                eof.add(msg.partition())
+            elif error.fatal():
+                raise KafkaException(error)
+            # else informational (a connection lost, a leader moving): librdkafka retries, and
+            # the partition is read on to its end (it counted as the end before: a short read)
     consumer.close()
     return out
 
