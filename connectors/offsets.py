@@ -35,7 +35,8 @@ _UNKNOWN = -1001  # librdkafka's RD_KAFKA_OFFSET_INVALID: no fetch response seen
 def watermarks(
     consumer_conf: Mapping[str, Any], partitions: Iterable[TP], *, timeout: float = 30.0
 ) -> dict[TP, tuple[int, int]]:
-    """``(beginning, end)`` per partition, the end as seen by a consumer with ``consumer_conf``.
+    """``(beginning, end)`` per partition, the end the high watermark (module docstring), measured
+    by a consumer with ``consumer_conf``.
 
     Raises:
         KafkaClientError: a partition did not answer within ``timeout``.

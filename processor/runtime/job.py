@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -195,6 +193,14 @@ class RunOptions:
     #: ``takeover_timeout`` seconds.
     takeover: bool = False
     takeover_timeout: float = 120.0
+
+    def rewinds(self) -> bool:
+        """Whether this start restores a savepoint on purpose (``--from-savepoint``): the job's
+        consumer group may then be ahead of it, and the output since is committed again, as
+        asked. A takeover's savepoint (set here by ``--takeover``) is the holder's last state: a
+        group ahead of it means another runner went on from newer state meanwhile, so the start
+        is refused as any stale state is (:mod:`processor.runtime.supervision.identity`)."""
+        return self.from_savepoint is not None and not self.takeover
 
     def watermark_drift_ms(self) -> int | None:
         """:attr:`watermark_alignment` in ms, ``None`` when off."""
@@ -451,8 +457,9 @@ class WorkerHandle:
     #: that heartbeat came (monotonic).
     waits: list[dict[str, Any]] = field(default_factory=list)
     waits_at: float = 0.0
-    #: When its process was asked for (monotonic; ``None``: not by :class:`Generation`): a
-    #: worker that has not said hello since is shown waiting on its start (``tally.waits``).
+    #: When the local runner started its process (monotonic; ``None`` on Spark, whose executor
+    #: check and barrier job say why a worker does not come): a worker that has not said hello
+    #: since is shown waiting on its start (``tally.waits``).
     started: float | None = None
 
 
@@ -466,12 +473,9 @@ class Generation:
     their connections; the reporter reads their counters.
     """
 
-    def __init__(
-        self, run_dir: Path, count: int, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, run_dir: Path, count: int) -> None:
         self.dir = run_dir
         self.count = count
-        self._clock = clock
         self.number = 0
         self.workers: list[WorkerHandle] = []
         self._log_offsets: list[int] = []
@@ -481,13 +485,12 @@ class Generation:
 
     def begin(self) -> None:
         """Fresh handles for generation :attr:`number`; its log lines start here."""
-        now = self._clock()
-        self.workers = [WorkerHandle(i, started=now) for i in range(self.count)]
+        self.workers = [WorkerHandle(i) for i in range(self.count)]
         self._log_offsets = [self._log_size(i) for i in range(self.count)]
 
     def restart(self, worker: int) -> None:
         """A fresh handle for ``worker`` alone (local recovery), its log lines starting here."""
-        self.workers[worker] = WorkerHandle(worker, started=self._clock())
+        self.workers[worker] = WorkerHandle(worker)
         self._log_offsets[worker] = self._log_size(worker)
 
     def connected(self) -> bool:

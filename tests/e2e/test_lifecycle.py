@@ -70,9 +70,9 @@ def test_until_idle_ends_on_an_input_written_in_transactions(
     kafka_endpoint: tuple[str, str], broker_caps: Any, tmp_path: Path, aborted: bool
 ) -> None:
     """The main use of eosflow is reading another exactly-once job's output: its partitions end
-    in commit or abort markers. ``--until-idle`` must end there (the end offsets are the last
-    stable offsets, the position moves over control records) with every committed record once
-    and no aborted one."""
+    in commit or abort markers. ``--until-idle`` must end there (the end offsets are the high
+    watermarks, and a read_committed position moves over control records and aborted records
+    to them) with every committed record once and no aborted one."""
     if aborted:
         skip_unless_broker_has(
             broker_caps,

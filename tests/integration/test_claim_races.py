@@ -265,3 +265,27 @@ def test_a_runner_whose_claim_producer_failed_stops_when_another_took_the_job_me
     a_claim._producer = _FatalOnce(a_claim._producer)  # as if it failed before B fenced it
     a.completed(1, [[source, 0, 100]])
     assert not _outcome(a, 1), "A released a checkpoint after B took the job"
+
+
+def test_a_takeovers_copy_behind_the_group_is_refused_and_a_savepoint_rewinds_on_purpose(
+    kafka_endpoint: tuple[str, str], job: str, source: str, runners: list[JobIdentity]
+) -> None:
+    """A takeover starts from the holder's copied state (``--takeover`` sets the savepoint
+    itself): a group ahead of it means another runner went on meanwhile, so it is refused as
+    stale state is. Only ``--from-savepoint`` rewinds on purpose (its output is committed
+    again, as asked). Before, both passed the check: a takeover that raced a runner starting
+    on the stopped holder's store replayed that runner's committed output."""
+    from processor.runtime.job import RunOptions
+
+    brokers = kafka_endpoint[0]
+    a = JobIdentity.take(job, _Transport(_claim(brokers, job)), None)
+    runners.append(a)
+    a.completed(2, [[source, 0, 200]])
+    assert _outcome(a, 2)
+    copy = _manifest(job, source, 1, 100)
+    takeover = RunOptions(from_savepoint="file:///copied/sp-1", takeover=True)
+    with pytest.raises(JobHistoryError, match="checkpoint 1"):
+        JobIdentity.take(job, _Transport(_claim(brokers, job)), copy, rewind=takeover.rewinds())
+    savepoint = RunOptions(from_savepoint="file:///kept/sp-1")
+    b = JobIdentity.take(job, _Transport(_claim(brokers, job)), copy, rewind=savepoint.rewinds())
+    runners.append(b)

@@ -62,7 +62,7 @@ class _Setup:
         self.out = io.StringIO()
         self.options = RunOptions(progress=self.out, **options)
         self.plan = _plan()
-        self.current = Generation(tmp_path, 1, clock=self.clock)
+        self.current = Generation(tmp_path, 1)
         self.current.number = 1
         self.current.begin()
         self.budget = RestartBudget("report-job", self.options, tmp_path, clock=self.clock)
@@ -324,11 +324,12 @@ def test_a_checkpoint_pending_for_long_is_named_with_the_tasks_it_waits_for(
 
 
 def test_a_worker_without_hello_shows_waiting_on_its_start(tmp_path: Path) -> None:
-    """A worker whose process was asked for but has not said hello (the pipeline file's
-    imports, a model loaded at its top level, a Spark executor not yet scheduled) is named
-    once past a usual start, then not once it connected."""
+    """A local worker whose process started but has not said hello (the pipeline file's
+    imports, a model loaded at its top level) is named once past a usual start, then not once
+    it connected."""
     s = _Setup(tmp_path)
     w = s.current.workers[0]
+    w.pid, w.started = 100, s.clock.now  # what the local runner sets when it starts it
     s.clock.now += 4.0
     s.reporter.report(force=True)
     assert "waiting" not in s.lines()[-1] and s.status()["waiting"] == []
@@ -337,6 +338,6 @@ def test_a_worker_without_hello_shows_waiting_on_its_start(tmp_path: Path) -> No
     on = "its start (no hello yet; see worker-0.log)"
     assert s.lines()[-1].endswith(f"waiting: worker 0 on {on} for 12 s"), s.lines()[-1]
     assert [(x["worker"], x["on"], x["for_s"]) for x in s.status()["waiting"]] == [(0, on, 12.0)]
-    w.pid, w.conn = 100, Connection.__new__(Connection)  # it said hello
+    w.conn = Connection.__new__(Connection)  # it said hello
     s.reporter.report(force=True)
     assert "waiting" not in s.lines()[-1] and s.status()["waiting"] == []

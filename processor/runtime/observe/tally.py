@@ -99,8 +99,8 @@ class Tally:
         return topic in self._channels
 
 
-#: A worker that has not said hello this long after its process was asked for is shown waiting
-#: on its start (a usual start takes 0.1-2 s; a Spark executor's, up to ~10 s).
+#: A local worker that has not said hello this long after its process started is shown waiting
+#: on its start (a usual start takes 0.1-2 s: the interpreter, the pipeline's imports).
 NO_HELLO_SHOWN_S = 5.0
 
 
@@ -113,7 +113,7 @@ def waits(workers: Iterable[WorkerHandle], now: float | None = None) -> list[dic
     for w in workers:
         if w.conn is None:
             # no hello yet: its interpreter, the pipeline file's imports and top level (a model
-            # loaded there), or a Spark executor to be scheduled; shown once past a usual start
+            # loaded there), a restore's manifest read; shown once past a usual start
             if w.started is not None and now - w.started >= NO_HELLO_SHOWN_S:
                 found.append(
                     {

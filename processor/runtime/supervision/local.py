@@ -160,6 +160,7 @@ class LocalWorkers:
                 fork_safe=True,  # from the runner's loop too (the module docstring)
             )
         current.workers[i].pid = proc.pid
+        current.workers[i].started = time.monotonic()  # its hello is due (observe.tally.waits)
         return proc
 
     def _hand_to_spare(self, spec_path: Path) -> ServerProcess | None:

@@ -366,7 +366,7 @@ class Runner:
             # (runtime.identity).
             self.identity = JobIdentity.take(
                 self.job, transport, latest, start_over=o.start_over, force=o.force,
-                rewind=o.from_savepoint is not None, store_url=self.store.url, say=reporter.say,
+                rewind=o.rewinds(), store_url=self.store.url, say=reporter.say,
                 interval_s=self._interval() or 0.0,
             )  # fmt: skip
             self.start_times.mark("claimed")
