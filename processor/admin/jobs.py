@@ -188,9 +188,15 @@ class JobAdmin:
             )
 
     def copy_checkpoint(
-        self, job: str, *, path: str | None = None, snapshot_url: str | None = None
+        self,
+        job: str,
+        *,
+        path: str | None = None,
+        snapshot_url: str | None = None,
+        redis_url: Callable[[str], str | None] | None = None,
     ) -> Savepoint:
-        """The stopped job's newest completed checkpoint, copied as a savepoint.
+        """The stopped job's newest completed checkpoint, copied as a savepoint;
+        ``redis_url(step)``: each dedup step's Redis (default: this admin's, the same for all).
 
         Raises:
             JobRunningError: the job is running (see :meth:`request_savepoint`).
@@ -208,7 +214,11 @@ class JobAdmin:
             # whose commit markers are gone, must not publish its last epoch again
             committed = final_committed(store, job) == latest.checkpoint_id
             written = write_savepoint(
-                store, latest, path=_where(path), redis_url=self._redis, committed=committed
+                store,
+                latest,
+                path=_where(path),
+                redis_url=redis_url or self._redis,
+                committed=committed,
             )
         return Savepoint(job, written, latest.checkpoint_id)
 

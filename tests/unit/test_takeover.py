@@ -63,6 +63,13 @@ def test_no_running_holder_means_a_usual_start(tmp_path: Path) -> None:
     said: list[str] = []
     stopped = {**_record(f"file://{tmp_path / 'theirs'}", "h"), "stopped": True}
     assert _takeover(tmp_path, said).from_claim(_Transport(_Claim(stopped))) is None
+    assert said == [
+        f"--takeover: the runner of job 'job-a' on host h, pid 4242, stopped before this "
+        f"takeover (snapshot store file://{tmp_path / 'theirs'}), which is not reachable from "
+        "here; starting as usual"
+    ]
+    said.clear()
+    assert _takeover(tmp_path, said).from_claim(_Transport(_Claim(None))) is None
     assert said == ["--takeover: the claim of job 'job-a' names no running runner"]
 
 
@@ -79,7 +86,7 @@ def test_a_holder_that_stopped_just_before_on_a_reachable_store_is_gone_on_from(
     theirs = f"file://{tmp_path / 'theirs'}"
     copied: list[str | None] = []
 
-    def copy(_self: Any, job: str, *, path: Any = None, snapshot_url: Any = None) -> Savepoint:
+    def copy(_self: Any, job: str, *, snapshot_url: Any = None, **_kw: Any) -> Savepoint:
         copied.append(snapshot_url)
         return Savepoint(job, f"{theirs}/savepoints/sp-9", 9)
 
@@ -89,4 +96,5 @@ def test_a_holder_that_stopped_just_before_on_a_reachable_store_is_gone_on_from(
     stopped = {**_record(theirs, socket.gethostname()), "stopped": True}
     path = _takeover(tmp_path, said).from_claim(_Transport(_Claim(stopped)))
     assert path == f"{theirs}/savepoints/sp-9" and copied == [theirs]
-    assert "stopped at checkpoint 7 before this takeover" in said[-1], said
+    assert "pid 4242, stopped before this takeover" in said[-1], said
+    assert "its checkpoint 9 copied as a savepoint" in said[-1], said

@@ -499,7 +499,10 @@ class Runner:
         """``--takeover``: the runner holding the job stops at a savepoint, this one takes the
         lease and starts from it (:mod:`processor.runtime.supervision.takeover`)."""
         o = self.options
-        takeover = Takeover(self.job, self.store, timeout=o.takeover_timeout, say=self.reporter.say)
+        takeover = Takeover(
+            self.job, self.store, timeout=o.takeover_timeout, say=self.reporter.say,
+            redis_url=redis_urls(self.plan.flow, o.environ),
+        )  # fmt: skip
         path = takeover.from_claim(transport)  # the runner that checkpointed last
         takeover.acquire(self.lease)  # and one on this store that has not checkpointed yet
         if path:

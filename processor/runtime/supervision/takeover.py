@@ -57,9 +57,16 @@ class Takeover:
     """One start's takeover of ``job`` (module docstring), within ``timeout`` seconds."""
 
     def __init__(
-        self, job: str, store: SnapshotStore, *, timeout: float, say: Callable[[str], None]
+        self,
+        job: str,
+        store: SnapshotStore,
+        *,
+        timeout: float,
+        say: Callable[[str], None],
+        redis_url: Callable[[str], str | None] | None = None,
     ) -> None:
         self.job, self.store, self._say = job, store, say
+        self._redis_url = redis_url  # each dedup step's Redis, for a copied checkpoint's IDs
         self.timeout = timeout
         self._deadline = time.monotonic() + timeout
         self._asked: set[str] = set()  # the stores asked to stop their runner
@@ -108,17 +115,19 @@ class Takeover:
             return None
         who = (
             f"the runner of job {self.job!r} on host {record.get('host', '?')}, pid "
-            f"{record.get('pid', '?')}, stopped at checkpoint {record.get('checkpoint', '?')} "
-            f"before this takeover (snapshot store {url})"
+            f"{record.get('pid', '?')}, stopped before this takeover (snapshot store {url})"
         )
         if url.startswith("file:") and (
             record.get("host") != socket.gethostname() or not _has_job(SnapshotStore(url), self.job)
-        ):  # not reachable here
-            self._say(f"--takeover: the claim of job {self.job!r} names no running runner")
+        ):  # not reachable here: the usual start's checks decide (this store's own state)
+            self._say(f"--takeover: {who}, which is not reachable from here; starting as usual")
             return None
         copied = self._copy_stopped(url, who)
-        if copied is None:  # its lease is held: a runner is starting there, not yet claimed
-            return self._from_other_store(claim, url, f"a runner is starting on {url}")
+        if copied is None:  # the lease is held: the stopped runner exiting, or a new one
+            return self._from_other_store(
+                claim, url, f"the lease of {url} is still held (the runner that stopped may "
+                "still be exiting, or another is starting there)",
+            )  # fmt: skip
         return copied
 
     def _from_other_store(self, claim: Any, url: str, running: str) -> str:
@@ -173,7 +182,9 @@ class Takeover:
         from processor.admin.jobs import JobAdmin  # the admin layer: imported where used
 
         try:
-            copied = JobAdmin().copy_checkpoint(self.job, snapshot_url=url)
+            copied = JobAdmin().copy_checkpoint(
+                self.job, snapshot_url=url, redis_url=self._redis_url
+            )
         except JobRunningError:
             return None
         except JobNotFoundError:  # gone before its first checkpoint: nothing to go on from
