@@ -52,17 +52,35 @@ def _start(
         )  # fmt: skip
 
 
+def _two_state_dirs(
+    brokers: str, tmp_path: Path, prefix: str, records: int
+) -> tuple[dict[str, str], dict[str, str], int]:
+    """The job's input, and its environments on two state directories (two hosts' disks, the
+    first one's store reachable from the second, as a shared store is); and the input's seed."""
+    seed = chaos_seed()
+    env_a = job_env(brokers, tmp_path / "a", prefix=prefix, WORK_US="0")
+    produce_clicks(brokers, env_a["CLICKS_TOPIC"], records, seed=seed)
+    return env_a, elsewhere(env_a, tmp_path / "b"), seed
+
+
+def _assert_moved_exactly_once(
+    env_a: dict[str, str], env_b: dict[str, str], records: int, seed: int
+) -> None:
+    """Both runners committed output, and together every running total exactly once."""
+    before, after = committed_output(env_a), committed_output(env_b)
+    assert sum(before.values()) < records, "the first runner read everything: nothing moved"
+    assert sum(after.values()) > 0, "the newcomer committed nothing"
+    assert_exactly_once(expected(expected_running_totals, records, seed), before + after, seed=seed)
+
+
 def test_a_newcomer_on_another_state_dir_takes_the_running_job_over_exactly_once(
     kafka_endpoint: tuple[str, str], tmp_path: Path
 ) -> None:
     """The newcomer's path: without ``--takeover`` a second runner with another state directory
     is told the job is running now and offered ``--takeover``; with it, the running one stops at
     a savepoint (exit 0) and the newcomer goes on from it: exactly once through a shuffle."""
-    brokers = kafka_endpoint[0]
-    records, seed = 8_000, chaos_seed()
-    env_a = job_env(brokers, tmp_path / "a", prefix="takeover", WORK_US="0")
-    produce_clicks(brokers, env_a["CLICKS_TOPIC"], records, seed=seed)
-    env_b = elsewhere(env_a, tmp_path / "b")
+    records = 8_000
+    env_a, env_b, seed = _two_state_dirs(kafka_endpoint[0], tmp_path, "takeover", records)
     # Not --until-idle: only the takeover ends it, so the claim names it running whenever the
     # newcomer looks (bounded, it finished first under CI load, at 4,000 and at 8,000 at 200/s:
     # "names no running runner", then refused for history). 80 s of input: some left to move.
@@ -90,10 +108,7 @@ def test_a_newcomer_on_another_state_dir_takes_the_running_job_over_exactly_once
     assert moved.returncode == 0, moved.stderr[-3000:]
     assert first.returncode == 0, (tmp_path / "a.err").read_text()[-3000:]
     assert "asked it to stop at a savepoint" in moved.stderr, moved.stderr[-3000:]
-    before, after = committed_output(env_a), committed_output(env_b)
-    assert sum(before.values()) < records, "the first runner read everything: nothing moved"
-    assert sum(after.values()) > 0, "the newcomer committed nothing"
-    assert_exactly_once(expected(expected_running_totals, records, seed), before + after, seed=seed)
+    _assert_moved_exactly_once(env_a, env_b, records, seed)
 
 
 def test_a_newcomer_goes_on_from_a_runner_on_another_state_dir_that_stopped_just_before(
@@ -103,11 +118,8 @@ def test_a_newcomer_goes_on_from_a_runner_on_another_state_dir_that_stopped_just
     moment earlier, or a bounded run that finished): the claim's newest record says stopped, on
     another store reachable here. The newcomer copies that store's newest checkpoint and goes on
     from it, instead of being refused for the job's history: exactly once over both runners."""
-    brokers = kafka_endpoint[0]
-    records, seed = 4_000, chaos_seed()
-    env_a = job_env(brokers, tmp_path / "a", prefix="takeover-stopped", WORK_US="0")
-    produce_clicks(brokers, env_a["CLICKS_TOPIC"], records, seed=seed)
-    env_b = elsewhere(env_a, tmp_path / "b")
+    records = 4_000
+    env_a, env_b, seed = _two_state_dirs(kafka_endpoint[0], tmp_path, "takeover-stopped", records)
     first = _start(env_a, tmp_path / "a.err", "--max-rate", "100", until_idle=False)
     try:
         wait_status(env_a, lambda st: st["checkpoint"]["last_completed"] >= 2, timeout=120)
@@ -125,10 +137,7 @@ def test_a_newcomer_goes_on_from_a_runner_on_another_state_dir_that_stopped_just
     assert moved.returncode == 0, moved.stderr[-3000:]
     assert "before this takeover" in moved.stderr, moved.stderr[-3000:]
     assert "copied as a savepoint" in moved.stderr, moved.stderr[-3000:]
-    before, after = committed_output(env_a), committed_output(env_b)
-    assert sum(before.values()) < records, "the first runner read everything: nothing moved"
-    assert sum(after.values()) > 0, "the newcomer committed nothing"
-    assert_exactly_once(expected(expected_running_totals, records, seed), before + after, seed=seed)
+    _assert_moved_exactly_once(env_a, env_b, records, seed)
 
 
 def _completions(brokers: str, job: str) -> list[tuple[float, int]]:
