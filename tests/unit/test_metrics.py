@@ -247,3 +247,28 @@ def test_the_server_takes_the_next_free_port_of_its_range_and_fails_clearly_when
         web.close()
     with pytest.raises(ConfigError, match="every port is in use"):
         WebServer(m, f"127.0.0.1:{busy_port}")
+
+
+def test_a_waits_changing_numbers_are_not_kept_in_its_label() -> None:
+    """A slow commit at every checkpoint is one series, not one per checkpoint; two waits that
+    read the same then (two commits of one sink) are one sample, the longest."""
+    m = _metrics()
+    status = _status(1, [])
+    status["waiting"] = [
+        {"worker": 0, "on": "sink 'out' (its commit of checkpoint 12)", "for_s": 2.0},
+        {"worker": 0, "on": "sink 'out' (its commit of checkpoint 13)", "for_s": 0.7},
+        {"worker": 1, "on": "the broker: clicks[6] has 2,924 records to read and none comes",
+         "for_s": 3.5},
+        {"worker": 1, "on": "the dedup store of step 'u' (redis://127.0.0.1:6379/0)", "for_s": 1.0},
+    ]  # fmt: skip
+    m.update(status, [], "running")
+    waits = {
+        (dict(labels)["worker"], dict(labels)["on"]): value
+        for (name, labels), value in _scrape(m).items()
+        if name == "eosflow_waiting_seconds"
+    }
+    assert waits == {
+        ("0", "sink 'out' (its commit of checkpoint N)"): 2.0,
+        ("1", "the broker: clicks[6] has N records to read and none comes"): 3.5,
+        ("1", "the dedup store of step 'u' (redis://127.0.0.1:6379/0)"): 1.0,
+    }

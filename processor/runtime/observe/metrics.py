@@ -392,6 +392,17 @@ def _graph(plan: Plan) -> dict[str, Any]:
     }
 
 
+#: Numbers in a wait's text that change from one wait to the next: a checkpoint's id, a count of
+#: records. Kept in the label, each would start a new time series at every slow checkpoint.
+_CHANGING = re.compile(r"\b(checkpoint|has) [\d,]+")
+
+
+def wait_label(on: str) -> str:
+    """The ``on`` label of ``eosflow_waiting_seconds`` for a wait's text: its changing numbers
+    as ``N`` (``sink 'out' (its commit of checkpoint N)``), so that the series stay few."""
+    return _CHANGING.sub(lambda m: f"{m.group(1)} N", on)
+
+
 class _WithoutCreated(Collector):
     """``registry``'s metrics without their ``*_created`` samples."""
 
@@ -465,6 +476,10 @@ class _Collector(Collector):
             headroom.add_metric([job, sink], left)
         yield headroom
         waiting = family("eosflow_waiting_seconds")
+        longest: dict[tuple[str, str], float] = {}
         for w in status.get("waiting", ()):
-            waiting.add_metric([job, str(w["worker"]), w["on"]], float(w["for_s"]))
+            key = (str(w["worker"]), wait_label(str(w["on"])))
+            longest[key] = max(longest.get(key, 0.0), float(w["for_s"]))
+        for (worker, on), seconds in sorted(longest.items()):
+            waiting.add_metric([job, worker, on], seconds)
         yield waiting
