@@ -11,6 +11,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -246,3 +247,18 @@ def test_nothing_is_purged_and_one_line_says_so_when_the_broker_cannot_delete_re
     assert transport.requests == [] and transport.asked == 1
     assert caplog.text.count("are not purged") == 1
     assert task.purge_floor.floor(3) is None  # positions are not kept for nothing
+
+
+def test_a_delete_records_probe_that_crashes_costs_the_probe_not_the_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The probe's DeleteRecords request runs in a child process: a native crash there (as
+    the client's failure path once did in the runner, SIGSEGV) answers "not purged", with the
+    exit in the notes, and this process goes on."""
+    from connectors import KafkaSettings, probe
+
+    monkeypatch.setattr(probe, "_CHILD", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
+    notes: list[str] = []
+    settings = KafkaSettings("127.0.0.1:1")
+    assert probe._try_delete_records_apart(settings, "t", notes, 1.0) is False
+    assert notes == ["DeleteRecords probe failed (exit -11): channel topics are not purged"]
