@@ -332,7 +332,8 @@ def _try_delete_records_apart(
     runner's probe thread, under load (faulthandler's stack, reproduced in a stress run of
     ``tests/e2e/test_savepoint_reset.py``); a runner's earlier unexplained exit -11 at the start
     of a lake job fits it. In a child, such a crash costs the probe, not the run: the answer is
-    then "not purged", which is always safe (channel records stay until their retention).
+    then "not purged", which never loses a record (this run keeps its channel records; the next
+    run that purges deletes them below its oldest retained checkpoint, or ``eosflow reset``).
     """
     try:
         request = json.dumps(
