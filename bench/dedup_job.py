@@ -7,12 +7,15 @@ The job is ``pipelines/keyed_count.py`` as ``bench/peers.py`` runs it (JSON clic
 partitions keyed by user; parse, keep ``amount > 0``, running (count, amount sum) per user, one
 output per record into a transactional ``KafkaSink``; 1 worker, aligned 1 s checkpoints, until
 idle), by default with the keyed source (no shuffle; ``--shuffle``: ``key_by`` through a channel
-topic). The two variants:
+topic). The variants:
 
 * ``no-dedup``: the job as it is;
 * ``dedup``: the same job with ``DEDUP=1``: a per-user ``dedup`` step on the click's
   ``event_id`` (horizon 5 min of event time) before the aggregate: Bloom filters in front of
-  Redis (embedded, on loopback, unless ``EOSFLOW_REDIS_URL`` names one).
+  Redis (embedded, on loopback, unless ``EOSFLOW_REDIS_URL`` names one), with the C accelerator
+  of :mod:`dedup.native` where it was built;
+* ``dedup-python``: ``dedup`` without the C accelerator (``EOSFLOW_NATIVE=0``), as on a
+  machine where ``pip install`` found no compiler.
 
 **The input** (one topic, read by every run from its start): ``--records`` distinct clicks
 (``examples/clicks.py``) plus re-sent copies, so that ``--duplicates`` of the records in the
@@ -62,10 +65,11 @@ from connectors import KafkaSettings  # noqa: E402
 from dedup.store import redis_client  # noqa: E402
 from processor.embedded import servers  # noqa: E402
 
-VARIANTS = ("no-dedup", "dedup")
+VARIANTS = ("no-dedup", "dedup", "dedup-python")
 LABELS = {
     "no-dedup": "{job}, no dedup (copies counted)",
     "dedup": "{job} + dedup(event_id, within 5 min), Bloom + Redis",
+    "dedup-python": "{job} + dedup, without the C accelerator (EOSFLOW_NATIVE=0)",
 }
 _CLOSED = re.compile(r"dedup closed step=(\S+) (.*?) round_trips=(\d+)")
 
@@ -116,6 +120,7 @@ class DedupBench(peers.Bench):
         self.distinct, self.inputs = args.records, len(sent)
         self.expect = {
             "dedup": (self.want, self.finals),
+            "dedup-python": (self.want, self.finals),
             "no-dedup": expected_outputs(0, events=sent),
         }
         # records read per run (what the rate and the progress lines count)
@@ -139,14 +144,22 @@ class DedupBench(peers.Bench):
         return [
             sys.executable, str(BENCH / "peers.py"), "--child-eosflow", "1",
             *([] if self.args.shuffle else ["--keyed-source"]),
-            *(["--dedup"] if variant == "dedup" else []),
+            *(["--dedup"] if variant != "no-dedup" else []),
         ]  # fmt: skip
 
     def run(self, system: str) -> Outcome:
         variant, repeat = system.rsplit("-", 1)
         self.want, self.finals = self.expect[variant]
         before = redis_counters(self.redis)
-        outcome = super().run(system)
+        native = os.environ.pop("EOSFLOW_NATIVE", None)
+        if variant == "dedup-python":  # the job's processes inherit it
+            os.environ["EOSFLOW_NATIVE"] = "0"
+        try:
+            outcome = super().run(system)
+        finally:
+            os.environ.pop("EOSFLOW_NATIVE", None)
+            if native is not None:
+                os.environ["EOSFLOW_NATIVE"] = native
         after = redis_counters(self.redis)
         commands = {
             k: int(after[k] - before.get(k, 0))
@@ -155,7 +168,7 @@ class DedupBench(peers.Bench):
         }
         log = self.work / system / "jobs" / f"peers-{system}-{self.run_id}" / "worker-0.log"
         stats = dedup_closed(log)
-        if variant == "dedup" and not stats:
+        if variant != "no-dedup" and not stats:
             outcome.notes.append(f"no 'dedup closed' line in {log}: round trips unknown")
         n = self.inputs
         self.runs.append(

@@ -12,10 +12,14 @@ in-memory ID store (Redis's CPU is measured by ``bench/dedup_job.py``).
 
 Variants, interleaved per repeat:
 
-* ``product``: the step as it runs (filters hash with ``int.__index__``, so that they can be
-  saved into snapshots);
-* ``builtin-hash``: the same filters probed through Python's built-in ``hash``, rbloom's fastest
-  path, which rbloom refuses to save (``save_bytes``): the floor of any rbloom-based check.
+* ``native``: the step as it runs where ``pip install`` could compile ``dedup/_native.c``
+  (:mod:`dedup.native`): each batch's IDs in one C call, every live filter probed in one;
+* ``python``: the step without the C accelerator (``EOSFLOW_NATIVE=0``, or no compiler at
+  install): a ``pair_id`` call per record, rbloom filters hashing with ``int.__index__`` (so that
+  they can be saved into snapshots), probed one Python call per filter;
+* ``builtin-hash``: ``python`` with the filters probed through Python's built-in ``hash``,
+  rbloom's fastest path, which rbloom refuses to save (``save_bytes``): the floor of any
+  rbloom-based check.
 
 With ``--job-us`` (the CPU per record of the job without dedup, measured by
 ``bench/dedup_job.py``), it prints the best ratio each variant allows: ``job / (job + ids +
@@ -42,9 +46,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from clicks import click_events, with_duplicates
 
 import dedup.buckets as buckets
+import dedup.ids as ids_module
 from dedup import Deduplicator
 from dedup.core import MemoryIdStore
-from dedup.ids import pair_id
+from dedup.ids import pair_ids
+from dedup.native import native
 from processor.runtime.supervision.worker import tune_gc
 
 Record = tuple[str, dict[str, Any], int]
@@ -58,7 +64,7 @@ def workload(records: int, copies: float, seed: int) -> list[Record]:
 
 
 def run(data: list[Record], *, batch: int, epoch: int, lag_ms: int) -> tuple[float, float]:
-    """CPU ns per record of the IDs (the step's ``id=`` function, :func:`pair_id`) and of the
+    """CPU ns per record of the IDs (the step's ``id=`` function, :func:`pair_ids`) and of the
     decisions (:meth:`Deduplicator.check` and the watermark's :meth:`~Deduplicator.advance`,
     once per batch as in a worker; the checkpoints' ``prepare`` and ``commit`` are left out)."""
     dedup = Deduplicator(MemoryIdStore(), within_ms=300_000)
@@ -69,7 +75,7 @@ def run(data: list[Record], *, batch: int, epoch: int, lag_ms: int) -> tuple[flo
     for start in range(0, len(data), batch):
         part = data[start : start + batch]
         t0 = clock()
-        ids = [pair_id(key, fn(click)) for key, click, _ts in part]
+        ids = pair_ids([key for key, _c, _t in part], [fn(click) for _k, click, _t in part])
         t1 = clock()
         dedup.check(ids, [ts for _k, _c, ts in part])
         dedup.advance(part[-1][2] - lag_ms)
@@ -100,12 +106,22 @@ def main() -> None:
     tune_gc()  # the worker's GC thresholds
     data = workload(args.records, args.copies, seed=7)
     print(f"{len(data):,} records ({args.records:,} distinct)", file=sys.stderr)
-    variants = {"product": buckets.BloomBuckets._new_filter, "builtin-hash": _builtin_filter}
+    product = buckets.BloomBuckets._new_filter
+    variants = {  # name: (the filters' constructor, the C accelerator)
+        "native": (product, native),
+        "python": (product, None),
+        "builtin-hash": (_builtin_filter, None),
+    }
+    if native is None:
+        print("dedup/_native.c: not built, or EOSFLOW_NATIVE=0: python only", file=sys.stderr)
+        del variants["native"]
     found: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
     for repeat in range(args.repeats):
         names = list(variants) if repeat % 2 == 0 else list(variants)[::-1]
         for name in names:
-            buckets.BloomBuckets._new_filter = variants[name]  # type: ignore[method-assign]
+            new_filter, buckets.native = variants[name]
+            ids_module.native = buckets.native
+            buckets.BloomBuckets._new_filter = new_filter  # type: ignore[method-assign]
             gc.collect()
             ids_ns, check_ns = run(
                 data, batch=args.batch, epoch=args.epoch, lag_ms=args.lag_s * 1000
@@ -113,7 +129,8 @@ def main() -> None:
             found[name].append((ids_ns, check_ns))
             print(f"repeat={repeat} {name:13s} ids {ids_ns:6.0f} ns  check {check_ns:6.0f} ns",
                   file=sys.stderr)  # fmt: skip
-    buckets.BloomBuckets._new_filter = variants["product"]  # type: ignore[method-assign]
+    buckets.BloomBuckets._new_filter = product  # type: ignore[method-assign]
+    buckets.native = ids_module.native = native
     print("| variant | ID ns/record (median) | check ns/record (median) | together | best ratio |")
     print("|---|---:|---:|---:|---:|")
     for name, runs in found.items():
@@ -125,11 +142,12 @@ def main() -> None:
         )
         print(f"| {name} | {ids_ns:,.0f} | {check_ns:,.0f} | {total:,.0f} | {bound} |")
     if args.job_us is not None:
-        ids_ns = statistics.median(r[0] for runs in found.values() for r in runs)
-        print(
-            f"\nThe IDs alone ({ids_ns:,.0f} ns per record) allow at most "
-            f"{args.job_us / (args.job_us + ids_ns / 1000):.2f}x, with decisions for free."
-        )
+        for name, runs in found.items():
+            ids_ns = statistics.median(r[0] for r in runs)
+            print(
+                f"\n{name}: the IDs alone ({ids_ns:,.0f} ns per record) allow at most "
+                f"{args.job_us / (args.job_us + ids_ns / 1000):.2f}x, with decisions for free."
+            )
 
 
 if __name__ == "__main__":

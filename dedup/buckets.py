@@ -39,9 +39,12 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from rbloom import Bloom
+
+from dedup.native import NativeBloom, native
 
 __all__ = ["BloomBuckets", "merge_snapshots"]
 
@@ -91,16 +94,28 @@ class BloomBuckets:
         self.fp_rate = fp_rate
         self.filter_fp = fp_rate / max_filters
         # bucket start -> its filters (the last one takes new IDs) and how many IDs it took
-        self.buckets: dict[int, list[Bloom]] = {}
+        self.buckets: dict[int, list[Any]] = {}  # rbloom Blooms, or NativeBlooms
         self.counts: dict[int, int] = {}
         # __contains__ of every live filter or of the union standing for it, newest bucket first
         self._probes: list[Any] = []
         self._union_of: dict[int, _Union] = {}  # bucket start -> the union holding its filter
         self._added = 0  # IDs added since the unions were last packed
         self._repack_at: int | None = None  # when _added reaches it, pack again
+        # with the C accelerator (dedup.native): the probed filters' bits and k, in _probes' order
+        self._probe_bits: tuple[list[bytearray], list[int]] | None = None
+        self._blank: bytes | None = None  # an empty filter's save_bytes (rbloom's sizing)
 
-    def _new_filter(self) -> Bloom:
-        return Bloom(self.expected_ids, self.filter_fp, _HASH)
+    def _new_filter(self) -> Any:
+        if native is None:
+            return Bloom(self.expected_ids, self.filter_fp, _HASH)
+        if self._blank is None:  # rbloom's sizing (bits and k) of these parameters, once
+            self._blank = Bloom(self.expected_ids, self.filter_fp, _HASH).save_bytes()
+        return NativeBloom.load_bytes(self._blank)
+
+    @staticmethod
+    def _load_filter(blob: bytes) -> Any:
+        """A saved filter (rbloom's ``save_bytes``, which :class:`NativeBloom` writes too)."""
+        return Bloom.load_bytes(blob, _HASH) if native is None else NativeBloom.load_bytes(blob)
 
     def _reindex(self) -> None:
         """Rebuilds the probes after the filters changed: each bucket's union (once), or its
@@ -118,6 +133,7 @@ class BloomBuckets:
     def _probe_list(self) -> int:
         """Sets the probes; returns how many filters are probed alone that a union could take."""
         probes: list[Any] = []
+        probed: list[Any] = []  # the filters behind probes
         seen: set[int] = set()
         room = self.expected_ids // 2
         packable = 0
@@ -126,11 +142,16 @@ class BloomBuckets:
             if union is None:
                 filters = self.buckets[start]
                 probes.extend(f.__contains__ for f in reversed(filters))
+                probed.extend(reversed(filters))
                 packable += len(filters) == 1 and self.counts.get(start, 0) <= room
             elif id(union) not in seen:
                 seen.add(id(union))
                 probes.append(union.bloom.__contains__)
+                probed.append(union.bloom)
         self._probes = probes
+        self._probe_bits = None
+        if native is not None and all(type(f) is NativeBloom for f in probed):
+            self._probe_bits = ([f.bits for f in probed], [f.k for f in probed])
         return packable
 
     def _repack(self) -> None:
@@ -155,7 +176,7 @@ class BloomBuckets:
         bloom = self.buckets[starts[0]][0].copy()
         try:
             for start in starts[1:]:
-                bloom |= self.buckets[start][0]  # type: ignore[misc]  # rbloom types |= as Bloom | set
+                bloom |= self.buckets[start][0]
         except ValueError:  # another size or rate (an older snapshot's): probed alone
             return
         self._union_of.update(dict.fromkeys(starts, _Union(bloom, count)))
@@ -163,7 +184,7 @@ class BloomBuckets:
     @property
     def filter_bytes(self) -> int:
         """Memory of one filter, in bytes."""
-        return math.ceil(self._new_filter().size_in_bits / 8)
+        return math.ceil(int(self._new_filter().size_in_bits) / 8)
 
     def bucket_of(self, ts_ms: int) -> int:
         return ts_ms - ts_ms % self.bucket_ms
@@ -171,6 +192,16 @@ class BloomBuckets:
     def might_contain(self, record_id: int) -> bool:
         """``False``: surely never added (or its bucket was dropped)."""
         return any(probe(record_id) for probe in self._probes)
+
+    def might_contain_many(self, ids: list[int]) -> Sequence[int]:
+        """Per ID, ``1`` if it may have been added, ``0`` if surely not (:meth:`might_contain`):
+        with the C accelerator, every live filter probed in one call."""
+        probe_bits = self._probe_bits
+        if probe_bits is not None:
+            assert native is not None
+            return native.bloom_probe(probe_bits[0], probe_bits[1], ids)  # type: ignore[no-any-return]
+        probes = self._probes
+        return [any(probe(record_id) for probe in probes) for record_id in ids]
 
     def add(self, record_id: int, ts_ms: int) -> None:
         self.add_many(ts_ms - ts_ms % self.bucket_ms, [record_id])
@@ -237,7 +268,7 @@ class BloomBuckets:
     def restore(self, state: dict[int, Any] | None) -> None:
         self.buckets, self.counts = {}, {}
         for start, (count, blobs) in (state or {}).items():
-            self.buckets[start] = [Bloom.load_bytes(b, _HASH) for b in blobs]
+            self.buckets[start] = [self._load_filter(b) for b in blobs]
             self.counts[start] = count
         self._repack()
         self._reindex()

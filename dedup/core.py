@@ -275,26 +275,22 @@ class Deduplicator:
         older than the horizon under ``late="drop"``. Records are decided in order: the second
         of two equal IDs in one batch is a duplicate."""
         out = [True] * len(ids)
-        probes = self.filters._probes
         cutoff = self.cutoff
         candidates: list[int] = []  # filter hits, resolved below
         fresh: set[int] = set()  # surely new, recorded after the loop
         fresh_add = fresh.add
         fresh_at: list[int] = []  # their indexes
         dups = 0
+        hits = self.filters.might_contain_many(ids)  # every live filter, one C call if built
         for i, record_id in enumerate(ids):
             ts = timestamps[i]
             if ts < cutoff:
                 out[i] = self._late(ts)
-                continue
-            if record_id in fresh:  # a copy within this batch
+            elif record_id in fresh:  # a copy within this batch
                 out[i] = False
                 dups += 1
-                continue
-            for probe in probes:
-                if probe(record_id):
-                    candidates.append(i)
-                    break
+            elif hits[i]:
+                candidates.append(i)
             else:
                 fresh_add(record_id)
                 fresh_at.append(i)

@@ -31,7 +31,8 @@ from operator import itemgetter
 from typing import Any
 
 from dedup.core import Deduplicator
-from dedup.ids import pair_id, value_id
+from dedup.ids import pair_ids, value_id
+from dedup.native import describe
 from dedup.rescale import InheritingIdStore, dedup_prefix
 from dedup.store import redis_client, redis_where
 from processor.contracts import SinkContext
@@ -87,12 +88,13 @@ class DedupOperator(Operator):
             # (docs/dedup.md, "Redis durability"); by default the task refuses.
             on_lost=os.environ.get("EOSFLOW_DEDUP_ON_LOST_IDS") or "fail",
         )
+        log.info("dedup %s.%d: C accelerator %s", ctx.step, ctx.subtask, describe())
 
     def _ids(self, batch: list[Record]) -> list[int]:
         if not self.keyed:  # the key is the ID's hex (IdRouter, before the shuffle)
             return [int(k, 16) for k, _v, _t in batch]
         fn = self.id_fn
-        return [pair_id(k, fn(v)) for k, v, _t in batch]
+        return pair_ids([k for k, _v, _t in batch], [fn(v) for _k, v, _t in batch])
 
     def process(self, batch: list[Record]) -> list[Record]:
         dedup = self.dedup

@@ -1,0 +1,230 @@
+"""The dedup step's C accelerator (dedup/_native.c, :mod:`dedup.native`) against the pure-Python
+path it replaces: the same IDs, the same filter bits, the same decisions, and snapshots that move
+between the two.
+
+Skipped where the accelerator was not built (no C compiler at ``pip install``), except under CI,
+whose machine has one: there a missing build fails.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from rbloom import Bloom
+
+import dedup.buckets
+import dedup.ids
+import dedup.native
+from dedup import Deduplicator
+from dedup.buckets import BloomBuckets
+from dedup.core import MemoryIdStore
+from dedup.ids import pair_id, pair_ids
+from dedup.native import NativeBloom
+
+native = dedup.native.native
+if native is None:
+    if os.environ.get("CI") and os.environ.get("EOSFLOW_NATIVE") != "0":
+        raise RuntimeError(
+            "dedup/_native.c was not built: CI's machine has a C compiler, so pip install "
+            "should have compiled it (see the install's output)"
+        )
+    pytest.skip("dedup/_native.c is not built (no C compiler at install)", allow_module_level=True)
+
+_HASH = int.__index__
+
+
+@pytest.fixture
+def pure_python(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The pure-Python path in this process, as with ``EOSFLOW_NATIVE=0``."""
+    for module in (dedup.native, dedup.buckets, dedup.ids):
+        monkeypatch.setattr(module, "native", None)
+    yield
+
+
+# -- IDs ----------------------------------------------------------------------------------------
+
+_text = st.text(alphabet=st.characters(codec="utf-8"), max_size=200)  # control characters too
+_i64 = st.integers(-(2**63), 2**63 - 1)
+_fast = st.one_of(_text, _i64)
+_json = st.one_of(  # what the fallback takes: orjson's other types, and ints the C path leaves
+    st.none(), st.booleans(), st.floats(allow_nan=False), st.integers(2**63, 2**64 - 1),
+    st.lists(st.one_of(_text, _i64), max_size=3),
+    st.dictionaries(_text, _i64, max_size=3),
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.one_of(_fast, _json), st.one_of(_fast, _json)), max_size=40))
+def test_pair_ids_are_pair_id_of_each_pair(pairs: list[tuple[Any, Any]]) -> None:
+    keys, values = [k for k, _v in pairs], [v for _k, v in pairs]
+    assert pair_ids(keys, values) == [pair_id(k, v) for k, v in pairs]
+
+
+def test_pair_ids_escape_every_control_character_as_orjson_does() -> None:
+    keys = [chr(c) * 3 for c in range(0x80)] + ['a"b\\c', "é€😀", "\u2028\u2029\x7f", ""]
+    values = [f"v{chr(c)}" for c in range(0x80)] + [0, -1, 2**63 - 1, -(2**63)]
+    assert pair_ids(keys, values) == [pair_id(k, v) for k, v in zip(keys, values, strict=True)]
+
+
+def test_long_pairs_take_several_blocks() -> None:
+    keys = ["k" * n for n in (60, 61, 62, 63, 64, 125, 126, 127, 128, 129, 255, 256, 5000)]
+    values = ["x" * (n % 7) for n in range(len(keys))]
+    assert pair_ids(keys, values) == [pair_id(k, v) for k, v in zip(keys, values, strict=True)]
+
+
+@pytest.mark.parametrize(
+    "bad", [object(), "\ud800", 2**64, -(2**63) - 1], ids=["object", "surrogate", "u64+1", "i64-1"]
+)
+def test_pair_ids_refuse_what_pair_id_refuses(bad: Any) -> None:
+    with pytest.raises(TypeError) as python:
+        pair_id("k", bad)
+    with pytest.raises(TypeError) as c:
+        pair_ids(["a", "k"], ["b", bad])
+    assert str(c.value) == str(python.value)
+
+
+def test_pair_ids_with_and_without_the_accelerator_agree(pure_python: None) -> None:
+    assert dedup.ids.native is None
+    keys = [str(i % 13) for i in range(500)]
+    values = [f"{i:x}" for i in range(500)]
+    python = pair_ids(keys, values)
+    assert python == native.pair_ids(keys, values, pair_id)
+
+
+# -- filters ------------------------------------------------------------------------------------
+
+
+def _ids(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.getrandbits(127) for _ in range(n)] + [0, 1, 2**127 - 1][: min(n, 3)]
+
+
+@pytest.mark.parametrize(
+    ("expected", "fp"), [(1, 0.3), (7, 0.01), (1000, 0.001), (100_000, 0.001 / 6), (12_345, 1e-7)]
+)
+def test_a_native_filter_has_rblooms_bits_and_answers(expected: int, fp: float) -> None:
+    rb = Bloom(expected, fp, _HASH)
+    nb = NativeBloom.load_bytes(rb.save_bytes())
+    assert nb.size_in_bits == rb.size_in_bits
+    added, others = _ids(min(expected, 3000), 1), _ids(3000, 2)
+    rb.update(added)
+    nb.update(added)
+    assert nb.save_bytes() == rb.save_bytes()
+    assert [i in nb for i in added + others] == [i in rb for i in added + others]
+    # each loads the other's bytes
+    assert Bloom.load_bytes(nb.save_bytes(), _HASH) == rb
+    assert NativeBloom.load_bytes(rb.save_bytes()).save_bytes() == nb.save_bytes()
+
+
+def test_probing_many_filters_at_once_is_any_of_them() -> None:
+    filters = [NativeBloom.load_bytes(Bloom(500, 0.05, _HASH).save_bytes()) for _ in range(3)]
+    for i, f in enumerate(filters):
+        f.update(_ids(400, i))
+    ids = _ids(400, 0)[:100] + _ids(400, 2)[:100] + _ids(3000, 9)
+    flags = native.bloom_probe([f.bits for f in filters], [f.k for f in filters], ids)
+    assert list(flags) == [int(any(i in f for f in filters)) for i in ids]
+    assert native.bloom_probe([], [], ids) == bytes(len(ids))
+
+
+def test_or_of_native_filters_is_rblooms_or() -> None:
+    a, b = Bloom(1000, 0.01, _HASH), Bloom(1000, 0.01, _HASH)
+    a.update(_ids(300, 1))
+    b.update(_ids(300, 2))
+    na, nb = NativeBloom.load_bytes(a.save_bytes()), NativeBloom.load_bytes(b.save_bytes())
+    na |= nb
+    a |= b  # type: ignore[misc]
+    assert na.save_bytes() == a.save_bytes()
+    other = NativeBloom.load_bytes(Bloom(2000, 0.01, _HASH).save_bytes())
+    with pytest.raises(ValueError, match="must be the same"):
+        na |= other
+
+
+def test_bad_filters_and_ids_are_refused() -> None:
+    with pytest.raises(ValueError, match="at least 9 bytes"):
+        NativeBloom.load_bytes(b"\x01" * 8)
+    nb = NativeBloom.load_bytes(Bloom(10, 0.1, _HASH).save_bytes())
+    with pytest.raises(TypeError, match="an ID is an int"):
+        nb.update(["0"])  # type: ignore[list-item]
+    with pytest.raises(OverflowError):
+        nb.update([-1])
+
+
+# -- decisions and snapshots ----------------------------------------------------------------------
+
+
+def _workload(seed: int, batches: int = 40) -> list[tuple[list[int], list[int]]]:
+    """Batches of IDs with copies (in and across batches) and timestamps across buckets, some
+    behind the horizon."""
+    rng = random.Random(seed)
+    pool = [rng.getrandbits(127) for _ in range(3000)]
+    out = []
+    for b in range(batches):
+        n = rng.randrange(1, 300)
+        ids = [rng.choice(pool) for _ in range(n)]
+        ts = [b * 1500 + rng.randrange(-4000, 2000) for _ in range(n)]
+        out.append((ids, ts))
+    return out
+
+
+def _run(
+    batches: list[tuple[list[int], list[int]]],
+    store: MemoryIdStore,
+    state: dict[str, Any] | None = None,
+) -> tuple[list[list[bool]], dict[str, Any]]:
+    d = Deduplicator(store, within_ms=10_000, bucket_ms=1000, expected_ids=200, fp_rate=0.05, run=7)
+    d.restore(state)
+    decided = []
+    for checkpoint, (ids, ts) in enumerate(batches, start=1):
+        decided.append(d.check(ids, ts))
+        d.advance(max(ts) - 3000)
+        d.prepare(checkpoint)
+        d.commit(checkpoint)
+    return decided, d.snapshot()
+
+
+def test_a_deduplicator_decides_the_same_with_and_without_the_accelerator(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Same decisions, same snapshots (filters byte for byte), and a snapshot of either path
+    restored by the other decides as the first would have."""
+    first, second = _workload(1), _workload(2)
+    c_store, py_store = MemoryIdStore(), MemoryIdStore()
+    c_decided, c_state = _run(first, c_store)
+    with monkeypatch.context() as m:
+        for module in (dedup.native, dedup.buckets, dedup.ids):
+            m.setattr(module, "native", None)
+        py_decided, py_state = _run(first, py_store)
+        # the Python path restores C's snapshot
+        py_after_c, _ = _run(second, copy.deepcopy(c_store), c_state)
+    assert c_decided == py_decided
+    assert c_state == py_state
+    c_after_py, _ = _run(second, copy.deepcopy(py_store), py_state)
+    assert c_after_py == py_after_c
+    assert any(not ok for batch in c_decided for ok in batch)  # copies were found
+
+
+def test_a_filter_of_an_older_shape_saved_by_python_is_probed_in_c(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A restore under the accelerator of a filter that the Python path saved with other
+    parameters (an older snapshot) probes it too."""
+    with monkeypatch.context() as m:
+        for module in (dedup.native, dedup.buckets, dedup.ids):
+            m.setattr(module, "native", None)
+        old = BloomBuckets(bucket_ms=1000, expected_ids=50, fp_rate=0.01, max_filters=2)
+        ids = _ids(40, 5)
+        old.add_many(0, ids)
+        state = old.snapshot()
+    new = BloomBuckets(bucket_ms=1000, expected_ids=5000, fp_rate=0.01, max_filters=6)
+    new.restore(state)
+    new.add_many(1000, _ids(30, 6))
+    assert all(type(f) is NativeBloom for fs in new.buckets.values() for f in fs)
+    probed = ids + _ids(30, 6)
+    assert list(new.might_contain_many(probed)) == [1] * len(probed)
