@@ -49,7 +49,7 @@ import dedup.buckets as buckets
 import dedup.ids as ids_module
 from dedup import Deduplicator
 from dedup.core import MemoryIdStore
-from dedup.ids import pair_ids
+from dedup.ids import record_pair_ids
 from dedup.native import native
 from processor.runtime.supervision.worker import tune_gc
 
@@ -64,8 +64,8 @@ def workload(records: int, copies: float, seed: int) -> list[Record]:
 
 
 def run(data: list[Record], *, batch: int, epoch: int, lag_ms: int) -> tuple[float, float]:
-    """CPU ns per record of the IDs (the step's ``id=`` function, :func:`pair_ids`) and of the
-    decisions (:meth:`Deduplicator.check` and the watermark's :meth:`~Deduplicator.advance`,
+    """CPU ns per record of the IDs (the step's ``id=`` function, :func:`record_pair_ids`) and
+    of the decisions (:meth:`Deduplicator.check` and the watermark's :meth:`~Deduplicator.advance`,
     once per batch as in a worker; the checkpoints' ``prepare`` and ``commit`` are left out)."""
     dedup = Deduplicator(MemoryIdStore(), within_ms=300_000)
     fn = lambda click: click["event_id"]  # noqa: E731  (the job's id= function)
@@ -75,7 +75,7 @@ def run(data: list[Record], *, batch: int, epoch: int, lag_ms: int) -> tuple[flo
     for start in range(0, len(data), batch):
         part = data[start : start + batch]
         t0 = clock()
-        ids = pair_ids([key for key, _c, _t in part], [fn(click) for _k, click, _t in part])
+        ids = record_pair_ids(part, fn)
         t1 = clock()
         dedup.check(ids, [ts for _k, _c, ts in part])
         dedup.advance(part[-1][2] - lag_ms)

@@ -4,7 +4,7 @@
  * has a C compiler; setup.py). Every function here computes exactly what the pure-Python path
  * computes, bit for bit, so that IDs and saved filters are the same with or without it:
  *
- * - pair_ids: dedup.ids.pair_id for (str|int, str|int) pairs: BLAKE2b-128 with the person
+ * - record_pair_ids: dedup.ids.pair_id for (str|int, str|int) pairs: BLAKE2b-128 with the person
  *   "eosflow-id-v1" of b"j" + orjson.dumps([key, value]) (orjson's escapes, reproduced below),
  *   read little-endian, top bit cleared. Any other pair is handed to the Python fallback.
  * - Bloom filters in rbloom 1.5's layout (its save_bytes after the 8 bytes of k): bit i in
@@ -80,17 +80,31 @@ static void compress(uint64_t h[8], const uint8_t block[128], uint64_t t, int la
     }
     v[12] ^= t; /* messages here are far below 2**64 bytes: the high counter word stays 0 */
     if (last) v[14] = ~v[14];
-    for (int r = 0; r < 12; r++) {
-        const uint8_t *s = SIGMA[r];
-        G(v[0], v[4], v[8], v[12], m[s[0]], m[s[1]]);
-        G(v[1], v[5], v[9], v[13], m[s[2]], m[s[3]]);
-        G(v[2], v[6], v[10], v[14], m[s[4]], m[s[5]]);
-        G(v[3], v[7], v[11], v[15], m[s[6]], m[s[7]]);
-        G(v[0], v[5], v[10], v[15], m[s[8]], m[s[9]]);
-        G(v[1], v[6], v[11], v[12], m[s[10]], m[s[11]]);
-        G(v[2], v[7], v[8], v[13], m[s[12]], m[s[13]]);
-        G(v[3], v[4], v[9], v[14], m[s[14]], m[s[15]]);
-    }
+    /* the rounds spelled out, so that the message indexes are constants */
+#define ROUND(r)                                                      \
+    do {                                                              \
+        G(v[0], v[4], v[8], v[12], m[SIGMA[r][0]], m[SIGMA[r][1]]);   \
+        G(v[1], v[5], v[9], v[13], m[SIGMA[r][2]], m[SIGMA[r][3]]);   \
+        G(v[2], v[6], v[10], v[14], m[SIGMA[r][4]], m[SIGMA[r][5]]);  \
+        G(v[3], v[7], v[11], v[15], m[SIGMA[r][6]], m[SIGMA[r][7]]);  \
+        G(v[0], v[5], v[10], v[15], m[SIGMA[r][8]], m[SIGMA[r][9]]);  \
+        G(v[1], v[6], v[11], v[12], m[SIGMA[r][10]], m[SIGMA[r][11]]); \
+        G(v[2], v[7], v[8], v[13], m[SIGMA[r][12]], m[SIGMA[r][13]]); \
+        G(v[3], v[4], v[9], v[14], m[SIGMA[r][14]], m[SIGMA[r][15]]); \
+    } while (0)
+    ROUND(0);
+    ROUND(1);
+    ROUND(2);
+    ROUND(3);
+    ROUND(4);
+    ROUND(5);
+    ROUND(6);
+    ROUND(7);
+    ROUND(8);
+    ROUND(9);
+    ROUND(10);
+    ROUND(11);
+#undef ROUND
     for (int i = 0; i < 8; i++) h[i] ^= v[i] ^ v[i + 8];
 }
 
@@ -232,42 +246,47 @@ static int encode(Buf *b, PyObject *o) {
     return 0;
 }
 
-/* pair_ids(keys, values, fallback) -> list[int]: pair_id(keys[i], values[i]) for each i,
- * fallback(key, value) for pairs other than (str|int, str|int). */
-static PyObject *pair_ids(PyObject *self, PyObject *args) {
-    PyObject *keys, *values, *fallback;
-    if (!PyArg_ParseTuple(args, "O!O!O:pair_ids", &PyList_Type, &keys, &PyList_Type, &values,
-                          &fallback))
-        return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(keys);
-    if (PyList_GET_SIZE(values) != n) {
-        PyErr_SetString(PyExc_ValueError, "keys and values differ in length");
-        return NULL;
+/* A new reference to pair_id(key, value): computed here for (str|int, str|int), else by
+ * fallback(key, value). NULL with an exception set on errors. */
+static PyObject *one_pair_id(Buf *b, PyObject *key, PyObject *value, PyObject *fallback) {
+    b->len = 0;
+    b->buf[b->len++] = 'j';
+    b->buf[b->len++] = '[';
+    int ok = encode(b, key);
+    if (ok > 0) {
+        if (buf_reserve(b, 1) < 0) return NULL;
+        b->buf[b->len++] = ',';
+        ok = encode(b, value);
     }
+    if (ok < 0) return NULL;
+    if (ok == 0) return PyObject_CallFunctionObjArgs(fallback, key, value, NULL);
+    if (buf_reserve(b, 1) < 0) return NULL;
+    b->buf[b->len++] = ']';
+    return id_to_long(digest_id(b->buf, b->len));
+}
+
+/* record_pair_ids(records, fn, fallback) -> list[int]: pair_id(key, fn(value)) of each record
+ * (key, value, timestamp) of a batch, the dedup step's IDs without two Python lists. */
+static PyObject *record_pair_ids(PyObject *self, PyObject *args) {
+    PyObject *records, *fn, *fallback;
+    if (!PyArg_ParseTuple(args, "O!OO:record_pair_ids", &PyList_Type, &records, &fn, &fallback))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(records);
     PyObject *out = PyList_New(n);
     if (out == NULL) return NULL;
     Buf b;
     b.buf = b.small;
     b.cap = sizeof b.small;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *key = PyList_GET_ITEM(keys, i), *value = PyList_GET_ITEM(values, i), *id;
-        b.len = 0;
-        b.buf[b.len++] = 'j';
-        b.buf[b.len++] = '[';
-        int ok = encode(&b, key);
-        if (ok > 0) {
-            if (buf_reserve(&b, 1) < 0) goto error;
-            b.buf[b.len++] = ',';
-            ok = encode(&b, value);
+        PyObject *record = PyList_GET_ITEM(records, i);
+        if (!PyTuple_Check(record) || PyTuple_GET_SIZE(record) < 2) {
+            PyErr_SetString(PyExc_TypeError, "a record is a (key, value, timestamp) tuple");
+            goto error;
         }
-        if (ok < 0) goto error;
-        if (ok > 0) {
-            if (buf_reserve(&b, 1) < 0) goto error;
-            b.buf[b.len++] = ']';
-            id = id_to_long(digest_id(b.buf, b.len));
-        } else {
-            id = PyObject_CallFunctionObjArgs(fallback, key, value, NULL);
-        }
+        PyObject *value = PyObject_CallOneArg(fn, PyTuple_GET_ITEM(record, 1));
+        if (value == NULL) goto error;
+        PyObject *id = one_pair_id(&b, PyTuple_GET_ITEM(record, 0), value, fallback);
+        Py_DECREF(value);
         if (id == NULL) goto error;
         PyList_SET_ITEM(out, i, id);
     }
@@ -362,71 +381,139 @@ static PyObject *bloom_or(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* bloom_probe(filters: list[bytearray], ks: list[int], ids: list[int]) -> bytes: per ID, 1 if
- * some filter may hold it, else 0 (filter f has ks[f] hashes). Each ID is probed in the
- * filters' order until one hits. */
-static PyObject *bloom_probe(PyObject *self, PyObject *args) {
-    PyObject *filters, *ks, *ids;
-    if (!PyArg_ParseTuple(args, "O!O!O!:bloom_probe", &PyList_Type, &filters, &PyList_Type, &ks,
-                          &PyList_Type, &ids))
-        return NULL;
-    Py_ssize_t nf = PyList_GET_SIZE(filters), n = PyList_GET_SIZE(ids);
-    if (PyList_GET_SIZE(ks) != nf) {
-        PyErr_SetString(PyExc_ValueError, "filters and ks differ in length");
-        return NULL;
-    }
-    Py_buffer *views = PyMem_Calloc(nf ? (size_t)nf : 1, sizeof(Py_buffer));
-    uint64_t *sizes = PyMem_Calloc(nf ? (size_t)nf : 1, sizeof(uint64_t));
-    uint64_t *kk = PyMem_Calloc(nf ? (size_t)nf : 1, sizeof(uint64_t));
-    PyObject *out = NULL;
-    Py_ssize_t got = 0;
-    if (views == NULL || sizes == NULL || kk == NULL) {
+/* Filter views for a batch: buffers, sizes in bits and k of each filter in a list. */
+typedef struct {
+    Py_ssize_t n, got;
+    Py_buffer *views;
+    uint64_t *sizes, *ks;
+} Filters;
+
+static void filters_release(Filters *f) {
+    for (Py_ssize_t i = 0; i < f->got; i++) PyBuffer_Release(&f->views[i]);
+    PyMem_Free(f->views);
+    PyMem_Free(f->sizes);
+    PyMem_Free(f->ks);
+}
+
+static int filters_get(Filters *f, PyObject *filters, PyObject *ks) {
+    f->n = PyList_GET_SIZE(filters);
+    f->got = 0;
+    size_t cells = f->n ? (size_t)f->n : 1;
+    f->views = PyMem_Calloc(cells, sizeof(Py_buffer));
+    f->sizes = PyMem_Calloc(cells, sizeof(uint64_t));
+    f->ks = PyMem_Calloc(cells, sizeof(uint64_t));
+    if (f->views == NULL || f->sizes == NULL || f->ks == NULL) {
         PyErr_NoMemory();
+        return -1;
+    }
+    if (PyList_GET_SIZE(ks) != f->n) {
+        PyErr_SetString(PyExc_ValueError, "filters and ks differ in length");
+        return -1;
+    }
+    for (; f->got < f->n; f->got++) {
+        Py_ssize_t i = f->got;
+        f->ks[i] = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(ks, i));
+        if (f->ks[i] == (uint64_t)-1 && PyErr_Occurred()) return -1;
+        if (PyObject_GetBuffer(PyList_GET_ITEM(filters, i), &f->views[i], PyBUF_SIMPLE) < 0)
+            return -1;
+        if (filter_bits(&f->views[i], &f->sizes[i]) < 0) {
+            PyBuffer_Release(&f->views[i]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static inline int filters_hit(const Filters *f, u128 state) {
+    for (Py_ssize_t i = 0; i < f->n; i++)
+        if (probe(f->views[i].buf, f->sizes[i], f->ks[i], state)) return 1;
+    return 0;
+}
+
+static int append_index(PyObject *list, Py_ssize_t i) {
+    PyObject *o = PyLong_FromSsize_t(i);
+    if (o == NULL) return -1;
+    int rc = PyList_Append(list, o);
+    Py_DECREF(o);
+    return rc;
+}
+
+/* decide(ids, timestamps, cutoff, filters, ks) -> (out, fresh_ids, fresh_ts, candidates, late,
+ * copies): dedup.core.Deduplicator.check's pass over a batch, in order. Per record: older than
+ * cutoff: its index in late (out True, for the caller to decide); a copy of a fresh ID earlier
+ * in the batch: out False, counted in copies; a hit in some filter: its index in candidates
+ * (out True, resolved by the caller); else fresh: out True, its ID and timestamp in fresh_ids
+ * and fresh_ts. */
+static PyObject *decide(PyObject *self, PyObject *args) {
+    PyObject *ids, *timestamps, *filters, *ks;
+    long long cutoff;
+    if (!PyArg_ParseTuple(args, "O!O!LO!O!:decide", &PyList_Type, &ids, &PyList_Type,
+                          &timestamps, &cutoff, &PyList_Type, &filters, &PyList_Type, &ks))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(ids);
+    if (PyList_GET_SIZE(timestamps) != n) {
+        PyErr_SetString(PyExc_ValueError, "ids and timestamps differ in length");
+        return NULL;
+    }
+    Filters f;
+    PyObject *out = PyList_New(n), *fresh = PySet_New(NULL), *fresh_ids = PyList_New(0),
+             *fresh_ts = PyList_New(0), *candidates = PyList_New(0), *late = PyList_New(0),
+             *result = NULL;
+    Py_ssize_t copies = 0;
+    if (filters_get(&f, filters, ks) < 0 || out == NULL || fresh == NULL || fresh_ids == NULL ||
+        fresh_ts == NULL || candidates == NULL || late == NULL)
         goto done;
-    }
-    for (; got < nf; got++) {
-        kk[got] = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(ks, got));
-        if (kk[got] == (uint64_t)-1 && PyErr_Occurred()) goto done;
-        if (PyObject_GetBuffer(PyList_GET_ITEM(filters, got), &views[got], PyBUF_SIMPLE) < 0)
-            goto done;
-        if (filter_bits(&views[got], &sizes[got]) < 0) {
-            PyBuffer_Release(&views[got]);
-            goto done;
-        }
-    }
-    out = PyBytes_FromStringAndSize(NULL, n);
-    if (out == NULL) goto done;
-    char *flags = PyBytes_AS_STRING(out);
     for (Py_ssize_t i = 0; i < n; i++) {
-        u128 state;
-        if (long_to_id(PyList_GET_ITEM(ids, i), &state) < 0) {
-            Py_CLEAR(out);
-            goto done;
+        PyObject *id = PyList_GET_ITEM(ids, i), *ts = PyList_GET_ITEM(timestamps, i);
+        PyObject *verdict = Py_True;
+        long long t = PyLong_AsLongLong(ts);
+        if (t == -1 && PyErr_Occurred()) goto done;
+        if (t < cutoff) {
+            if (append_index(late, i) < 0) goto done;
+        } else {
+            int seen = PySet_Contains(fresh, id);
+            if (seen < 0) goto done;
+            if (seen) {
+                verdict = Py_False;
+                copies++;
+            } else {
+                u128 state;
+                if (long_to_id(id, &state) < 0) goto done;
+                if (filters_hit(&f, state)) {
+                    if (append_index(candidates, i) < 0) goto done;
+                } else if (PySet_Add(fresh, id) < 0 || PyList_Append(fresh_ids, id) < 0 ||
+                           PyList_Append(fresh_ts, ts) < 0) {
+                    goto done;
+                }
+            }
         }
-        char hit = 0;
-        for (Py_ssize_t f = 0; f < nf && !hit; f++)
-            hit = (char)probe(views[f].buf, sizes[f], kk[f], state);
-        flags[i] = hit;
+        Py_INCREF(verdict);
+        PyList_SET_ITEM(out, i, verdict);
     }
+    result = Py_BuildValue("(OOOOOn)", out, fresh_ids, fresh_ts, candidates, late, copies);
 done:
-    for (Py_ssize_t f = 0; f < got; f++) PyBuffer_Release(&views[f]);
-    PyMem_Free(views);
-    PyMem_Free(sizes);
-    PyMem_Free(kk);
-    return out;
+    filters_release(&f);
+    Py_XDECREF(out);
+    Py_XDECREF(fresh);
+    Py_XDECREF(fresh_ids);
+    Py_XDECREF(fresh_ts);
+    Py_XDECREF(candidates);
+    Py_XDECREF(late);
+    return result;
 }
 
 static PyMethodDef methods[] = {
-    {"pair_ids", pair_ids, METH_VARARGS, "pair_id of each (keys[i], values[i]), in a batch."},
+    {"record_pair_ids", record_pair_ids, METH_VARARGS, "pair_id(key, fn(value)) per record."},
+    {"decide", decide, METH_VARARGS, "Deduplicator.check's pass over a batch."},
     {"bloom_add", bloom_add, METH_VARARGS, "Adds IDs to a filter (rbloom's layout)."},
     {"bloom_contains", bloom_contains, METH_VARARGS, "Whether a filter may hold an ID."},
     {"bloom_or", bloom_or, METH_VARARGS, "ORs a filter into another of its size."},
-    {"bloom_probe", bloom_probe, METH_VARARGS, "Per ID, 1 if some filter may hold it."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "dedup._native", "The dedup step's per-record costs in C.", -1, methods,
+    NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__native(void) {

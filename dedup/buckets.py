@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
 from typing import Any
 
 from rbloom import Bloom
@@ -193,15 +192,18 @@ class BloomBuckets:
         """``False``: surely never added (or its bucket was dropped)."""
         return any(probe(record_id) for probe in self._probes)
 
-    def might_contain_many(self, ids: list[int]) -> Sequence[int]:
-        """Per ID, ``1`` if it may have been added, ``0`` if surely not (:meth:`might_contain`):
-        with the C accelerator, every live filter probed in one call."""
+    def decide(
+        self, ids: list[int], timestamps: list[int], cutoff: int
+    ) -> tuple[list[bool], list[int], list[int], list[int], list[int], int] | None:
+        """With the C accelerator, :meth:`dedup.Deduplicator.check`'s pass over a batch in one
+        call (``decide`` in ``dedup/_native.c``), every live filter probed: ``(verdicts, fresh
+        IDs, their timestamps, indexes of filter hits, indexes older than cutoff, copies of
+        fresh IDs within the batch)``; ``None`` without it."""
         probe_bits = self._probe_bits
-        if probe_bits is not None:
-            assert native is not None
-            return native.bloom_probe(probe_bits[0], probe_bits[1], ids)  # type: ignore[no-any-return]
-        probes = self._probes
-        return [any(probe(record_id) for probe in probes) for record_id in ids]
+        if probe_bits is None:
+            return None
+        assert native is not None
+        return native.decide(ids, timestamps, cutoff, probe_bits[0], probe_bits[1])  # type: ignore[no-any-return]
 
     def add(self, record_id: int, ts_ms: int) -> None:
         self.add_many(ts_ms - ts_ms % self.bucket_ms, [record_id])

@@ -274,29 +274,16 @@ class Deduplicator:
         """For each ID: ``True`` if new (it is recorded now), ``False`` if a duplicate, or
         older than the horizon under ``late="drop"``. Records are decided in order: the second
         of two equal IDs in one batch is a duplicate."""
-        out = [True] * len(ids)
-        cutoff = self.cutoff
-        candidates: list[int] = []  # filter hits, resolved below
-        fresh: set[int] = set()  # surely new, recorded after the loop
-        fresh_add = fresh.add
-        fresh_at: list[int] = []  # their indexes
-        dups = 0
-        hits = self.filters.might_contain_many(ids)  # every live filter, one C call if built
-        for i, record_id in enumerate(ids):
-            ts = timestamps[i]
-            if ts < cutoff:
-                out[i] = self._late(ts)
-            elif record_id in fresh:  # a copy within this batch
-                out[i] = False
-                dups += 1
-            elif hits[i]:
-                candidates.append(i)
-            else:
-                fresh_add(record_id)
-                fresh_at.append(i)
+        decided = self.filters.decide(ids, timestamps, self.cutoff)
+        if decided is not None:  # the C accelerator: this pass in one call
+            out, fresh_ids, fresh_ts, candidates, late, dups = decided
+            for i in late:
+                out[i] = self._late(timestamps[i])
+        else:
+            out, fresh_ids, fresh_ts, candidates, dups = self._decide(ids, timestamps)
         self.stats.duplicates += dups
-        if fresh_at:
-            self._record_many([ids[i] for i in fresh_at], [timestamps[i] for i in fresh_at])
+        if fresh_ids:
+            self._record_many(fresh_ids, fresh_ts)
         if candidates:
             self._resolve(ids, timestamps, candidates, out)
         # Never flush while a batch is being decided: a flush rotates the recent-ID sets, and a
@@ -304,6 +291,40 @@ class Deduplicator:
         if len(self.pending_set) >= self.flush_ids:
             self._flush()
         return out
+
+    def _decide(
+        self, ids: list[int], timestamps: list[int]
+    ) -> tuple[list[bool], list[int], list[int], list[int], int]:
+        """The pass over a batch: its verdicts so far, the fresh IDs and their timestamps, the
+        indexes of filter hits (resolved by :meth:`_resolve`), and the copies of fresh IDs
+        within the batch (:meth:`BloomBuckets.decide` does this in C, where it was built)."""
+        out = [True] * len(ids)
+        probes = self.filters._probes
+        cutoff = self.cutoff
+        candidates: list[int] = []  # filter hits, resolved below
+        fresh: set[int] = set()  # surely new, recorded after the loop
+        fresh_add = fresh.add
+        fresh_ids: list[int] = []
+        fresh_ts: list[int] = []
+        dups = 0
+        for i, record_id in enumerate(ids):
+            ts = timestamps[i]
+            if ts < cutoff:
+                out[i] = self._late(ts)
+                continue
+            if record_id in fresh:  # a copy within this batch
+                out[i] = False
+                dups += 1
+                continue
+            for probe in probes:
+                if probe(record_id):
+                    candidates.append(i)
+                    break
+            else:
+                fresh_add(record_id)
+                fresh_ids.append(record_id)
+                fresh_ts.append(ts)
+        return out, fresh_ids, fresh_ts, candidates, dups
 
     def _resolve(
         self, ids: list[int], timestamps: list[int], candidates: list[int], out: list[bool]

@@ -37,7 +37,7 @@ __all__ = [
     "id_from_bytes",
     "id_to_bytes",
     "pair_id",
-    "pair_ids",
+    "record_pair_ids",
     "source_id",
     "value_id",
 ]
@@ -94,17 +94,18 @@ def pair_id(key: Any, value: Any) -> int:
     return _digest(b"j" + _dumps([key, value], option=_SORTED))
 
 
-def pair_ids(keys: list[Any], values: list[Any]) -> list[int]:
-    """``[pair_id(k, v) for k, v in zip(keys, values)]``, for a batch: with the C accelerator
-    (:mod:`dedup.native`), one call that computes the IDs of ``str`` and ``int`` pairs itself
-    (bit for bit as :func:`pair_id`) and hands any other pair to :func:`pair_id`.
+def record_pair_ids(records: list[tuple[Any, Any, Any]], fn: Any) -> list[int]:
+    """``[pair_id(key, fn(value)) for key, value, _ts in records]``: the IDs of a batch of a
+    per-key ``dedup`` step. With the C accelerator (:mod:`dedup.native`), one call that computes
+    the IDs of ``str`` and ``int`` pairs itself (bit for bit as :func:`pair_id`) and hands any
+    other pair to :func:`pair_id`.
 
     Raises:
-        TypeError: a key or value is not JSON-like.
+        TypeError: a key or an ``fn`` result is not JSON-like (or ``fn``'s exception).
     """
     if native is not None:
-        return native.pair_ids(keys, values, pair_id)  # type: ignore[no-any-return]
-    return [pair_id(k, v) for k, v in zip(keys, values, strict=True)]
+        return native.record_pair_ids(records, fn, pair_id)  # type: ignore[no-any-return]
+    return [pair_id(k, fn(v)) for k, v, _t in records]
 
 
 def source_id(topic: str, partition: int, offset: int) -> int:

@@ -25,7 +25,7 @@ import dedup.native
 from dedup import Deduplicator
 from dedup.buckets import BloomBuckets
 from dedup.core import MemoryIdStore
-from dedup.ids import pair_id, pair_ids
+from dedup.ids import pair_id, record_pair_ids
 from dedup.native import NativeBloom
 
 native = dedup.native.native
@@ -38,6 +38,15 @@ if native is None:
     pytest.skip("dedup/_native.c is not built (no C compiler at install)", allow_module_level=True)
 
 _HASH = int.__index__
+
+
+def pair_ids(keys: list[Any], values: list[Any]) -> list[int]:
+    """The IDs of records ``(key, value, ts)`` whose ``id=`` function returns the value."""
+    return record_pair_ids([(k, v, 0) for k, v in zip(keys, values, strict=True)], _same)
+
+
+def _same(value: Any) -> Any:
+    return value
 
 
 @pytest.fixture
@@ -95,7 +104,20 @@ def test_pair_ids_with_and_without_the_accelerator_agree(pure_python: None) -> N
     keys = [str(i % 13) for i in range(500)]
     values = [f"{i:x}" for i in range(500)]
     python = pair_ids(keys, values)
-    assert python == native.pair_ids(keys, values, pair_id)
+    records = [(k, {"id": v}, 0) for k, v in zip(keys, values, strict=True)]
+    assert python == native.record_pair_ids(records, lambda value: value["id"], pair_id)
+
+
+def test_an_id_function_that_raises_raises_through_the_batch() -> None:
+    def fn(value: Any) -> Any:
+        if value == 3:
+            raise KeyError("no id")
+        return value
+
+    with pytest.raises(KeyError, match="no id"):
+        record_pair_ids([("k", v, 0) for v in range(5)], fn)
+    with pytest.raises(TypeError, match="a record is a"):
+        record_pair_ids([("k",)], fn)
 
 
 # -- filters ------------------------------------------------------------------------------------
@@ -123,14 +145,31 @@ def test_a_native_filter_has_rblooms_bits_and_answers(expected: int, fp: float) 
     assert NativeBloom.load_bytes(rb.save_bytes()).save_bytes() == nb.save_bytes()
 
 
-def test_probing_many_filters_at_once_is_any_of_them() -> None:
+def test_deciding_a_batch_probes_every_filter_and_finds_copies_in_order() -> None:
     filters = [NativeBloom.load_bytes(Bloom(500, 0.05, _HASH).save_bytes()) for _ in range(3)]
     for i, f in enumerate(filters):
         f.update(_ids(400, i))
     ids = _ids(400, 0)[:100] + _ids(400, 2)[:100] + _ids(3000, 9)
-    flags = native.bloom_probe([f.bits for f in filters], [f.k for f in filters], ids)
-    assert list(flags) == [int(any(i in f for f in filters)) for i in ids]
-    assert native.bloom_probe([], [], ids) == bytes(len(ids))
+    ids += ids[-50:]  # copies within the batch
+    ts = [1000 + i % 7 for i in range(len(ids))]
+    bits, ks = [f.bits for f in filters], [f.k for f in filters]
+    want: tuple[list[Any], ...] = ([], [], [], [], [])  # out, fresh IDs and ts, hits, late
+    fresh: set[int] = set()
+    for i, (record_id, t) in enumerate(zip(ids, ts, strict=True)):  # in order, as check()
+        copy = t >= 1003 and record_id in fresh
+        want[0].append(not copy)
+        if t < 1003:
+            want[4].append(i)
+        elif not copy and any(record_id in f for f in filters):
+            want[3].append(i)
+        elif not copy:
+            fresh.add(record_id)
+            want[1].append(record_id)
+            want[2].append(t)
+    got = native.decide(ids, ts, 1003, bits, ks)
+    assert got == (*want, want[0].count(False))
+    assert want[3] and want[4] and want[0].count(False)  # each kind occurs
+    assert native.decide(ids, ts, 0, [], [])[1] == list(dict.fromkeys(ids))
 
 
 def test_or_of_native_filters_is_rblooms_or() -> None:
@@ -227,4 +266,4 @@ def test_a_filter_of_an_older_shape_saved_by_python_is_probed_in_c(
     new.add_many(1000, _ids(30, 6))
     assert all(type(f) is NativeBloom for fs in new.buckets.values() for f in fs)
     probed = ids + _ids(30, 6)
-    assert list(new.might_contain_many(probed)) == [1] * len(probed)
+    assert new.decide(probed, [1000] * len(probed), 0)[3] == list(range(len(probed)))

@@ -31,7 +31,7 @@ from operator import itemgetter
 from typing import Any
 
 from dedup.core import Deduplicator
-from dedup.ids import pair_ids, value_id
+from dedup.ids import record_pair_ids, value_id
 from dedup.native import describe
 from dedup.rescale import InheritingIdStore, dedup_prefix
 from dedup.store import redis_client, redis_where
@@ -93,8 +93,7 @@ class DedupOperator(Operator):
     def _ids(self, batch: list[Record]) -> list[int]:
         if not self.keyed:  # the key is the ID's hex (IdRouter, before the shuffle)
             return [int(k, 16) for k, _v, _t in batch]
-        fn = self.id_fn
-        return pair_ids([k for k, _v, _t in batch], [fn(v) for _k, v, _t in batch])
+        return record_pair_ids(batch, self.id_fn)
 
     def process(self, batch: list[Record]) -> list[Record]:
         dedup = self.dedup
