@@ -30,8 +30,9 @@ Configured by environment variables (read in the runner and in every worker proc
   header in transactional mode);
 * ``DEDUP=1``: drop re-sent clicks before the aggregate: a per-user ``dedup`` step on the
   click's ``event_id`` (Bloom filters in front of Redis, ``EOSFLOW_REDIS_URL``), horizon
-  ``DEDUP_WITHIN_S`` seconds of event time (default 300). ``bench/dedup_job.py`` runs the job
-  with and without it.
+  ``DEDUP_WITHIN_S`` seconds of event time (default 300), filters for ``DEDUP_EXPECTED_IDS``
+  IDs (default 100,000, the step's default). ``bench/dedup_job.py`` runs the job with and
+  without it.
 """
 
 from __future__ import annotations
@@ -58,7 +59,10 @@ valid = clicks.filter("valid", lambda click: click["amount"] > 0)
 by_user = valid if KEYED_SOURCE else valid.key_by("by-user", lambda click: click["user"])
 if os.environ.get("DEDUP") == "1":
     within = timedelta(seconds=float(os.environ.get("DEDUP_WITHIN_S", "300")))
-    by_user = by_user.dedup("unique", id=lambda click: click["event_id"], within=within)
+    expected = int(os.environ.get("DEDUP_EXPECTED_IDS", "100000"))
+    by_user = by_user.dedup(
+        "unique", id=lambda click: click["event_id"], within=within, expected_ids=expected
+    )
 (
     by_user.aggregate(
         "per-user",

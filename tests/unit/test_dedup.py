@@ -25,6 +25,9 @@ from dedup.ids import (
     value_id,
 )
 
+# each test with the C accelerator and with the pure-Python path (tests/unit/conftest.py)
+pytestmark = pytest.mark.usefixtures("dedup_paths")
+
 
 def fresh_ids(n: int, seed: int) -> list[int]:
     rng = random.Random(seed)

@@ -14,6 +14,9 @@ from hypothesis import strategies as st
 import dedup.buckets
 from dedup.buckets import BloomBuckets
 
+# each test with the C accelerator and with the pure-Python path (tests/unit/conftest.py)
+pytestmark = pytest.mark.usefixtures("dedup_paths")
+
 
 def _ids(n: int, seed: int) -> list[int]:
     rng = random.Random(seed)

@@ -12,6 +12,9 @@ from dedup.core import Deduplicator, MemoryIdStore
 from dedup.errors import DedupConfigError
 from dedup.rescale import dedup_prefix, merge_dedup_states, referenced_prefixes
 
+# each test with the C accelerator and with the pure-Python path (tests/unit/conftest.py)
+pytestmark = pytest.mark.usefixtures("dedup_paths")
+
 
 def _ids(n: int, seed: int) -> list[int]:
     rng = random.Random(seed)
