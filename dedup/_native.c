@@ -144,10 +144,15 @@ static void init_start(void) {
 static PyObject *id_to_long(u128 id) {
     uint8_t b[16];
     for (int i = 0; i < 16; i++) b[i] = (uint8_t)(id >> (8 * i));
+#if PY_VERSION_HEX >= 0x030D0000
+    return PyLong_FromUnsignedNativeBytes(b, 16, Py_ASNATIVEBYTES_LITTLE_ENDIAN);
+#else
     return _PyLong_FromByteArray(b, 16, 1, 0);
+#endif
 }
 
-/* The ID as a u128; -1 with an exception set unless 0 <= id < 2**128. */
+/* The ID as rbloom reads its hash: a signed 128-bit int (-2**127 <= id < 2**127; IDs are
+ * 0 <= id < 2**127) taken as a u128. -1 with an exception set otherwise. */
 static int long_to_id(PyObject *o, u128 *out) {
     uint8_t b[16];
     if (!PyLong_Check(o)) {
@@ -155,9 +160,14 @@ static int long_to_id(PyObject *o, u128 *out) {
         return -1;
     }
 #if PY_VERSION_HEX >= 0x030D0000
-    if (_PyLong_AsByteArray((PyLongObject *)o, b, 16, 1, 0, 1) < 0) return -1;
+    Py_ssize_t size = PyLong_AsNativeBytes(o, b, 16, Py_ASNATIVEBYTES_LITTLE_ENDIAN);
+    if (size < 0) return -1;
+    if (size > 16) {
+        PyErr_SetString(PyExc_OverflowError, "an ID does not fit a signed 128-bit int");
+        return -1;
+    }
 #else
-    if (_PyLong_AsByteArray((PyLongObject *)o, b, 16, 1, 0) < 0) return -1;
+    if (_PyLong_AsByteArray((PyLongObject *)o, b, 16, 1, 1) < 0) return -1;
 #endif
     u128 v = 0;
     for (int i = 15; i >= 0; i--) v = (v << 8) | b[i];
@@ -265,35 +275,49 @@ static PyObject *one_pair_id(Buf *b, PyObject *key, PyObject *value, PyObject *f
     return id_to_long(digest_id(b->buf, b->len));
 }
 
-/* record_pair_ids(records, fn, fallback) -> list[int]: pair_id(key, fn(value)) of each record
- * (key, value, timestamp) of a batch, the dedup step's IDs without two Python lists. */
+/* record_pair_ids(records, fn, fallback) -> list[int] | None: pair_id(key, fn(value)) of each
+ * record (key, value, timestamp) of a batch, the dedup step's IDs without two Python lists.
+ * None, before fn is called, if a record is not a tuple of 3 (the caller's Python path then
+ * decides what it is). The batch is read from a copy: fn may do anything to the list. */
 static PyObject *record_pair_ids(PyObject *self, PyObject *args) {
     PyObject *records, *fn, *fallback;
     if (!PyArg_ParseTuple(args, "O!OO:record_pair_ids", &PyList_Type, &records, &fn, &fallback))
         return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(records);
-    PyObject *out = PyList_New(n);
-    if (out == NULL) return NULL;
+    PyObject *batch = PyList_AsTuple(records);
+    if (batch == NULL) return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(batch);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *record = PyTuple_GET_ITEM(batch, i);
+        if (!PyTuple_CheckExact(record) || PyTuple_GET_SIZE(record) != 3) {
+            Py_DECREF(batch);
+            Py_RETURN_NONE;
+        }
+    }
+    PyObject *out = PyList_New(0);
+    if (out == NULL) {
+        Py_DECREF(batch);
+        return NULL;
+    }
     Buf b;
     b.buf = b.small;
     b.cap = sizeof b.small;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *record = PyList_GET_ITEM(records, i);
-        if (!PyTuple_Check(record) || PyTuple_GET_SIZE(record) < 2) {
-            PyErr_SetString(PyExc_TypeError, "a record is a (key, value, timestamp) tuple");
-            goto error;
-        }
+        PyObject *record = PyTuple_GET_ITEM(batch, i); /* held by batch */
         PyObject *value = PyObject_CallOneArg(fn, PyTuple_GET_ITEM(record, 1));
         if (value == NULL) goto error;
         PyObject *id = one_pair_id(&b, PyTuple_GET_ITEM(record, 0), value, fallback);
         Py_DECREF(value);
         if (id == NULL) goto error;
-        PyList_SET_ITEM(out, i, id);
+        int rc = PyList_Append(out, id);
+        Py_DECREF(id);
+        if (rc < 0) goto error;
     }
     if (b.buf != b.small) PyMem_Free(b.buf);
+    Py_DECREF(batch);
     return out;
 error:
     if (b.buf != b.small) PyMem_Free(b.buf);
+    Py_DECREF(batch);
     Py_DECREF(out);
     return NULL;
 }
@@ -301,6 +325,15 @@ error:
 /* ---- Bloom filters in rbloom's layout ---- */
 
 #define LCG_A ((((u128)0x2360ed051fc65da4ULL) << 64) | (u128)0x4385df649fcb5cedULL)
+
+/* k as rbloom computes it is ln 2 * bits per ID: 1 to a few dozen. */
+static int check_k(unsigned long long k) {
+    if (k < 1 || k > 1000) {
+        PyErr_Format(PyExc_ValueError, "a filter of k=%llu hashes (1 to 1000)", k);
+        return -1;
+    }
+    return 0;
+}
 
 static int filter_bits(Py_buffer *view, uint64_t *bits) {
     if (view->len == 0) {
@@ -329,7 +362,7 @@ static PyObject *bloom_add(PyObject *self, PyObject *args) {
     PyObject *ids;
     if (!PyArg_ParseTuple(args, "w*KO!:bloom_add", &view, &k, &PyList_Type, &ids)) return NULL;
     uint64_t nbits;
-    if (filter_bits(&view, &nbits) < 0) goto error;
+    if (filter_bits(&view, &nbits) < 0 || check_k(k) < 0) goto error;
     uint8_t *bits = view.buf;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ids); i++) {
         u128 state;
@@ -356,7 +389,7 @@ static PyObject *bloom_contains(PyObject *self, PyObject *args) {
     uint64_t nbits;
     u128 state;
     int found = -1;
-    if (filter_bits(&view, &nbits) == 0 && long_to_id(id, &state) == 0)
+    if (filter_bits(&view, &nbits) == 0 && check_k(k) == 0 && long_to_id(id, &state) == 0)
         found = probe(view.buf, nbits, k, state);
     PyBuffer_Release(&view);
     if (found < 0) return NULL;
@@ -414,6 +447,7 @@ static int filters_get(Filters *f, PyObject *filters, PyObject *ks) {
         Py_ssize_t i = f->got;
         f->ks[i] = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(ks, i));
         if (f->ks[i] == (uint64_t)-1 && PyErr_Occurred()) return -1;
+        if (check_k(f->ks[i]) < 0) return -1;
         if (PyObject_GetBuffer(PyList_GET_ITEM(filters, i), &f->views[i], PyBUF_SIMPLE) < 0)
             return -1;
         if (filter_bits(&f->views[i], &f->sizes[i]) < 0) {
@@ -439,7 +473,8 @@ static int append_index(PyObject *list, Py_ssize_t i) {
 }
 
 /* decide(ids, timestamps, cutoff, filters, ks) -> (out, fresh_ids, fresh_ts, candidates, late,
- * copies): dedup.core.Deduplicator.check's pass over a batch, in order. Per record: older than
+ * copies) | None: dedup.core.Deduplicator.check's pass over a batch, in order (None: a batch
+ * with other than int64 timestamps and exact int IDs, for the Python pass). Per record: older than
  * cutoff: its index in late (out True, for the caller to decide); a copy of a fresh ID earlier
  * in the batch: out False, counted in copies; a hit in some filter: its index in candidates
  * (out True, resolved by the caller); else fresh: out True, its ID and timestamp in fresh_ids
@@ -455,6 +490,12 @@ static PyObject *decide(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "ids and timestamps differ in length");
         return NULL;
     }
+    /* Exact ints only, so that no Python code (an int subclass's __hash__ or __index__) runs
+     * while the lists' items are borrowed; anything else goes the Python way (None). */
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!PyLong_CheckExact(PyList_GET_ITEM(ids, i)) ||
+            !PyLong_CheckExact(PyList_GET_ITEM(timestamps, i)))
+            Py_RETURN_NONE;
     Filters f;
     PyObject *out = PyList_New(n), *fresh = PySet_New(NULL), *fresh_ids = PyList_New(0),
              *fresh_ts = PyList_New(0), *candidates = PyList_New(0), *late = PyList_New(0),
@@ -466,8 +507,13 @@ static PyObject *decide(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *id = PyList_GET_ITEM(ids, i), *ts = PyList_GET_ITEM(timestamps, i);
         PyObject *verdict = Py_True;
-        long long t = PyLong_AsLongLong(ts);
-        if (t == -1 && PyErr_Occurred()) goto done;
+        int overflow;
+        long long t = PyLong_AsLongLongAndOverflow(ts, &overflow);
+        if (overflow) { /* a timestamp beyond int64: the Python way */
+            result = Py_None;
+            Py_INCREF(result);
+            goto done;
+        }
         if (t < cutoff) {
             if (append_index(late, i) < 0) goto done;
         } else {

@@ -198,7 +198,8 @@ class BloomBuckets:
         """With the C accelerator, :meth:`dedup.Deduplicator.check`'s pass over a batch in one
         call (``decide`` in ``dedup/_native.c``), every live filter probed: ``(verdicts, fresh
         IDs, their timestamps, indexes of filter hits, indexes older than cutoff, copies of
-        fresh IDs within the batch)``; ``None`` without it."""
+        fresh IDs within the batch)``; ``None`` without it (or for a batch with other than
+        int64 timestamps and exact ``int`` IDs)."""
         probe_bits = self._probe_bits
         if probe_bits is None:
             return None

@@ -104,7 +104,9 @@ def record_pair_ids(records: list[tuple[Any, Any, Any]], fn: Any) -> list[int]:
         TypeError: a key or an ``fn`` result is not JSON-like (or ``fn``'s exception).
     """
     if native is not None:
-        return native.record_pair_ids(records, fn, pair_id)  # type: ignore[no-any-return]
+        ids = native.record_pair_ids(records, fn, pair_id)
+        if ids is not None:  # None: a record that is not a tuple of 3
+            return ids  # type: ignore[no-any-return]
     return [pair_id(k, fn(v)) for k, v, _t in records]
 
 

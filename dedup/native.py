@@ -72,7 +72,7 @@ class NativeBloom:
         """From rbloom's ``save_bytes`` (or :meth:`save_bytes`)."""
         if len(data) < 9:
             raise ValueError(f"a saved Bloom filter has at least 9 bytes, got {len(data)}")
-        return cls(int.from_bytes(data[:8], "little"), bytearray(data[8:]))
+        return cls(int.from_bytes(data[:8], "little"), bytearray(memoryview(data)[8:]))
 
     def save_bytes(self) -> bytes:
         return self.k.to_bytes(8, "little") + self.bits

@@ -99,6 +99,66 @@ def test_pair_ids_refuse_what_pair_id_refuses(bad: Any) -> None:
     assert str(c.value) == str(python.value)
 
 
+def test_an_id_function_that_changes_the_batch_changes_nothing_here() -> None:
+    """The batch is read from a copy: an ``id=`` function that empties or rewrites the list
+    does not crash the process (a read of freed records), and the IDs are of the records the
+    call was given."""
+    batch: list[Any] = [(f"k{i}", {"id": i}, 0) for i in range(500)]
+    given = list(batch)
+
+    def clears(value: Any) -> Any:
+        batch.clear()
+        return value["id"]
+
+    def rewrites(value: Any) -> Any:
+        batch[:] = [("x", {"id": "y"}, 0)] * 3
+        return value["id"]
+
+    want = [pair_id(k, v["id"]) for k, v, _t in given]
+    for fn in (clears, rewrites):
+        batch[:] = given
+        assert native.record_pair_ids(batch, fn, pair_id) == want
+
+
+def test_records_of_another_shape_take_the_python_path() -> None:
+    """Lists, or tuples of another length: the C call says so before it calls ``fn``, and
+    :func:`record_pair_ids` does what the Python path does with them."""
+    calls: list[Any] = []
+
+    def fn(value: Any) -> Any:
+        calls.append(value)
+        return value
+
+    assert native.record_pair_ids([("k", "v", 0), ["k", "v", 0]], fn, pair_id) is None
+    assert native.record_pair_ids([("k", "v")], fn, pair_id) is None
+    assert calls == []
+    mixed: list[Any] = [("k", "v", 0), ["k", "w", 0]]
+    assert record_pair_ids(mixed, fn) == [pair_id("k", "v"), pair_id("k", "w")]
+
+
+def test_a_batch_of_other_timestamps_or_ids_is_decided_in_python() -> None:
+    nb = NativeBloom.load_bytes(Bloom(100, 0.01, _HASH).save_bytes())
+    assert native.decide([1, 2], [1.5, 2], 0, [nb.bits], [nb.k]) is None
+    assert native.decide([1, True], [1, 2], 0, [nb.bits], [nb.k]) is None
+    assert native.decide([1, 2], [2**63, 2], 0, [nb.bits], [nb.k]) is None
+    d = Deduplicator(MemoryIdStore(), within_ms=10_000, expected_ids=100, fp_rate=0.01)
+    assert d.check([5, 6, 5], [1000.5, 2000.0, 1000.0]) == [True, True, False]  # type: ignore[list-item]
+
+
+def test_ids_are_taken_as_rbloom_takes_its_hash() -> None:
+    """A signed 128-bit int: negative ones hash as rbloom hashes them, 2**127 and more are
+    refused as rbloom refuses them."""
+    rb = Bloom(100, 0.01, _HASH)
+    nb = NativeBloom.load_bytes(rb.save_bytes())
+    rb.update([-5, -(2**127)])
+    nb.update([-5, -(2**127)])
+    assert nb.save_bytes() == rb.save_bytes()
+    with pytest.raises(OverflowError):
+        rb.update([2**127])
+    with pytest.raises(OverflowError):
+        nb.update([2**127])
+
+
 def test_pair_ids_with_and_without_the_accelerator_agree(pure_python: None) -> None:
     assert dedup.ids.native is None
     keys = [str(i % 13) for i in range(500)]
@@ -116,7 +176,7 @@ def test_an_id_function_that_raises_raises_through_the_batch() -> None:
 
     with pytest.raises(KeyError, match="no id"):
         record_pair_ids([("k", v, 0) for v in range(5)], fn)
-    with pytest.raises(TypeError, match="a record is a"):
+    with pytest.raises(ValueError, match="not enough values"):  # as the Python path
         record_pair_ids([("k",)], fn)
 
 
@@ -191,8 +251,11 @@ def test_bad_filters_and_ids_are_refused() -> None:
     nb = NativeBloom.load_bytes(Bloom(10, 0.1, _HASH).save_bytes())
     with pytest.raises(TypeError, match="an ID is an int"):
         nb.update(["0"])  # type: ignore[list-item]
-    with pytest.raises(OverflowError):
-        nb.update([-1])
+    with pytest.raises(ValueError, match="k >= 1"):
+        NativeBloom(0, bytearray(8))
+    nb.k = 0
+    with pytest.raises(ValueError, match="k=0 hashes"):
+        nb.update([1])
 
 
 # -- decisions and snapshots ----------------------------------------------------------------------
