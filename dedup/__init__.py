@@ -5,6 +5,8 @@ Record-ID deduplication (docs/dedup.md).
 
 - :mod:`dedup.ids`: deterministic 127-bit record IDs.
 - :mod:`dedup.buckets`: time-bucketed Bloom filters (rbloom), saved into snapshots.
+- :mod:`dedup.native`: the optional C accelerator (``dedup/_native.c``) of the IDs and the
+  filters, bit for bit the same as the Python path.
 - :mod:`dedup.store`: the Redis ID store, one round trip per batch, failing closed.
 - :mod:`dedup.core`: :class:`Deduplicator`, filters in front of the store, agreeing with the
   restored checkpoint; watermark garbage collection.
