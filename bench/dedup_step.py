@@ -46,11 +46,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from clicks import click_events, with_duplicates
 
 import dedup.buckets as buckets
-import dedup.ids as ids_module
+import dedup.native as accel
 from dedup import Deduplicator
 from dedup.core import MemoryIdStore
 from dedup.ids import record_pair_ids
-from dedup.native import native
 from processor.runtime.supervision.worker import tune_gc
 
 Record = tuple[str, dict[str, Any], int]
@@ -108,10 +107,11 @@ def main() -> None:
     print(f"{len(data):,} records ({args.records:,} distinct)", file=sys.stderr)
     product = buckets.BloomBuckets._new_filter
     variants = {  # name: (the filters' constructor, the C accelerator)
-        "native": (product, native),
+        "native": (product, accel.native),
         "python": (product, None),
         "builtin-hash": (_builtin_filter, None),
     }
+    native = accel.native
     if native is None:
         print("dedup/_native.c: not built, or EOSFLOW_NATIVE=0: python only", file=sys.stderr)
         del variants["native"]
@@ -119,8 +119,7 @@ def main() -> None:
     for repeat in range(args.repeats):
         names = list(variants) if repeat % 2 == 0 else list(variants)[::-1]
         for name in names:
-            new_filter, buckets.native = variants[name]
-            ids_module.native = buckets.native
+            new_filter, accel.native = variants[name]
             buckets.BloomBuckets._new_filter = new_filter  # type: ignore[method-assign]
             gc.collect()
             ids_ns, check_ns = run(
@@ -130,7 +129,7 @@ def main() -> None:
             print(f"repeat={repeat} {name:13s} ids {ids_ns:6.0f} ns  check {check_ns:6.0f} ns",
                   file=sys.stderr)  # fmt: skip
     buckets.BloomBuckets._new_filter = product  # type: ignore[method-assign]
-    buckets.native = ids_module.native = native
+    accel.native = native
     print("| variant | ID ns/record (median) | check ns/record (median) | together | best ratio |")
     print("|---|---:|---:|---:|---:|")
     for name, runs in found.items():

@@ -343,10 +343,15 @@ static int filter_bits(Py_buffer *view, uint64_t *bits) {
     return 0;
 }
 
+/* rbloom's next index: its LCG's next state, bits 32 to 95, modulo the filter's bits. */
+static inline uint64_t next_index(u128 *state, uint64_t nbits) {
+    *state = *state * LCG_A + 1;
+    return (uint64_t)(*state >> 32) % nbits;
+}
+
 static inline int probe(const uint8_t *bits, uint64_t nbits, uint64_t k, u128 state) {
     for (uint64_t j = 0; j < k; j++) {
-        state = state * LCG_A + 1;
-        uint64_t i = (uint64_t)(state >> 32) % nbits;
+        uint64_t i = next_index(&state, nbits);
         if (!(bits[i >> 3] & (1u << (i & 7)))) return 0;
     }
     return 1;
@@ -367,8 +372,7 @@ static PyObject *bloom_add(PyObject *self, PyObject *args) {
         u128 state;
         if (long_to_id(PyList_GET_ITEM(ids, i), &state) < 0) goto error;
         for (uint64_t j = 0; j < k; j++) {
-            state = state * LCG_A + 1;
-            uint64_t b = (uint64_t)(state >> 32) % nbits;
+            uint64_t b = next_index(&state, nbits);
             bits[b >> 3] |= (uint8_t)(1u << (b & 7));
         }
     }

@@ -43,7 +43,8 @@ from typing import Any
 
 from rbloom import Bloom
 
-from dedup.native import NativeBloom, native
+import dedup.native as accel  # its ``native``: read at each use, so one switch turns it off
+from dedup.native import NativeBloom
 
 __all__ = ["BloomBuckets", "merge_snapshots"]
 
@@ -105,7 +106,7 @@ class BloomBuckets:
         self._blank: bytes | None = None  # an empty filter's save_bytes (rbloom's sizing)
 
     def _new_filter(self) -> Any:
-        if native is None:
+        if accel.native is None:
             return Bloom(self.expected_ids, self.filter_fp, _HASH)
         if self._blank is None:  # rbloom's sizing (bits and k) of these parameters, once
             self._blank = Bloom(self.expected_ids, self.filter_fp, _HASH).save_bytes()
@@ -114,7 +115,9 @@ class BloomBuckets:
     @staticmethod
     def _load_filter(blob: bytes) -> Any:
         """A saved filter (rbloom's ``save_bytes``, which :class:`NativeBloom` writes too)."""
-        return Bloom.load_bytes(blob, _HASH) if native is None else NativeBloom.load_bytes(blob)
+        if accel.native is None:
+            return Bloom.load_bytes(blob, _HASH)
+        return NativeBloom.load_bytes(blob)
 
     def _reindex(self) -> None:
         """Rebuilds the probes after the filters changed: each bucket's union (once), or its
@@ -149,7 +152,7 @@ class BloomBuckets:
                 probed.append(union.bloom)
         self._probes = probes
         self._probe_bits = None
-        if native is not None and all(type(f) is NativeBloom for f in probed):
+        if accel.native is not None:  # then every filter is a NativeBloom (_new_filter)
             self._probe_bits = ([f.bits for f in probed], [f.k for f in probed])
         return packable
 
@@ -203,8 +206,8 @@ class BloomBuckets:
         probe_bits = self._probe_bits
         if probe_bits is None:
             return None
-        assert native is not None
-        return native.decide(ids, timestamps, cutoff, probe_bits[0], probe_bits[1])  # type: ignore[no-any-return]
+        assert accel.native is not None
+        return accel.native.decide(ids, timestamps, cutoff, probe_bits[0], probe_bits[1])  # type: ignore[no-any-return]
 
     def add(self, record_id: int, ts_ms: int) -> None:
         self.add_many(ts_ms - ts_ms % self.bucket_ms, [record_id])

@@ -28,7 +28,7 @@ from typing import Any
 
 import orjson
 
-from dedup.native import native
+import dedup.native as accel  # its ``native``: read at each use, so one switch turns it off
 
 __all__ = [
     "ID_BYTES",
@@ -103,6 +103,7 @@ def record_pair_ids(records: list[tuple[Any, Any, Any]], fn: Any) -> list[int]:
     Raises:
         TypeError: a key or an ``fn`` result is not JSON-like (or ``fn``'s exception).
     """
+    native = accel.native
     if native is not None:
         ids = native.record_pair_ids(records, fn, pair_id)
         if ids is not None:  # None: a record that is not a tuple of 3

@@ -6,8 +6,6 @@ from collections.abc import Iterator
 
 import pytest
 
-import dedup.buckets
-import dedup.ids
 import dedup.native
 
 
@@ -19,6 +17,5 @@ def dedup_paths(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     if request.param == "c" and dedup.native.native is None:
         pytest.skip("dedup/_native.c is not built (or EOSFLOW_NATIVE=0)")
     if request.param == "python":
-        for module in (dedup.native, dedup.buckets, dedup.ids):
-            monkeypatch.setattr(module, "native", None)
+        monkeypatch.setattr(dedup.native, "native", None)
     yield request.param

@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import os
 import random
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -47,14 +46,6 @@ def pair_ids(keys: list[Any], values: list[Any]) -> list[int]:
 
 def _same(value: Any) -> Any:
     return value
-
-
-@pytest.fixture
-def pure_python(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The pure-Python path in this process, as with ``EOSFLOW_NATIVE=0``."""
-    for module in (dedup.native, dedup.buckets, dedup.ids):
-        monkeypatch.setattr(module, "native", None)
-    yield
 
 
 # -- IDs ----------------------------------------------------------------------------------------
@@ -159,8 +150,8 @@ def test_ids_are_taken_as_rbloom_takes_its_hash() -> None:
         nb.update([2**127])
 
 
-def test_pair_ids_with_and_without_the_accelerator_agree(pure_python: None) -> None:
-    assert dedup.ids.native is None
+def test_pair_ids_with_and_without_the_accelerator_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dedup.native, "native", None)
     keys = [str(i % 13) for i in range(500)]
     values = [f"{i:x}" for i in range(500)]
     python = pair_ids(keys, values)
@@ -300,8 +291,7 @@ def test_a_deduplicator_decides_the_same_with_and_without_the_accelerator(
     c_store, py_store = MemoryIdStore(), MemoryIdStore()
     c_decided, c_state = _run(first, c_store)
     with monkeypatch.context() as m:
-        for module in (dedup.native, dedup.buckets, dedup.ids):
-            m.setattr(module, "native", None)
+        m.setattr(dedup.native, "native", None)
         py_decided, py_state = _run(first, py_store)
         # the Python path restores C's snapshot
         py_after_c, _ = _run(second, copy.deepcopy(c_store), c_state)
@@ -318,8 +308,7 @@ def test_a_filter_of_an_older_shape_saved_by_python_is_probed_in_c(
     """A restore under the accelerator of a filter that the Python path saved with other
     parameters (an older snapshot) probes it too."""
     with monkeypatch.context() as m:
-        for module in (dedup.native, dedup.buckets, dedup.ids):
-            m.setattr(module, "native", None)
+        m.setattr(dedup.native, "native", None)
         old = BloomBuckets(bucket_ms=1000, expected_ids=50, fp_rate=0.01, max_filters=2)
         ids = _ids(40, 5)
         old.add_many(0, ids)
