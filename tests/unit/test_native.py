@@ -18,8 +18,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rbloom import Bloom
 
-import dedup.buckets
-import dedup.ids
 import dedup.native
 from dedup import Deduplicator
 from dedup.buckets import BloomBuckets
