@@ -15,6 +15,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <limits.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -475,52 +476,69 @@ static int append_index(PyObject *list, Py_ssize_t i) {
     return rc;
 }
 
-/* decide(ids, timestamps, cutoff, filters, ks) -> (out, fresh_ids, fresh_ts, candidates, late,
- * copies) | None: dedup.core.Deduplicator.check's pass over a batch, in order (None: a batch
- * with other than int64 timestamps and exact int IDs, for the Python pass). Per record: older than
- * cutoff: its index in late (out True, for the caller to decide); a copy of a fresh ID earlier
- * in the batch: out False, counted in copies; a hit in some filter: its index in candidates
- * (out True, resolved by the caller); else fresh: out True, its ID and timestamp in fresh_ids
- * and fresh_ts. */
+/* The start of a timestamp's bucket as Python computes it (ts - ts % size, floored); -1 when
+ * it does not fit an int64 (the Python way then). */
+static inline int bucket_start(long long t, long long size, long long *start) {
+    long long r = t % size;
+    if (r < 0) r += size;
+    if (t < LLONG_MIN + r) return -1;
+    *start = t - r;
+    return 0;
+}
+
+/* decide(ids, timestamps, cutoff, filters, ks, pending, bucket_ms) -> (out, groups, candidates,
+ * late, copies) | None: dedup.core.Deduplicator.check's pass over a batch, in order (None: a
+ * batch with other than exact int IDs and int64 timestamps, for the Python pass; then nothing
+ * was changed). Per record: older than cutoff: its index in late (out True, for the caller to
+ * decide); an ID in pending (the set of IDs recorded since the last flush, and the fresh ones
+ * of this batch so far): out False, counted in copies; a hit in some filter: its index in
+ * candidates (out True, resolved by the caller); else fresh: out True, its ID added to pending
+ * and appended to groups[its bucket's start], a dict of lists in the batch's order. */
 static PyObject *decide(PyObject *self, PyObject *args) {
-    PyObject *ids, *timestamps, *filters, *ks;
-    long long cutoff;
-    if (!PyArg_ParseTuple(args, "O!O!LO!O!:decide", &PyList_Type, &ids, &PyList_Type,
-                          &timestamps, &cutoff, &PyList_Type, &filters, &PyList_Type, &ks))
+    PyObject *ids, *timestamps, *filters, *ks, *pending;
+    long long cutoff, size;
+    if (!PyArg_ParseTuple(args, "O!O!LO!O!O!L:decide", &PyList_Type, &ids, &PyList_Type,
+                          &timestamps, &cutoff, &PyList_Type, &filters, &PyList_Type, &ks,
+                          &PySet_Type, &pending, &size))
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(ids);
     if (PyList_GET_SIZE(timestamps) != n) {
         PyErr_SetString(PyExc_ValueError, "ids and timestamps differ in length");
         return NULL;
     }
-    /* Exact ints only, so that no Python code (an int subclass's __hash__ or __index__) runs
-     * while the lists' items are borrowed; anything else goes the Python way (None). */
-    for (Py_ssize_t i = 0; i < n; i++)
-        if (!PyLong_CheckExact(PyList_GET_ITEM(ids, i)) ||
-            !PyLong_CheckExact(PyList_GET_ITEM(timestamps, i)))
-            Py_RETURN_NONE;
+    if (size < 1) {
+        PyErr_SetString(PyExc_ValueError, "bucket_ms must be >= 1");
+        return NULL;
+    }
+    /* Checked before anything changes: exact ints only, so that no Python code (an int
+     * subclass's __hash__ or __index__) runs while the lists' items are borrowed, and
+     * timestamps whose bucket fits an int64; anything else goes the Python way (None). */
+    long long *starts = PyMem_Malloc((n ? (size_t)n : 1) * sizeof(long long));
+    if (starts == NULL) return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *ts = PyList_GET_ITEM(timestamps, i);
+        int overflow;
+        long long t;
+        if (!PyLong_CheckExact(PyList_GET_ITEM(ids, i)) || !PyLong_CheckExact(ts)) goto python;
+        t = PyLong_AsLongLongAndOverflow(ts, &overflow);
+        if (overflow || bucket_start(t, size, &starts[i]) < 0) goto python;
+        if (t < cutoff) starts[i] = LLONG_MIN; /* late: no bucket */
+    }
     Filters f;
-    PyObject *out = PyList_New(n), *fresh = PySet_New(NULL), *fresh_ids = PyList_New(0),
-             *fresh_ts = PyList_New(0), *candidates = PyList_New(0), *late = PyList_New(0),
-             *result = NULL;
+    PyObject *out = PyList_New(n), *groups = PyDict_New(), *candidates = PyList_New(0),
+             *late = PyList_New(0), *group = NULL, *result = NULL;
+    long long group_start = LLONG_MIN;
     Py_ssize_t copies = 0;
-    if (filters_get(&f, filters, ks) < 0 || out == NULL || fresh == NULL || fresh_ids == NULL ||
-        fresh_ts == NULL || candidates == NULL || late == NULL)
+    if (filters_get(&f, filters, ks) < 0 || out == NULL || groups == NULL || candidates == NULL ||
+        late == NULL)
         goto done;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *id = PyList_GET_ITEM(ids, i), *ts = PyList_GET_ITEM(timestamps, i);
+        PyObject *id = PyList_GET_ITEM(ids, i);
         PyObject *verdict = Py_True;
-        int overflow;
-        long long t = PyLong_AsLongLongAndOverflow(ts, &overflow);
-        if (overflow) { /* a timestamp beyond int64: the Python way */
-            result = Py_None;
-            Py_INCREF(result);
-            goto done;
-        }
-        if (t < cutoff) {
+        if (starts[i] == LLONG_MIN) {
             if (append_index(late, i) < 0) goto done;
         } else {
-            int seen = PySet_Contains(fresh, id);
+            int seen = PySet_Contains(pending, id);
             if (seen < 0) goto done;
             if (seen) {
                 verdict = Py_False;
@@ -530,30 +548,83 @@ static PyObject *decide(PyObject *self, PyObject *args) {
                 if (long_to_id(id, &state) < 0) goto done;
                 if (filters_hit(&f, state)) {
                     if (append_index(candidates, i) < 0) goto done;
-                } else if (PySet_Add(fresh, id) < 0 || PyList_Append(fresh_ids, id) < 0 ||
-                           PyList_Append(fresh_ts, ts) < 0) {
-                    goto done;
+                } else {
+                    if (group == NULL || starts[i] != group_start) { /* usually one per batch */
+                        PyObject *key = PyLong_FromLongLong(starts[i]);
+                        if (key == NULL) goto done;
+                        group = PyDict_GetItemWithError(groups, key); /* borrowed */
+                        if (group == NULL && !PyErr_Occurred()) {
+                            PyObject *fresh = PyList_New(0);
+                            if (fresh != NULL && PyDict_SetItem(groups, key, fresh) == 0)
+                                group = fresh;
+                            Py_XDECREF(fresh); /* the dict holds it */
+                        }
+                        Py_DECREF(key);
+                        if (group == NULL) goto done;
+                        group_start = starts[i];
+                    }
+                    if (PySet_Add(pending, id) < 0 || PyList_Append(group, id) < 0) goto done;
                 }
             }
         }
         Py_INCREF(verdict);
         PyList_SET_ITEM(out, i, verdict);
     }
-    result = Py_BuildValue("(OOOOOn)", out, fresh_ids, fresh_ts, candidates, late, copies);
+    result = Py_BuildValue("(OOOOn)", out, groups, candidates, late, copies);
 done:
     filters_release(&f);
+    PyMem_Free(starts);
     Py_XDECREF(out);
-    Py_XDECREF(fresh);
-    Py_XDECREF(fresh_ids);
-    Py_XDECREF(fresh_ts);
+    Py_XDECREF(groups);
     Py_XDECREF(candidates);
     Py_XDECREF(late);
     return result;
+python:
+    PyMem_Free(starts);
+    Py_RETURN_NONE;
+}
+
+/* pack_ids(ids: list[int]) -> bytes: each ID as 16 little-endian bytes (int.to_bytes(16,
+ * "little"), with its OverflowError for a negative ID or one of more than 128 bits). */
+static PyObject *pack_ids(PyObject *self, PyObject *arg) {
+    if (!PyList_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "pack_ids takes a list of ints");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(arg);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * 16);
+    if (out == NULL) return NULL;
+    uint8_t *b = (uint8_t *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++, b += 16) {
+        PyObject *o = PyList_GET_ITEM(arg, i);
+        if (!PyLong_Check(o)) {
+            PyErr_Format(PyExc_TypeError, "an ID is an int, got %.100s", Py_TYPE(o)->tp_name);
+            goto error;
+        }
+#if PY_VERSION_HEX >= 0x030D0000
+        Py_ssize_t need = PyLong_AsNativeBytes(
+            o, b, 16,
+            Py_ASNATIVEBYTES_LITTLE_ENDIAN | Py_ASNATIVEBYTES_UNSIGNED_BUFFER |
+                Py_ASNATIVEBYTES_REJECT_NEGATIVE);
+        if (need < 0) goto error;
+        if (need > 16) {
+            PyErr_SetString(PyExc_OverflowError, "int too big to convert");
+            goto error;
+        }
+#else
+        if (_PyLong_AsByteArray((PyLongObject *)o, b, 16, 1, 0) < 0) goto error;
+#endif
+    }
+    return out;
+error:
+    Py_DECREF(out);
+    return NULL;
 }
 
 static PyMethodDef methods[] = {
     {"record_pair_ids", record_pair_ids, METH_VARARGS, "pair_id(key, fn(value)) per record."},
     {"decide", decide, METH_VARARGS, "Deduplicator.check's pass over a batch."},
+    {"pack_ids", pack_ids, METH_O, "Each ID as 16 little-endian bytes, joined."},
     {"bloom_add", bloom_add, METH_VARARGS, "Adds IDs to a filter (rbloom's layout)."},
     {"bloom_contains", bloom_contains, METH_VARARGS, "Whether a filter may hold an ID."},
     {"bloom_or", bloom_or, METH_VARARGS, "ORs a filter into another of its size."},

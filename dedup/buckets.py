@@ -196,18 +196,20 @@ class BloomBuckets:
         return any(probe(record_id) for probe in self._probes)
 
     def decide(
-        self, ids: list[int], timestamps: list[int], cutoff: int
-    ) -> tuple[list[bool], list[int], list[int], list[int], list[int], int] | None:
+        self, ids: list[int], timestamps: list[int], cutoff: int, pending: set[int]
+    ) -> tuple[list[bool], dict[int, list[int]], list[int], list[int], int] | None:
         """With the C accelerator, :meth:`dedup.Deduplicator.check`'s pass over a batch in one
         call (``decide`` in ``dedup/_native.c``), every live filter probed: ``(verdicts, fresh
-        IDs, their timestamps, indexes of filter hits, indexes older than cutoff, copies of
-        fresh IDs within the batch)``; ``None`` without it (or for a batch with other than
-        int64 timestamps and exact ``int`` IDs)."""
+        IDs by bucket start, indexes of filter hits, indexes older than cutoff, copies of IDs
+        in pending)``; the fresh IDs are added to ``pending``. ``None`` without it (or for a
+        batch with other than int64 timestamps and exact ``int`` IDs; nothing changed then)."""
         probe_bits = self._probe_bits
         if probe_bits is None:
             return None
         assert accel.native is not None
-        return accel.native.decide(ids, timestamps, cutoff, probe_bits[0], probe_bits[1])  # type: ignore[no-any-return]
+        return accel.native.decide(  # type: ignore[no-any-return]
+            ids, timestamps, cutoff, probe_bits[0], probe_bits[1], pending, self.bucket_ms
+        )
 
     def add(self, record_id: int, ts_ms: int) -> None:
         self.add_many(ts_ms - ts_ms % self.bucket_ms, [record_id])

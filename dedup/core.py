@@ -274,16 +274,16 @@ class Deduplicator:
         """For each ID: ``True`` if new (it is recorded now), ``False`` if a duplicate, or
         older than the horizon under ``late="drop"``. Records are decided in order: the second
         of two equal IDs in one batch is a duplicate."""
-        decided = self.filters.decide(ids, timestamps, self.cutoff)
+        decided = self.filters.decide(ids, timestamps, self.cutoff, self.pending_set)
         if decided is not None:  # the C accelerator: this pass in one call
-            out, fresh_ids, fresh_ts, candidates, late, dups = decided
+            out, groups, candidates, late, dups = decided
             for i in late:
                 out[i] = self._late(timestamps[i])
         else:
-            out, fresh_ids, fresh_ts, candidates, dups = self._decide(ids, timestamps)
+            out, groups, candidates, dups = self._decide(ids, timestamps)
         self.stats.duplicates += dups
-        if fresh_ids:
-            self._record_many(fresh_ids, fresh_ts)
+        if groups:
+            self._record_groups(groups)
         if candidates:
             self._resolve(ids, timestamps, candidates, out)
         # Never flush while a batch is being decided: a flush rotates the recent-ID sets, and a
@@ -294,25 +294,28 @@ class Deduplicator:
 
     def _decide(
         self, ids: list[int], timestamps: list[int]
-    ) -> tuple[list[bool], list[int], list[int], list[int], int]:
-        """The pass over a batch: its verdicts so far, the fresh IDs and their timestamps, the
-        indexes of filter hits (resolved by :meth:`_resolve`), and the copies of fresh IDs
-        within the batch (:meth:`BloomBuckets.decide` does this in C, where it was built)."""
+    ) -> tuple[list[bool], dict[int, list[int]], list[int], int]:
+        """The pass over a batch: its verdicts so far, the fresh IDs by bucket start (already
+        added to the pending set), the indexes of filter hits (resolved by :meth:`_resolve`),
+        and the copies of pending IDs (of earlier batches, or earlier in this one).
+        :meth:`BloomBuckets.decide` does this in C, where it was built.
+
+        An ID in the pending set is a copy without a probe: it was recorded since the last
+        flush, so it is in the filters too, and :meth:`_resolve` would call it known."""
         out = [True] * len(ids)
         probes = self.filters._probes
-        cutoff = self.cutoff
+        cutoff, size = self.cutoff, self.bucket_ms
         candidates: list[int] = []  # filter hits, resolved below
-        fresh: set[int] = set()  # surely new, recorded after the loop
-        fresh_add = fresh.add
-        fresh_ids: list[int] = []
-        fresh_ts: list[int] = []
+        pending = self.pending_set
+        pending_add = pending.add
+        groups: dict[int, list[int]] = {}
         dups = 0
         for i, record_id in enumerate(ids):
             ts = timestamps[i]
             if ts < cutoff:
                 out[i] = self._late(ts)
                 continue
-            if record_id in fresh:  # a copy within this batch
+            if record_id in pending:
                 out[i] = False
                 dups += 1
                 continue
@@ -321,10 +324,14 @@ class Deduplicator:
                     candidates.append(i)
                     break
             else:
-                fresh_add(record_id)
-                fresh_ids.append(record_id)
-                fresh_ts.append(ts)
-        return out, fresh_ids, fresh_ts, candidates, dups
+                pending_add(record_id)
+                start = ts - ts % size
+                group = groups.get(start)
+                if group is None:
+                    groups[start] = [record_id]
+                else:
+                    group.append(record_id)
+        return out, groups, candidates, dups
 
     def _resolve(
         self, ids: list[int], timestamps: list[int], candidates: list[int], out: list[bool]
@@ -362,27 +369,20 @@ class Deduplicator:
         return cut is not None and epoch <= cut
 
     def _record(self, record_id: int, ts: int) -> None:
-        self._record_many([record_id], [ts])
+        self.pending_set.add(record_id)
+        self._record_groups({ts - ts % self.bucket_ms: [record_id]})
 
-    def _record_many(self, ids: list[int], timestamps: list[int]) -> None:
-        """Records new IDs: filters, pending list and set (per bucket, usually one per batch)."""
-        size = self.bucket_ms
-        lo, hi = min(timestamps), max(timestamps)
-        if lo - lo % size == hi - hi % size:
-            groups = {lo - lo % size: ids}
-        else:
-            groups = {}
-            for record_id, ts in zip(ids, timestamps, strict=True):
-                groups.setdefault(ts - ts % size, []).append(record_id)
+    def _record_groups(self, groups: dict[int, list[int]]) -> None:
+        """Records new IDs, already in the pending set, by bucket start: filters and pending
+        lists (usually one bucket per batch). The lists are kept, not copied."""
         for bucket, group in groups.items():
             self.filters.add_many(bucket, group)
+            self.stats.fresh += len(group)
             pending = self.pending.get(bucket)
             if pending is None:
-                self.pending[bucket] = list(group)
+                self.pending[bucket] = group
             else:
                 pending.extend(group)
-        self.pending_set.update(ids)
-        self.stats.fresh += len(ids)
 
     def _late(self, ts: int) -> bool:
         passed = self.late == "pass"
@@ -415,7 +415,10 @@ class Deduplicator:
         self.batches += 1
         if len(self._recent) + len(self.pending_set) > self.recent_ids // 2:
             self._older, self._recent = self._recent, set()
-        self._recent |= self.pending_set
+        if self._recent:
+            self._recent |= self.pending_set
+        else:  # no copy: the pending set is replaced below
+            self._recent = self.pending_set
         self.pending, self.pending_set = {}, set()
 
     # -- event time ------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, TypeVar
 
+import dedup.native as accel  # its ``native``: read at each use, so one switch turns it off
 from dedup.errors import DedupConfigError, RedisDataLost, RedisUnavailable
 from dedup.ids import ID_BYTES
 
@@ -120,6 +121,13 @@ if #lost == 0 and ARGV[1] ~= '' then
 end
 return lost
 """
+
+
+def _pack(ids: list[int]) -> bytes:
+    """The IDs as one blob, ``ID_BYTES`` little-endian bytes each (in C where it was built)."""
+    if accel.native is not None and type(ids) is list:
+        return accel.native.pack_ids(ids)  # type: ignore[no-any-return]
+    return b"".join([i.to_bytes(ID_BYTES, "little") for i in ids])
 
 
 def lost_writes(watch: Mapping[int, int], stored: Mapping[int, int]) -> dict[int, tuple[int, int]]:
@@ -349,9 +357,7 @@ class RedisIdStore:
         entries = {b: ids for b, ids in entries.items() if ids}
         if not entries and count is None and not watch:
             return
-        blobs = {
-            b: b"".join([i.to_bytes(ID_BYTES, "little") for i in ids]) for b, ids in entries.items()
-        }
+        blobs = {b: _pack(ids) for b, ids in entries.items()}
         args = self._watch_args(count, watch)
 
         def run() -> list[Any]:

@@ -127,9 +127,15 @@ def test_records_of_another_shape_take_the_python_path() -> None:
 
 def test_a_batch_of_other_timestamps_or_ids_is_decided_in_python() -> None:
     nb = NativeBloom.load_bytes(Bloom(100, 0.01, _HASH).save_bytes())
-    assert native.decide([1, 2], [1.5, 2], 0, [nb.bits], [nb.k]) is None
-    assert native.decide([1, True], [1, 2], 0, [nb.bits], [nb.k]) is None
-    assert native.decide([1, 2], [2**63, 2], 0, [nb.bits], [nb.k]) is None
+    pending: set[int] = set()
+    for ids, ts in [
+        ([1, 2], [1.5, 2]),
+        ([1, True], [1, 2]),
+        ([1, 2], [2**63, 2]),
+        ([1, 2], [5, -(2**63) + 1]),  # its bucket's start is below int64
+    ]:
+        assert native.decide(ids, ts, -(2**63), [nb.bits], [nb.k], pending, 1000) is None
+    assert pending == set()  # nothing was changed before the refusal
     d = Deduplicator(MemoryIdStore(), within_ms=10_000, expected_ids=100, fp_rate=0.01)
     assert d.check([5, 6, 5], [1000.5, 2000.0, 1000.0]) == [True, True, False]  # type: ignore[list-item]
 
@@ -202,23 +208,47 @@ def test_deciding_a_batch_probes_every_filter_and_finds_copies_in_order() -> Non
     ids += ids[-50:]  # copies within the batch
     ts = [1000 + i % 7 for i in range(len(ids))]
     bits, ks = [f.bits for f in filters], [f.k for f in filters]
-    want: tuple[list[Any], ...] = ([], [], [], [], [])  # out, fresh IDs and ts, hits, late
-    fresh: set[int] = set()
+    want: tuple[Any, ...] = ([], {}, [], [])  # out, fresh IDs by bucket, hits, late
+    earlier = set(_ids(20, 0)[:10])  # pending before the batch: copies without a probe
+    fresh = set(earlier)
     for i, (record_id, t) in enumerate(zip(ids, ts, strict=True)):  # in order, as check()
         copy = t >= 1003 and record_id in fresh
         want[0].append(not copy)
         if t < 1003:
-            want[4].append(i)
-        elif not copy and any(record_id in f for f in filters):
             want[3].append(i)
+        elif not copy and any(record_id in f for f in filters):
+            want[2].append(i)
         elif not copy:
             fresh.add(record_id)
-            want[1].append(record_id)
-            want[2].append(t)
-    got = native.decide(ids, ts, 1003, bits, ks)
+            want[1].setdefault(t - t % 3, []).append(record_id)
+    pending = set(earlier)
+    got = native.decide(ids, ts, 1003, bits, ks, pending, 3)
     assert got == (*want, want[0].count(False))
-    assert want[3] and want[4] and want[0].count(False)  # each kind occurs
-    assert native.decide(ids, ts, 0, [], [])[1] == list(dict.fromkeys(ids))
+    assert pending == fresh
+    assert want[2] and want[3] and want[0].count(False) and len(want[1]) > 1  # each kind occurs
+    everything = native.decide(ids, ts, 0, [], [], set(), 1000)[1]
+    assert everything == {1000: list(dict.fromkeys(ids))}
+
+
+def test_bucket_starts_are_pythons_for_negative_timestamps() -> None:
+    ts = [-7, -6, -1, 0, 5, -(2**62)]
+    ids = list(range(len(ts)))
+    groups = native.decide(ids, ts, -(2**63), [], [], set(), 3)[1]
+    want: dict[int, list[int]] = {}
+    for i, t in zip(ids, ts, strict=True):
+        want.setdefault(t - t % 3, []).append(i)
+    assert groups == want
+
+
+@given(st.lists(st.integers(min_value=0, max_value=2**128 - 1), max_size=50))
+def test_packed_ids_are_int_to_bytes(ids: list[int]) -> None:
+    assert native.pack_ids(ids) == b"".join(i.to_bytes(16, "little") for i in ids)
+
+
+@pytest.mark.parametrize("bad", [-1, 2**128, "1", 1.0])
+def test_packing_refuses_what_to_bytes_refuses(bad: Any) -> None:
+    with pytest.raises((OverflowError, TypeError)):
+        native.pack_ids([1, bad])
 
 
 def test_or_of_native_filters_is_rblooms_or() -> None:
@@ -316,4 +346,4 @@ def test_a_filter_of_an_older_shape_saved_by_python_is_probed_in_c(
     new.add_many(1000, _ids(30, 6))
     assert all(type(f) is NativeBloom for fs in new.buckets.values() for f in fs)
     probed = ids + _ids(30, 6)
-    assert new.decide(probed, [1000] * len(probed), 0)[3] == list(range(len(probed)))
+    assert new.decide(probed, [1000] * len(probed), 0, set())[2] == list(range(len(probed)))
