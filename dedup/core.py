@@ -60,7 +60,9 @@ from __future__ import annotations
 import logging
 import math
 import secrets
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from typing import Any, Protocol
 
 from dedup.buckets import BloomBuckets
@@ -76,6 +78,22 @@ STATE_VERSION = 2  # 2: may hold ``inherited`` prefixes (dedup.rescale); 1 is re
 _READS = (1, 2)
 LATE_POLICIES = ("drop", "pass")
 ON_LOST = ("fail", "accept")
+
+
+def _behind(fn: Callable[[], None], name: str) -> Future[None]:
+    """Runs ``fn`` on a daemon thread of its own; its outcome in the returned future."""
+    future: Future[None] = Future()
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as exc:
+            future.set_exception(exc)
+        else:
+            future.set_result(None)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return future
 
 
 class IdStore(Protocol):
@@ -215,6 +233,10 @@ class Deduplicator:
         on_lost: when the store lost IDs that the restored snapshot or this run wrote:
             ``"fail"`` (raise :class:`dedup.errors.RedisDataLost`) or ``"accept"`` (log, and
             go on without them: copies of those records may pass once).
+        write_behind: write each batch of IDs on a thread of its own while the caller goes
+            on (see "Writes behind" in the module docstring); :meth:`prepare_async` then
+            returns the write that a snapshot must wait for. ``False``: every write is done
+            before :meth:`check` or :meth:`prepare` returns.
     """
 
     def __init__(
@@ -231,6 +253,7 @@ class Deduplicator:
         name: str = "dedup",
         run: int | None = None,
         on_lost: str = "fail",
+        write_behind: bool = False,
     ) -> None:
         if within_ms < 1:
             raise ValueError(f"within_ms must be >= 1, got {within_ms}")
@@ -256,8 +279,11 @@ class Deduplicator:
         self._fixed_run = run
         self.run = secrets.randbits(63) if run is None else run
         self.lineage: dict[int, int] = {}  # run -> last epoch included (older runs only)
-        self.batches = 0  # batches of IDs this run wrote (its write marker in the store)
+        self.batches = 0  # batches of IDs this run sent to the store
+        self.acked = 0  # of them, the ones the store acknowledged (its write marker's count)
         self.written: dict[int, int] = {}  # run -> batches the restored snapshot relies on
+        self.write_behind = write_behind
+        self._inflight: Future[None] | None = None  # the write behind, at most one
         self.prepared = 0  # last checkpoint prepared by this run (or restored)
         self.watermark = MIN_TS
         self.cutoff = MIN_TS  # records below it are older than the horizon
@@ -401,18 +427,19 @@ class Deduplicator:
         return passed
 
     def _watch(self) -> dict[int, int]:
-        """The write markers the store must still account for: this run's once it wrote a
-        batch (Redis loses a suffix of its writes, so it vouches for every earlier batch),
-        else the restored snapshot's."""
-        return {self.run: self.batches} if self.batches else self.written
+        """The write markers the store must still account for: this run's once the store
+        acknowledged a batch of it (Redis loses a suffix of its writes, so it vouches for every
+        earlier batch), else the restored snapshot's."""
+        return {self.run: self.acked} if self.acked else self.written
 
-    def _flush(self) -> None:
+    def _flush(self) -> Future[None] | None:
+        """Sends the pending IDs to the store; returns the write if it goes on behind."""
         if not self.pending_set:
-            return
+            return None
+        self._settle()  # one write in flight at most (the recent-ID sets rely on it)
         tag = encode_tag(self.run, self.prepared + 1)
-        count = (self.run, self.batches + 1)
-        self.store.insert(self.pending, tag, count=count, watch=self._watch())
         self.batches += 1
+        write = self._writer(self.pending, tag, (self.run, self.batches))
         if len(self._recent) + len(self.pending_set) > self.recent_ids // 2:
             self._older, self._recent = self._recent, set()
         if self._recent:
@@ -420,6 +447,28 @@ class Deduplicator:
         else:  # no copy: the pending set is replaced below
             self._recent = self.pending_set
         self.pending, self.pending_set = {}, set()
+        if not self.write_behind:
+            write()
+            return None
+        self._inflight = _behind(write, f"eosflow-dedup-write {self.name}")
+        return self._inflight
+
+    def _writer(
+        self, entries: dict[int, list[int]], tag: bytes, count: tuple[int, int]
+    ) -> Callable[[], None]:
+        def write() -> None:
+            # the watch is read when the write runs: every earlier batch was acknowledged
+            self.store.insert(entries, tag, count=count, watch=self._watch())
+            self.acked = count[1]
+
+        return write
+
+    def _settle(self) -> None:
+        """Waits for the write behind, if any; raises its error (the task then fails and
+        restarts from its last checkpoint, whose snapshot did not rely on that write)."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None:
+            inflight.result()
 
     # -- event time ------------------------------------------------------------------------------
 
@@ -440,14 +489,27 @@ class Deduplicator:
         """At the barrier of ``checkpoint_id``: write the pending IDs (before the snapshot);
         with none, check that the store still holds what was written (so that lost data is
         found at the next checkpoint even when no record needs the store)."""
+        write = self.prepare_async(checkpoint_id)
+        if write is not None:
+            self._settle()
+
+    def prepare_async(self, checkpoint_id: int) -> Future[None] | None:
+        """:meth:`prepare`, but with ``write_behind`` the write of the pending IDs may still
+        run when it returns: the snapshot taken next relies on it, so it must not be
+        acknowledged before this write completes (the task's snapshot upload waits for it)."""
         if self.pending_set:
-            self._flush()
+            write = self._flush()
         else:
+            write = self._inflight
+            if write is not None and write.done():
+                self._settle()  # raises if it failed
+                write = None
             watch = self._watch()
-            if watch or getattr(self.store, "inherited", None):
+            if write is None and (watch or getattr(self.store, "inherited", None)):
                 self.store.verify(watch)
         self.prepared = checkpoint_id
         self._cutoff_at[checkpoint_id] = self.cutoff
+        return write
 
     def snapshot(self) -> dict[str, Any]:
         assert not self.pending_set, "snapshot() without prepare(): IDs not in the store"
@@ -469,11 +531,12 @@ class Deduplicator:
 
     def restore(self, state: dict[str, Any] | None) -> None:
         """Loads a :meth:`snapshot`; this becomes a new run (see the module docstring)."""
+        self._drop_inflight()
         self.run = secrets.randbits(63) if self._fixed_run is None else self._fixed_run
         self.pending, self.pending_set = {}, set()
         self._recent, self._older = set(), set()
         self._cutoff_at = {}
-        self.batches = 0
+        self.batches = self.acked = 0
         self.written = {}
         if state is None:
             self.lineage, self.prepared = {}, 0
@@ -505,6 +568,22 @@ class Deduplicator:
         self._check_restored()
         self._inherit(state.get("inherited") or [])
         self._floor_cutoff()
+
+    def _drop_inflight(self) -> None:
+        """Before a restore or a close: the write behind, if any, ends first (its entries are
+        tagged with the old run, which the restored lineage does not count past its cut-off);
+        its error no longer matters."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None:
+            try:
+                inflight.result()
+            except Exception as exc:
+                log.info("dedup %s: a write behind failed before a restore: %r", self.name, exc)
+
+    def close(self) -> None:
+        """Waits for the write behind, if any (a closing task's last snapshot is already
+        acknowledged or never will be)."""
+        self._drop_inflight()
 
     def _check_restored(self) -> None:
         """The store must still hold every batch the restored snapshot relies on."""

@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import random
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -182,6 +186,28 @@ def test_restored_deduplicator_agrees_with_a_reference_after_any_crash_sequence(
     _crash_sequences(data, MemoryIdStore(), steps=25, id_max=60, fp_rate=0.2, expected_ids=20)
 
 
+@settings(max_examples=30, deadline=None)
+@given(st.data())
+def test_with_writes_behind_a_restored_deduplicator_agrees_with_a_reference(
+    data: st.DataObject,
+) -> None:
+    """The same with every write behind (slow, on its own thread, some still running when the
+    task crashes: a dead run's late writes), small flushes and few recent IDs: the local sets
+    must hold every ID whose write is not acknowledged, and a checkpoint counts only once its
+    write is done."""
+    _crash_sequences(
+        data, SlowStore(), steps=25, id_max=60, fp_rate=0.2, expected_ids=20, behind=True
+    )
+
+
+class SlowStore(MemoryIdStore):
+    """Writes after a short, random delay (a write behind still runs while the task goes on)."""
+
+    def insert(self, *args: Any, **kwargs: Any) -> None:
+        time.sleep(random.random() * 0.002)
+        super().insert(*args, **kwargs)
+
+
 def _crash_sequences(
     data: st.DataObject,
     store: MemoryIdStore,
@@ -191,12 +217,19 @@ def _crash_sequences(
     fp_rate: float,
     expected_ids: int,
     empties: bool = False,
+    behind: bool = False,
 ) -> None:
     """Drives a deduplicator through random check / checkpoint / crash (and, with ``empties``,
-    store-restarted-empty) steps; every answer must agree with the restored history."""
-    d = make(store, fp_rate=fp_rate, expected_ids=expected_ids)  # many Bloom hits: store decides
+    store-restarted-empty) steps; every answer must agree with the restored history. With
+    ``behind``, writes go on behind (``prepare_async``), and a checkpoint whose write is not
+    done cannot be restored (it is not acknowledged)."""
+    kw: dict[str, Any] = {"fp_rate": fp_rate, "expected_ids": expected_ids}
+    if behind:
+        kw.update(write_behind=True, flush_ids=3, recent_ids=4)
+    d = make(store, **kw)  # many Bloom hits: store decides
     seen: set[int] = set()  # IDs of the current history
-    snapshots: list[tuple[dict, set[int]]] = []  # (state, history) per prepared checkpoint
+    # (state, history, its write behind) per prepared checkpoint
+    snapshots: list[tuple[dict[str, Any], set[int], Future[None] | None]] = []
     checkpoint = 0
     actions = ["check"] * 3 + ["checkpoint", "crash"] + (["empty"] if empties else [])
     for _ in range(data.draw(st.integers(1, steps))):
@@ -211,18 +244,22 @@ def _crash_sequences(
             assert got == want
         elif action == "checkpoint":
             checkpoint += 1
-            d.prepare(checkpoint)
-            snapshots.append((d.snapshot(), set(seen)))
+            write = d.prepare_async(checkpoint)
+            snapshots.append((d.snapshot(), set(seen), write))
         elif action == "empty":
             _restart_empty(store)
         elif snapshots:
             # Recovery restores the latest completed checkpoint, or the one before it when that
             # is unusable. Checkpoints prepared after the restored one never complete (the
-            # coordinator's ids only grow), so they are never restored later.
-            restored = data.draw(st.sampled_from(range(max(0, len(snapshots) - 2), len(snapshots))))
+            # coordinator's ids only grow), so they are never restored later. A checkpoint
+            # whose write behind is not done is not acknowledged: not complete either.
+            usable = [i for i, (_s, _h, w) in enumerate(snapshots) if w is None or w.done()]
+            if not usable:
+                continue
+            restored = data.draw(st.sampled_from(usable[-2:]))
             del snapshots[restored + 1 :]
-            state, history = snapshots[restored]
-            d = make(store, fp_rate=fp_rate, expected_ids=expected_ids)
+            state, history, _write = snapshots[restored]
+            d = make(store, **kw)  # the crashed one's write behind may still land
             d.restore(state)
             seen = set(history)
 
@@ -274,6 +311,71 @@ def test_a_flush_while_a_batch_is_decided_does_not_forget_a_known_copy() -> None
     more = fresh_ids(40, 11)
     got = d.check([*more, seen[0]], [0] * 41)
     assert got[-1] is False
+
+
+class GatedStore(MemoryIdStore):
+    """Writes once ``gate`` opens (a store that is slow to answer); ``fail`` makes it raise."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.fail: Exception | None = None
+        self.started: list[int] = []
+
+    def insert(self, entries: Any, tag: bytes, **kwargs: Any) -> None:
+        self.started.append(sum(len(ids) for ids in entries.values()))
+        assert self.gate.wait(10)
+        if self.fail is not None:
+            raise self.fail
+        super().insert(entries, tag, **kwargs)
+
+
+def test_a_write_behind_lets_the_task_go_on_and_the_snapshot_waits_for_it() -> None:
+    store = GatedStore()
+    d = make(store, write_behind=True)
+    ids = fresh_ids(300, 21)
+    assert d.check(ids, [0] * 300) == [True] * 300
+    write = d.prepare_async(1)
+    assert write is not None and not write.done()  # the store has not answered
+    state = d.snapshot()
+    # meanwhile the task goes on: copies of the IDs being written are found without the store
+    more = fresh_ids(50, 22)
+    assert d.check([*ids[:100], *more], [0] * 150) == [False] * 100 + [True] * 50
+    assert store.data == {} and d.acked == 0
+    store.gate.set()
+    write.result(timeout=10)
+    assert d.acked == 1 and len(store.data[0]) == 300
+    assert state["written"] == {d.run: 1}  # the snapshot relies on the write it waited for
+    r = make(store)
+    r.restore(state)
+    assert r.check(ids[:10], [0] * 10) == [False] * 10
+
+
+def test_one_write_at_most_is_behind() -> None:
+    store = GatedStore()
+    d = make(store, write_behind=True, flush_ids=10)
+    d.check(fresh_ids(10, 23), [0] * 10)  # a flush: its write waits for the gate
+    threading.Timer(0.2, store.gate.set).start()
+    started = time.monotonic()
+    d.check(fresh_ids(10, 24), [0] * 10)  # the next flush waits for the first write
+    assert time.monotonic() - started >= 0.15
+    assert store.started == [10, 10]
+    d.prepare(1)  # and prepare waits for its own
+    assert d.acked == 2 and sum(len(v) for v in store.data.values()) == 20
+
+
+def test_a_failed_write_behind_fails_the_task_at_its_next_checkpoint() -> None:
+    store = GatedStore()
+    store.fail = ConnectionError("Redis went away")
+    store.gate.set()
+    d = make(store, write_behind=True)
+    d.check(fresh_ids(5, 25), [0] * 5)
+    write = d.prepare_async(1)
+    assert write is not None
+    with pytest.raises(ConnectionError):
+        write.result(timeout=10)  # the snapshot upload fails: the checkpoint does not count
+    with pytest.raises(ConnectionError):
+        d.prepare_async(2)  # and the task fails at its next barrier, though nothing is pending
 
 
 def test_a_restore_of_an_older_checkpoint_after_gc_treats_gone_buckets_as_late() -> None:

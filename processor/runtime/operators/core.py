@@ -27,6 +27,7 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Future
 from operator import itemgetter
 from typing import Any, TypeAlias
 
@@ -165,8 +166,12 @@ class Operator:
     def open(self, ctx: SinkContext) -> None:
         """Once, before ``restore`` and any record."""
 
-    def prepare(self, checkpoint_id: int) -> None:
-        """At the barrier of ``checkpoint_id``, before :meth:`snapshot`."""
+    def prepare(self, checkpoint_id: int) -> Future[None] | None:
+        """At the barrier of ``checkpoint_id``, before :meth:`snapshot`. A returned future is
+        work that the snapshot relies on and that goes on behind (``dedup``'s write of its
+        IDs): the task's snapshot upload waits for it, so the checkpoint is not acknowledged
+        before it completes, and fails if it fails."""
+        return None
 
     def commit(self, checkpoint_id: int) -> None:
         """``checkpoint_id`` completed."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+from concurrent.futures import Future
 from itertools import compress
 from operator import itemgetter
 from typing import Any
@@ -87,6 +88,8 @@ class DedupOperator(Operator):
             # The way past IDs that Redis lost, chosen by an operator for one restart
             # (docs/dedup.md, "Redis durability"); by default the task refuses.
             on_lost=os.environ.get("EOSFLOW_DEDUP_ON_LOST_IDS") or "fail",
+            # Redis writes its IDs while the task goes on; the snapshot upload waits for them.
+            write_behind=True,
         )
         log.info("dedup %s.%d: C accelerator %s", ctx.step, ctx.subtask, describe())
 
@@ -130,9 +133,9 @@ class DedupOperator(Operator):
         self.dedup.advance(watermark)
         return []
 
-    def prepare(self, checkpoint_id: int) -> None:
+    def prepare(self, checkpoint_id: int) -> Future[None] | None:
         assert self.dedup is not None
-        self.dedup.prepare(checkpoint_id)
+        return self.dedup.prepare_async(checkpoint_id)
 
     def commit(self, checkpoint_id: int) -> None:
         assert self.dedup is not None
@@ -148,6 +151,7 @@ class DedupOperator(Operator):
 
     def close(self) -> None:
         if self.dedup is not None:
+            self.dedup.close()  # its write behind, if any, ends first
             stats = self.dedup.stats.as_dict()
             log.info(
                 "dedup closed step=%s %s round_trips=%d",

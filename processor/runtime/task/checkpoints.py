@@ -185,8 +185,9 @@ class SubtaskCheckpoints:
                 committable = writer.prepare(checkpoint_id)
             if committable is not None:
                 self.sink_pending[name].append((checkpoint_id, committable))
-        for op in chain.ops.values():
-            op.prepare(checkpoint_id)  # dedup: IDs into the store before the snapshot
+        # dedup: IDs into the store before the snapshot counts (a write behind is waited
+        # for by the upload below, so the task goes on meanwhile)
+        behind = [w for op in chain.ops.values() if (w := op.prepare(checkpoint_id)) is not None]
         sunk = sum(s.written for s in chain.sinks)
         self.epoch_sunk[checkpoint_id] = sunk - self._sunk_at_snapshot
         self._sunk_at_snapshot = sunk
@@ -224,22 +225,20 @@ class SubtaskCheckpoints:
             ]
         env = self.env
         incarnation = env.sink_generation  # the generation, or this start under local recovery
+
+        def upload() -> SnapshotHandle:
+            for write in behind:  # the snapshot relies on them: it counts after them
+                with waiting(f"the writes behind of checkpoint {checkpoint_id}"):
+                    write.result()
+            return env.store.write_task_snapshot(
+                self.plan.job, checkpoint_id, self.name, state, incarnation=incarnation
+            )
+
         if env.mode == "sync":  # stop-the-world: serialize and upload in the task loop
             future: Future[SnapshotHandle] = Future()
-            future.set_result(
-                env.store.write_task_snapshot(
-                    self.plan.job, checkpoint_id, self.name, state, incarnation=incarnation
-                )
-            )
+            future.set_result(upload())
         else:
-            future = env.uploads.submit(
-                env.store.write_task_snapshot,
-                self.plan.job,
-                checkpoint_id,
-                self.name,
-                state,
-                incarnation=incarnation,
-            )
+            future = env.uploads.submit(upload)
         self.uploading[checkpoint_id] = future
 
     def alignment_done(self, checkpoint_id: int) -> None:
