@@ -11,6 +11,15 @@ New IDs go into the filters and a pending list that :meth:`Deduplicator.prepare`
 store at the checkpoint barrier (one round trip; also every ``flush_ids`` IDs), tagged with this
 run and the epoch that recorded them.
 
+**Writes behind** (``write_behind=True``, the ``dedup`` step): each write runs on a thread of its
+own while the caller goes on; :meth:`Deduplicator.prepare_async` returns the write that the
+snapshot taken next relies on, and the task's snapshot upload waits for it, so a checkpoint is
+acknowledged only after its IDs are stored. One write is in flight at most (the next waits for
+it), so writes land in order; the IDs of the write in flight stay in the recent-ID sets, which
+drop IDs only at a later write, so a copy of one is found in memory and never asked of a store
+that does not hold it yet; lookups watch the batches the store acknowledged, not the ones sent.
+A failed write raises at the next write or barrier.
+
 **The store agrees with the snapshots** (docs/dedup.md, "The ID store agrees with the
 snapshots"). Each incarnation of a task is a *run* with
 a random 63-bit ID. A snapshot holds the *lineage*: for every run whose IDs it includes, the
