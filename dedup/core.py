@@ -447,8 +447,10 @@ class Deduplicator:
             return None
         self._settle()  # one write in flight at most (the recent-ID sets rely on it)
         tag = encode_tag(self.run, self.prepared + 1)
+        write = self._writer(self.pending, tag, (self.run, self.batches + 1))
+        if not self.write_behind:
+            write()  # an error leaves everything as it was: a retry sends the same IDs
         self.batches += 1
-        write = self._writer(self.pending, tag, (self.run, self.batches))
         if len(self._recent) + len(self.pending_set) > self.recent_ids // 2:
             self._older, self._recent = self._recent, set()
         if self._recent:
@@ -457,7 +459,6 @@ class Deduplicator:
             self._recent = self.pending_set
         self.pending, self.pending_set = {}, set()
         if not self.write_behind:
-            write()
             return None
         self._inflight = _behind(write, f"eosflow-dedup-write {self.name}")
         return self._inflight

@@ -378,6 +378,23 @@ def test_a_failed_write_behind_fails_the_task_at_its_next_checkpoint() -> None:
         d.prepare_async(2)  # and the task fails at its next barrier, though nothing is pending
 
 
+def test_a_failed_write_in_step_changes_nothing_and_a_retry_sends_the_same_ids() -> None:
+    """Without writes behind (the consumer-side library), a failed write leaves the pending IDs
+    as they were: the application's next commit() writes them."""
+    store = GatedStore()
+    store.gate.set()
+    store.fail = ConnectionError("Redis went away")
+    d = make(store)
+    ids = fresh_ids(5, 26)
+    d.check(ids, [0] * 5)
+    with pytest.raises(ConnectionError):
+        d.prepare(1)
+    assert d.pending_set == set(ids) and d.batches == d.acked == 0
+    store.fail = None
+    d.prepare(1)
+    assert sorted(store.data[0]) == sorted(ids) and d.batches == d.acked == 1
+
+
 def test_a_restore_of_an_older_checkpoint_after_gc_treats_gone_buckets_as_late() -> None:
     """Regression: commit(2) deleted stored buckets that a fallback restore of checkpoint 1
     (the newest one corrupt) still pointed at; a copy then passed unchecked."""
