@@ -446,8 +446,14 @@ class Deduplicator:
         if not self.pending_set:
             return None
         self._settle()  # one write in flight at most (the recent-ID sets rely on it)
-        tag = encode_tag(self.run, self.prepared + 1)
-        write = self._writer(self.pending, tag, (self.run, self.batches + 1))
+        entries, tag = self.pending, encode_tag(self.run, self.prepared + 1)
+        count = (self.run, self.batches + 1)
+
+        def write() -> None:
+            # the watch is read when the write runs: every earlier batch was acknowledged
+            self.store.insert(entries, tag, count=count, watch=self._watch())
+            self.acked = count[1]
+
         if not self.write_behind:
             write()  # an error leaves everything as it was: a retry sends the same IDs
         self.batches += 1
@@ -462,16 +468,6 @@ class Deduplicator:
             return None
         self._inflight = _behind(write, f"eosflow-dedup-write {self.name}")
         return self._inflight
-
-    def _writer(
-        self, entries: dict[int, list[int]], tag: bytes, count: tuple[int, int]
-    ) -> Callable[[], None]:
-        def write() -> None:
-            # the watch is read when the write runs: every earlier batch was acknowledged
-            self.store.insert(entries, tag, count=count, watch=self._watch())
-            self.acked = count[1]
-
-        return write
 
     def _settle(self) -> None:
         """Waits for the write behind, if any; raises its error (the task then fails and
@@ -588,7 +584,8 @@ class Deduplicator:
             try:
                 inflight.result()
             except Exception as exc:
-                log.info("dedup %s: a write behind failed before a restore: %r", self.name, exc)
+                log.info("dedup %s: a write behind failed (before a restore or close): %r",
+                         self.name, exc)  # fmt: skip
 
     def close(self) -> None:
         """Waits for the write behind, if any (a closing task's last snapshot is already
