@@ -251,6 +251,12 @@ def run_chaos(
         victims=victims,
         plan=kill_plan,
         target=kill_target,
+        # Random kills start after the named faults, each a restart: on the Spark runner under
+        # CI's load, 5 named faults and their restarts took past the kit's 120 s, the hold
+        # ended, and the job drained before its last random kill (the Postgres sink's [spark]
+        # case, "the job ended after 1 of 2 random kills"). The hold only lasts while kills
+        # are pending, so a longer one costs nothing when they land.
+        hold_s=300.0,
     )
     killer.hold_final()
     killer.start()
